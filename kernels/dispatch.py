@@ -1,0 +1,144 @@
+"""The one dispatch point for the KV-path kernels: validate, then run Triton or the torch reference.
+
+Backend choice, first match wins:
+1. `force("triton" | "reference")`, a context manager for tests and tools;
+2. the environment variable `VEIL_KERNELS=triton|reference` (read at each call);
+3. the tensors' device: Triton on CUDA, the reference elsewhere.
+
+Triton on a CPU runs only in the Triton interpreter, so `TRITON_INTERPRET=1` must be set before the first
+Triton call; the Triton modules are imported lazily on that call, which is when Triton reads the variable.
+Validation runs before either backend, so both raise the same `KernelInputError`
+(what is checked where, and why some value checks are skipped on CUDA: `kernels.validation`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from kernels import reference, validation
+from kernels.errors import KernelBackendError
+
+BACKENDS = ("triton", "reference")
+_forced_backend: ContextVar[str | None] = ContextVar("veil_kernels_forced_backend", default=None)
+
+
+@contextmanager
+def force(backend: str) -> Iterator[None]:
+    """Run the kernels called inside the block on `backend` ("triton" or "reference")."""
+    _check_backend_name(backend, "force()")
+    token = _forced_backend.set(backend)
+    try:
+        yield
+    finally:
+        _forced_backend.reset(token)
+
+
+def selected_backend(device: torch.device) -> str:
+    """The backend a kernel call on tensors of `device` would use now."""
+    forced = _forced_backend.get()
+    if forced is not None:
+        return forced
+    from_env = os.environ.get("VEIL_KERNELS", "").strip().lower()
+    if from_env:
+        _check_backend_name(from_env, "VEIL_KERNELS")
+        return from_env
+    return "triton" if device.type == "cuda" else "reference"
+
+
+def _check_backend_name(name: str, source: str) -> None:
+    if name not in BACKENDS:
+        raise KernelBackendError(f"{source} names an unknown kernel backend; use one of {', '.join(BACKENDS)}")
+
+
+def _triton_module(name: str, device: torch.device) -> ModuleType:
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true", "True"):
+        raise KernelBackendError(
+            f"Triton kernels need a CUDA device; on {device.type} set TRITON_INTERPRET=1 before the first "
+            "kernel call to run them in the Triton interpreter, or use the reference backend"
+        )
+    return importlib.import_module(f"kernels.triton_{name}")
+
+
+def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+    """Write the new tokens' K and V into their cache slots.
+
+    key/value: [num_tokens, num_kv_heads, head_dim]; k_cache/v_cache: [num_blocks, block_size, num_kv_heads,
+    head_dim], one layer's views of the engine's KV tensor; slot_mapping: int32 or int64 [num_tokens] with
+    slot = block_id * block_size + offset, and -1 to skip the token (padding).
+    """
+    validation.check_store_kv(key, value, k_cache, v_cache, slot_mapping)
+    if key.shape[0] == 0:
+        return
+    if selected_backend(k_cache.device) == "triton":
+        _triton_module("store_kv", k_cache.device).store_kv(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    context_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    max_seqlen_q: int,
+    scale: float,
+) -> Tensor:
+    """Attention of the new query tokens against their sequences' paged K/V cache.
+
+    query: [num_q_tokens, num_heads, head_dim], the new tokens of all sequences concatenated;
+    cu_seqlens_q: int32 [num_seqs + 1] offsets into query; block_tables: int32 [num_seqs, max_blocks_per_seq],
+    padded with -1 (entries past ceil(context_len / block_size) are never dereferenced);
+    context_lens: int32 [num_seqs], tokens of each sequence now in the cache INCLUDING the new ones.
+    Query token j of sequence s (q_len = cu[s+1] - cu[s]) sits at position context_lens[s] - q_len + j and
+    attends to cache positions 0..that position inclusive. Query head h uses kv head h // (num_heads //
+    num_kv_heads). Returns [num_q_tokens, num_heads, head_dim] in query's dtype, accumulated in float32.
+    """
+    validation.check_paged_attention(query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, max_seqlen_q)
+    args = (query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, max_seqlen_q, float(scale))
+    if selected_backend(query.device) == "triton":
+        return _triton_module("paged_attention", query.device).paged_attention(*args)
+    return reference.paged_attention(*args)
+
+
+def zero_blocks(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> None:
+    """Zero every listed block in every cache of the engine's KV tensor, in one launch.
+
+    kv_cache: the whole contiguous KV tensor [num_caches, num_blocks, block_size, num_kv_heads, head_dim]
+    (cache 2*i is layer i's K, 2*i+1 its V). block_ids: int32/int64 tensor or a host sequence of ints;
+    duplicates are harmless. Out-of-range ids raise `KernelInputError` before anything is written; checking
+    ids that live on a CUDA device reads two numbers back (one sync per engine step), so prefer host ids.
+    """
+    validation.check_kv_tensor(kv_cache)
+    ids = validation.as_block_id_tensor(block_ids)
+    validation.check_block_ids(kv_cache, ids)
+    if ids.numel() == 0:
+        return
+    ids = ids.to(kv_cache.device)
+    if selected_backend(kv_cache.device) == "triton":
+        _triton_module("zero_blocks", kv_cache.device).zero_blocks(kv_cache, ids)
+    else:
+        reference.zero_blocks(kv_cache, ids)
+
+
+def find_residue(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> list[int]:
+    """The ids among block_ids whose bytes are not all zero in some cache (residue check for tests and audit).
+
+    Always runs the torch implementation: it is an audit read, not a hot path, and must not share code with
+    the zeroing kernel it checks.
+    """
+    validation.check_kv_tensor(kv_cache)
+    ids = validation.as_block_id_tensor(block_ids)
+    validation.check_block_ids(kv_cache, ids)
+    if ids.numel() == 0:
+        return []
+    return reference.find_residue(kv_cache, ids.to(kv_cache.device))

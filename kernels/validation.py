@@ -1,0 +1,172 @@
+"""Input checks shared by both kernel backends, run before anything is launched or written.
+
+Structural checks (ranks, shapes, dtypes, devices, contiguity) read only tensor metadata and cost nothing.
+Value checks (slot and block-id ranges, sequence offsets) need the tensors' contents: they run when the
+index tensors live on the CPU, where reading them is cheap. On CUDA they are skipped for `store_kv` and
+`paged_attention`, because reading device memory from the host would stall the stream on every layer of
+every step; there the Triton kernels mask out-of-range slots and block ids instead, so a bad index can
+never write (or read) outside the cache. `zero_blocks` is the exception: its ids are always range-checked,
+since an out-of-range id must be refused before anything is zeroed (one host sync per engine step, see
+`check_block_ids`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from kernels.errors import KernelInputError
+
+CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SLOT_DTYPES = (torch.int32, torch.int64)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise KernelInputError(message)
+
+
+def _shape(tensor: Tensor) -> str:
+    return "[" + ", ".join(str(size) for size in tensor.shape) + "]"
+
+
+def _same_device(names_and_tensors: dict[str, Tensor]) -> None:
+    devices = {name: tensor.device for name, tensor in names_and_tensors.items()}
+    _require(
+        len(set(devices.values())) == 1,
+        "all tensors must be on one device; got "
+        + ", ".join(f"{name} on {device}" for name, device in devices.items())
+        + ": move them to the cache's device",
+    )
+
+
+def check_cache_pair(k_cache: Tensor, v_cache: Tensor) -> None:
+    """k_cache and v_cache: contiguous [num_blocks, block_size, num_kv_heads, head_dim], same shape and dtype."""
+    _require(k_cache.dim() == 4, f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got {_shape(k_cache)}")
+    _require(v_cache.shape == k_cache.shape, f"v_cache shape {_shape(v_cache)} differs from k_cache {_shape(k_cache)}")
+    _require(k_cache.dtype in CACHE_DTYPES, f"cache dtype must be float16, bfloat16 or float32, got {k_cache.dtype}")
+    _require(v_cache.dtype == k_cache.dtype, f"v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
+    _require(
+        k_cache.is_contiguous() and v_cache.is_contiguous(),
+        "k_cache and v_cache must be contiguous (views of one layer of the engine's KV tensor)",
+    )
+    _require(k_cache.shape[0] > 0 and k_cache.shape[1] > 0, f"cache has no slots: {_shape(k_cache)}")
+
+
+def check_store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+    """Validate `store_kv`'s arguments (see `kernels.dispatch.store_kv`)."""
+    check_cache_pair(k_cache, v_cache)
+    _require(key.dim() == 3, f"key must be [num_tokens, num_kv_heads, head_dim], got {_shape(key)}")
+    _require(value.shape == key.shape, f"value shape {_shape(value)} differs from key {_shape(key)}")
+    _require(
+        key.shape[1:] == k_cache.shape[2:],
+        f"key heads/head_dim {_shape(key)} do not match the cache {_shape(k_cache)}",
+    )
+    _require(
+        key.dtype == k_cache.dtype and value.dtype == k_cache.dtype,
+        f"key/value dtypes {key.dtype}/{value.dtype} must equal the cache dtype {k_cache.dtype}",
+    )
+    _require(slot_mapping.dtype in SLOT_DTYPES, f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
+    _require(
+        slot_mapping.dim() == 1 and slot_mapping.shape[0] == key.shape[0],
+        f"slot_mapping must be [num_tokens={key.shape[0]}], got {_shape(slot_mapping)}",
+    )
+    _same_device({"key": key, "value": value, "k_cache": k_cache, "v_cache": v_cache, "slot_mapping": slot_mapping})
+    if slot_mapping.device.type == "cpu" and slot_mapping.numel() > 0:
+        num_slots = k_cache.shape[0] * k_cache.shape[1]
+        low, high = (int(bound) for bound in torch.aminmax(slot_mapping))
+        _require(
+            low >= -1 and high < num_slots,
+            f"slot_mapping holds slots outside [-1, {num_slots}) for a cache of {k_cache.shape[0]} blocks "
+            f"of {k_cache.shape[1]}: slot = block_id * block_size + offset, -1 to skip",
+        )
+
+
+def check_paged_attention(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    context_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    max_seqlen_q: int,
+) -> None:
+    """Validate `paged_attention`'s arguments (see `kernels.dispatch.paged_attention`)."""
+    check_cache_pair(k_cache, v_cache)
+    _require(query.dim() == 3, f"query must be [num_q_tokens, num_heads, head_dim], got {_shape(query)}")
+    _require(query.dtype == k_cache.dtype, f"query dtype {query.dtype} must equal the cache dtype {k_cache.dtype}")
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    _require(head_dim == k_cache.shape[3], f"query head_dim {head_dim} differs from the cache's {k_cache.shape[3]}")
+    _require(
+        num_heads > 0 and num_heads % num_kv_heads == 0,
+        f"num_heads {num_heads} must be a positive multiple of num_kv_heads {num_kv_heads}",
+    )
+    for name, tensor, rank in (("block_tables", block_tables, 2), ("context_lens", context_lens, 1), ("cu_seqlens_q", cu_seqlens_q, 1)):
+        _require(tensor.dtype == torch.int32, f"{name} must be int32, got {tensor.dtype}")
+        _require(tensor.dim() == rank, f"{name} must have {rank} dimension(s), got {_shape(tensor)}")
+    num_seqs = context_lens.shape[0]
+    _require(block_tables.shape[0] == num_seqs, f"block_tables has {block_tables.shape[0]} rows for {num_seqs} sequences")
+    _require(cu_seqlens_q.shape[0] == num_seqs + 1, f"cu_seqlens_q must be [num_seqs + 1 = {num_seqs + 1}], got {_shape(cu_seqlens_q)}")
+    _require(isinstance(max_seqlen_q, int) and max_seqlen_q >= 0, "max_seqlen_q must be a non-negative int")
+    _same_device({"query": query, "k_cache": k_cache, "block_tables": block_tables,
+                  "context_lens": context_lens, "cu_seqlens_q": cu_seqlens_q})
+    if context_lens.device.type == "cpu":
+        _check_sequence_values(query.shape[0], k_cache, block_tables, context_lens, cu_seqlens_q, max_seqlen_q)
+
+
+def _check_sequence_values(
+    num_q_tokens: int, k_cache: Tensor, block_tables: Tensor, context_lens: Tensor, cu_seqlens_q: Tensor, max_seqlen_q: int
+) -> None:
+    num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
+    offsets = cu_seqlens_q.to(torch.int64)
+    _require(int(offsets[0]) == 0 and int(offsets[-1]) == num_q_tokens,
+             f"cu_seqlens_q must start at 0 and end at num_q_tokens = {num_q_tokens}")
+    q_lens = offsets[1:] - offsets[:-1]
+    if q_lens.numel() == 0:
+        return
+    _require(bool((q_lens >= 0).all()), "cu_seqlens_q must be non-decreasing")
+    _require(int(q_lens.max()) <= max_seqlen_q, f"a sequence has more new tokens than max_seqlen_q = {max_seqlen_q}")
+    contexts = context_lens.to(torch.int64)
+    _require(bool((contexts >= q_lens).all()),
+             "context_lens must count the new tokens too (context_len >= new tokens of the sequence)")
+    capacity = block_tables.shape[1] * block_size
+    _require(int(contexts.max()) <= capacity,
+             f"a context is longer than block_tables can address ({block_tables.shape[1]} blocks of {block_size})")
+    used_blocks = (contexts + block_size - 1) // block_size
+    columns = torch.arange(block_tables.shape[1])
+    used = block_tables[columns[None, :] < used_blocks[:, None]]
+    if used.numel() > 0:
+        _require(bool(((used >= 0) & (used < num_blocks)).all()),
+                 f"block_tables holds block ids outside [0, {num_blocks}) within a sequence's context")
+
+
+def as_block_id_tensor(block_ids: Tensor | Sequence[int]) -> Tensor:
+    """Block ids as a 1-D int64 tensor, left where they are (host sequences become host tensors)."""
+    if not isinstance(block_ids, Tensor):
+        _require(all(isinstance(block_id, int) for block_id in block_ids), "block_ids must be ints")
+        return torch.tensor(list(block_ids), dtype=torch.int64)
+    _require(block_ids.dtype in SLOT_DTYPES, f"block_ids must be int32 or int64, got {block_ids.dtype}")
+    _require(block_ids.dim() == 1, f"block_ids must be 1-D, got {_shape(block_ids)}")
+    return block_ids.to(torch.int64)
+
+
+def check_kv_tensor(kv_cache: Tensor) -> None:
+    """The engine's whole KV tensor: contiguous [num_caches, num_blocks, block_size, num_kv_heads, head_dim]."""
+    _require(
+        kv_cache.dim() == 5,
+        f"kv_cache must be [num_caches, num_blocks, block_size, num_kv_heads, head_dim], got {_shape(kv_cache)}",
+    )
+    _require(kv_cache.dtype in CACHE_DTYPES, f"kv_cache dtype must be float16, bfloat16 or float32, got {kv_cache.dtype}")
+    _require(kv_cache.is_contiguous(), "kv_cache must be contiguous (the engine's single KV tensor)")
+
+
+def check_block_ids(kv_cache: Tensor, block_ids: Tensor) -> None:
+    """Every id must name a block of the cache. Ids on CUDA are read back (two numbers, one sync per step)."""
+    if block_ids.numel() == 0:
+        return
+    num_blocks = kv_cache.shape[1]
+    low, high = (int(bound) for bound in torch.aminmax(block_ids))
+    _require(low >= 0 and high < num_blocks, f"block ids must lie in [0, {num_blocks}); some do not: nothing was zeroed")
