@@ -1,1 +1,66 @@
+"""Veil's measured policy: the rules a node proves it runs under.
 
+A policy is a TOML file with four sections:
+
+- ``[attestation]``: the roots pinned by SHA-256 fingerprint, the code digests
+  allowed, the maximum evidence age and clock skew, the confidential modes
+  required (``cpu``, ``gpu``), debugging forbidden, whether simulated evidence
+  is acceptable, and the verification gaps the policy knowingly accepts
+  (``accepted_gaps``: checks that need NVIDIA's online services or Intel/AMD
+  quote chains and are not performed offline yet).
+- ``[engine]``: maximum context, KV budget, prefix sharing (``request`` or
+  ``off``: nothing is shared across requests), the model weights allowed by
+  digest, and the knobs of forbidden optimizations, fixed to their safe value.
+- ``[routing]``: the number K of candidates a client encrypts to, capacity
+  weighting, and the only strategy, uniform random.
+- ``[audit]``: the event schema version and the sink.
+
+Loading is strict: unknown keys and sections are errors, every required key
+must be present, and every optimization ARCHITECTURE.md forbids is refused
+with :class:`ForbiddenOptimizationError` naming the requirement it would break
+(stateless computation, non-targetability, no privileged runtime access).
+
+The policy's digest is SHA-256 over a canonical encoding (sorted compact JSON
+of the validated values), so reformatting a file keeps its digest and any
+change of meaning changes it. The digest is part of a node's attested
+measurement: clients verify which policy governs a node.
+
+Shipped policies: ``strict`` (production: NVIDIA's Device Identity CA pinned,
+simulated evidence refused) and ``dev`` (DEVELOPMENT ONLY: accepts simulated
+evidence from this machine's simulated root and any code or model digest).
+"""
+
+from policy.errors import (
+    ForbiddenOptimizationError,
+    InvalidValueError,
+    MissingKeyError,
+    PolicyError,
+    PolicySyntaxError,
+    UnknownKeyError,
+    UnknownPolicyError,
+    WeakenedGuaranteeError,
+)
+from policy.loader import load_policy, parse_policy
+from policy.model import AttestationPolicy, AuditPolicy, EnginePolicy, Policy, RoutingPolicy
+from policy.shipped import resolve_policy, shipped_policy, shipped_policy_path
+
+__all__ = [
+    "AttestationPolicy",
+    "AuditPolicy",
+    "EnginePolicy",
+    "ForbiddenOptimizationError",
+    "InvalidValueError",
+    "MissingKeyError",
+    "Policy",
+    "PolicyError",
+    "PolicySyntaxError",
+    "RoutingPolicy",
+    "UnknownKeyError",
+    "UnknownPolicyError",
+    "WeakenedGuaranteeError",
+    "load_policy",
+    "parse_policy",
+    "resolve_policy",
+    "shipped_policy",
+    "shipped_policy_path",
+]

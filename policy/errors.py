@@ -1,0 +1,43 @@
+"""The policy package's errors: every refusal says which rule it enforces."""
+
+from __future__ import annotations
+
+
+class PolicyError(Exception):
+    """A policy file is unreadable, malformed or asks for something Veil refuses."""
+
+
+class PolicySyntaxError(PolicyError):
+    """The file is not valid TOML or not valid UTF-8."""
+
+
+class UnknownKeyError(PolicyError):
+    """A key the policy schema does not define (refused, never ignored)."""
+
+
+class MissingKeyError(PolicyError):
+    """A key the policy schema requires is absent."""
+
+
+class InvalidValueError(PolicyError):
+    """A value has the wrong type or lies outside its allowed range."""
+
+
+class ForbiddenOptimizationError(PolicyError):
+    """The policy enables an optimization that breaks a Veil requirement.
+
+    `requirement` names the requirement it would break, for example
+    "stateless computation" or "non-targetability".
+    """
+
+    def __init__(self, message: str, *, requirement: str) -> None:
+        super().__init__(message)
+        self.requirement = requirement
+
+
+class WeakenedGuaranteeError(ForbiddenOptimizationError):
+    """The policy switches off a protection every Veil node must keep (CC mode, debug off)."""
+
+
+class UnknownPolicyError(PolicyError):
+    """A shipped policy name that does not exist."""

@@ -1,0 +1,81 @@
+"""Typed readers for policy values: each returns the normalized value or raises InvalidValueError."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from policy.errors import InvalidValueError
+
+Reader = Callable[[str, Any], Any]
+
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
+
+def boolean(where: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidValueError(f"{where} must be true or false")
+    return value
+
+
+def integer(low: int, high: int) -> Reader:
+    def read(where: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise InvalidValueError(f"{where} must be an integer from {low} to {high}")
+        return value
+
+    return read
+
+
+def choice(*allowed: str) -> Reader:
+    def read(where: str, value: Any) -> str:
+        if value not in allowed:
+            raise InvalidValueError(f"{where} must be one of {list(allowed)}")
+        return value
+
+    return read
+
+
+def name(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise InvalidValueError(f"{where} must be 1-64 lowercase letters, digits or '-'")
+    return value
+
+
+def digest_set(where: str, value: Any) -> tuple[str, ...]:
+    """A list of SHA-256 hex digests, lower-cased, de-duplicated and sorted."""
+    items = _string_list(where, value)
+    normalized = sorted({item.lower() for item in items})
+    for item in normalized:
+        if not _HEX_DIGEST.fullmatch(item):
+            raise InvalidValueError(f"{where} entries must be SHA-256 digests: 64 hexadecimal digits")
+    if len(normalized) != len(items):
+        raise InvalidValueError(f"{where} lists a digest twice; list each once")
+    return tuple(normalized)
+
+
+def subset_of(*allowed: str) -> Reader:
+    def read(where: str, value: Any) -> tuple[str, ...]:
+        items = _string_list(where, value)
+        unknown = [item for item in items if item not in allowed]
+        if unknown or len(set(items)) != len(items):
+            raise InvalidValueError(f"{where} must list distinct values from {list(allowed)}")
+        return tuple(sorted(items))
+
+    return read
+
+
+def audit_sink(where: str, value: Any) -> str:
+    if value == "stderr":
+        return value
+    if isinstance(value, str) and value.startswith("jsonl:") and len(value) > len("jsonl:"):
+        return value
+    raise InvalidValueError(f"{where} must be \"stderr\" or \"jsonl:<path>\"")
+
+
+def _string_list(where: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise InvalidValueError(f"{where} must be a list of strings")
+    return value

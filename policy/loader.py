@@ -1,0 +1,134 @@
+"""Reading a policy file: strict TOML, every key known, every forbidden optimization refused."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from policy import fields
+from policy.canonical import canonical_encoding, digest_of
+from policy.errors import InvalidValueError, MissingKeyError, PolicySyntaxError, UnknownKeyError
+from policy.forbidden import check_knob, knobs_of, refuse_alias
+from policy.model import (
+    CONFIDENTIAL_PARTS,
+    KNOWN_GAPS,
+    AttestationPolicy,
+    AuditPolicy,
+    EnginePolicy,
+    Policy,
+    RoutingPolicy,
+)
+
+# Required keys of each section and how to read them. Keys of forbidden-optimization
+# knobs (policy.forbidden.KNOBS) are optional and default to their safe value.
+SCHEMA: dict[str, dict[str, fields.Reader]] = {
+    "policy": {"name": fields.name, "format": fields.integer(1, 1)},
+    "attestation": {
+        "pinned_roots": fields.digest_set,
+        "trust_local_simulated_root": fields.boolean,
+        "allow_simulated": fields.boolean,
+        "allowed_code_digests": fields.digest_set,
+        "accept_unlisted_code": fields.boolean,
+        "max_evidence_age_s": fields.integer(1, 86_400),
+        "max_clock_skew_s": fields.integer(0, 300),
+        "required_confidential_mode": fields.subset_of(*CONFIDENTIAL_PARTS),
+        "debug_forbidden": fields.boolean,
+        "accepted_gaps": fields.subset_of(*KNOWN_GAPS),
+    },
+    "engine": {
+        "max_context_tokens": fields.integer(1, 1 << 20),
+        "kv_budget_mib": fields.integer(1, 1 << 20),
+        "allowed_model_digests": fields.digest_set,
+        "accept_unlisted_models": fields.boolean,
+    },
+    "routing": {
+        "candidates": fields.integer(1, 16),
+        "capacity_weighting": fields.boolean,
+    },
+    "audit": {
+        "schema_version": fields.integer(1, 1),
+        "sink": fields.audit_sink,
+    },
+}
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Load, validate and digest the policy file at `path`; raise a PolicyError subclass on any fault."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as error:
+        raise PolicySyntaxError(f"cannot read policy file {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise PolicySyntaxError(f"policy file {path} is not UTF-8 text") from None
+    return parse_policy(text)
+
+
+def parse_policy(text: str) -> Policy:
+    """Validate and digest a policy given as TOML text."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise PolicySyntaxError(f"policy is not valid TOML: {error}") from None
+    sections = {section: _read_section(document, section) for section in SCHEMA}
+    _reject_unknown_sections(document)
+    policy = _assemble(sections)
+    _check_consistency(policy)
+    return policy
+
+
+def _read_section(document: dict[str, Any], section: str) -> dict[str, Any]:
+    table = document.get(section)
+    if not isinstance(table, dict):
+        raise MissingKeyError(f"policy has no [{section}] section; add it")
+    knobs = knobs_of(section)
+    for key in table:
+        refuse_alias(section, key)
+        if key not in SCHEMA[section] and key not in knobs:
+            raise UnknownKeyError(f"{section}.{key} is not a policy key; remove or correct it")
+    values = {}
+    for key, read in SCHEMA[section].items():
+        if key not in table:
+            raise MissingKeyError(f"{section}.{key} is required")
+        values[key] = read(f"{section}.{key}", table[key])
+    for key, knob in knobs.items():
+        values[key] = check_knob(knob, table.get(key, knob.default))
+    return values
+
+
+def _reject_unknown_sections(document: dict[str, Any]) -> None:
+    for section in document:
+        if section not in SCHEMA:
+            raise UnknownKeyError(f"[{section}] is not a policy section; remove or correct it")
+
+
+def _assemble(sections: dict[str, dict[str, Any]]) -> Policy:
+    parts = {
+        "name": sections["policy"]["name"],
+        "attestation": AttestationPolicy(**sections["attestation"]),
+        "engine": EnginePolicy(**sections["engine"]),
+        "routing": RoutingPolicy(**sections["routing"]),
+        "audit": AuditPolicy(**sections["audit"]),
+    }
+    draft = Policy(digest=b"", **parts)
+    return Policy(digest=digest_of(canonical_encoding(draft)), **parts)
+
+
+def _check_consistency(policy: Policy) -> None:
+    from policy.guarantees import check_guarantees
+
+    check_guarantees(policy)
+    attestation = policy.attestation
+    if not attestation.pinned_roots and not attestation.trust_local_simulated_root:
+        raise InvalidValueError("attestation.pinned_roots is empty: pin at least one root certificate")
+    dev_only = {
+        "attestation.trust_local_simulated_root": attestation.trust_local_simulated_root,
+        "attestation.accept_unlisted_code": attestation.accept_unlisted_code,
+        "engine.accept_unlisted_models": policy.engine.accept_unlisted_models,
+    }
+    for where, enabled in dev_only.items():
+        if enabled and not attestation.allow_simulated:
+            raise InvalidValueError(
+                f"{where} is a development setting: it needs attestation.allow_simulated = true, "
+                "and a production policy must not set it"
+            )

@@ -1,0 +1,89 @@
+"""The policy as data: one frozen dataclass per section of the policy file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Checks the offline verifier cannot perform yet. A policy accepts evidence
+# that depends on one only by naming it in `attestation.accepted_gaps`, so the
+# gap is written in the measured policy instead of being hidden in code.
+KNOWN_GAPS: tuple[str, ...] = (
+    "gpu-revocation",  # OCSP status of NVIDIA device certificates needs NVIDIA's online service
+    "gpu-reference-measurements",  # golden GPU measurements come from NVIDIA's online RIM service
+    "cpu-quote-signature",  # Intel TDX / AMD SEV-SNP quote signature chains are not verified yet
+)
+
+CONFIDENTIAL_PARTS: tuple[str, ...] = ("cpu", "gpu")
+
+
+@dataclass(frozen=True, slots=True)
+class AttestationPolicy:
+    """What evidence a verifier accepts."""
+
+    pinned_roots: tuple[str, ...]  # SHA-256 fingerprints (hex) of root certificates
+    trust_local_simulated_root: bool  # development: trust this machine's simulated root CA
+    allow_simulated: bool
+    allowed_code_digests: tuple[str, ...]
+    accept_unlisted_code: bool  # development: any code digest passes, labelled as such
+    max_evidence_age_s: int
+    max_clock_skew_s: int
+    required_confidential_mode: tuple[str, ...]  # subset of CONFIDENTIAL_PARTS
+    debug_forbidden: bool
+    accepted_gaps: tuple[str, ...]  # subset of KNOWN_GAPS
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePolicy:
+    """Limits and the only shapes of state the engine may keep."""
+
+    max_context_tokens: int
+    kv_budget_mib: int
+    prefix_sharing: str  # "request" or "off"
+    allowed_model_digests: tuple[str, ...]
+    accept_unlisted_models: bool  # development: any weights pass, labelled as such
+    kv_offload: str
+    kv_replication: str
+    kv_migration: str
+    scheduling: str
+    speculation: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingPolicy:
+    """How clients and the gateway pick a node."""
+
+    candidates: int  # K: encapsulations per request
+    capacity_weighting: bool
+    strategy: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditPolicy:
+    """What leaves a node besides answers."""
+
+    schema_version: int
+    sink: str  # "stderr" or "jsonl:<path>"
+    profiling: str
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A loaded, validated policy and the digest that nodes attest to."""
+
+    name: str
+    attestation: AttestationPolicy
+    engine: EnginePolicy
+    routing: RoutingPolicy
+    audit: AuditPolicy
+    digest: bytes  # SHA-256 of canonical_bytes()
+
+    @property
+    def is_development(self) -> bool:
+        """True when the policy accepts simulated evidence: never a production policy."""
+        return self.attestation.allow_simulated
+
+    def canonical_bytes(self) -> bytes:
+        """The canonical encoding the digest is taken over."""
+        from policy.canonical import canonical_encoding
+
+        return canonical_encoding(self)

@@ -1,0 +1,34 @@
+"""`veil policy show` and `veil policy check` through the real veil command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from client.cli import main
+from policy import shipped_policy, shipped_policy_path
+
+
+def test_show_prints_canonical_form_and_digest(capsys):
+    assert main(["policy", "show", "strict"]) == 0
+    out = capsys.readouterr().out
+    assert f"digest: {shipped_policy('strict').digest.hex()}" in out
+    assert '"prefix_sharing": "request"' in out
+
+
+def test_show_warns_about_development_policy(capsys):
+    assert main(["policy", "show", str(shipped_policy_path("dev"))]) == 0
+    assert "SIMULATED" in capsys.readouterr().err
+
+
+def test_check_accepts_a_valid_file(capsys):
+    assert main(["policy", "check", str(shipped_policy_path("strict"))]) == 0
+    assert "✓" in capsys.readouterr().out
+
+
+def test_check_names_the_requirement_of_a_refusal(tmp_path: Path, capsys):
+    path = tmp_path / "cached.toml"
+    path.write_text(shipped_policy_path("strict").read_text().replace(
+        'prefix_sharing = "request"', 'prefix_sharing = "global"'))
+    assert main(["policy", "check", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "✗" in out and "stateless computation" in out

@@ -1,0 +1,81 @@
+"""The policy digest names the policy's meaning: stable under reformatting, changed by any edit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from policy import load_policy, parse_policy, shipped_policy, shipped_policy_path
+from tests.test_policy_loading import strict_document, to_toml, with_value
+
+
+def test_digest_is_sha256_of_the_canonical_encoding():
+    strict = shipped_policy("strict")
+    assert strict.digest == hashlib.sha256(strict.canonical_bytes()).digest()
+    document = json.loads(strict.canonical_bytes())
+    assert document["format"] == "veil-policy-v1"
+    assert document["engine"]["prefix_sharing"] == "request"
+
+
+def test_digest_survives_reformatting(tmp_path: Path):
+    original = shipped_policy("strict")
+    document = strict_document()
+    reordered = to_toml(document, reverse=True)  # keys and sections in another order, no comments
+    assert parse_policy(reordered).digest == original.digest
+    document["attestation"]["accepted_gaps"].reverse()  # set-like lists: order is not meaning
+    assert parse_policy(to_toml(document)).digest == original.digest
+    spaced = shipped_policy_path("strict").read_text().replace(" = ", "   =   ") + "\n# trailing comment\n"
+    path = tmp_path / "spaced.toml"
+    path.write_text(spaced)
+    assert load_policy(path).digest == original.digest
+
+
+def test_digest_survives_other_toml_spellings():
+    text = shipped_policy_path("strict").read_text()
+    dotted = text.replace("[routing]\ncandidates = 3", "[routing]\n\"candidates\" = 0x3")
+    assert dotted != text
+    assert parse_policy(dotted).digest == shipped_policy("strict").digest
+
+
+def test_omitted_knobs_mean_their_safe_default():
+    document = strict_document()
+    del document["engine"]["kv_offload"]
+    del document["routing"]["strategy"]
+    assert parse_policy(to_toml(document)).digest == shipped_policy("strict").digest
+
+
+def _semantic_edits() -> list[tuple[str, str, object]]:
+    return [
+        ("policy", "name", "strict-2"),
+        ("attestation", "pinned_roots", ["00" * 32]),
+        ("attestation", "allowed_code_digests", ["11" * 32]),
+        ("attestation", "max_evidence_age_s", 301),
+        ("attestation", "max_clock_skew_s", 0),
+        ("attestation", "required_confidential_mode", ["gpu"]),
+        ("attestation", "accepted_gaps", ["gpu-revocation"]),
+        ("engine", "max_context_tokens", 8193),
+        ("engine", "kv_budget_mib", 1),
+        ("engine", "prefix_sharing", "off"),
+        ("engine", "allowed_model_digests", ["22" * 32]),
+        ("engine", "speculation", "draft-model"),
+        ("routing", "candidates", 4),
+        ("routing", "capacity_weighting", False),
+        ("audit", "sink", "stderr"),
+    ]
+
+
+@pytest.mark.parametrize("edit", _semantic_edits(), ids=lambda edit: f"{edit[0]}.{edit[1]}")
+def test_every_semantic_change_changes_the_digest(edit):
+    section, key, value = edit
+    assert parse_policy(with_value(section, key, value)).digest != shipped_policy("strict").digest
+
+
+def test_simulation_switch_changes_the_digest():
+    document = tomllib.loads(shipped_policy_path("dev").read_text())
+    baseline = parse_policy(to_toml(document)).digest
+    document["attestation"]["accept_unlisted_code"] = False
+    assert parse_policy(to_toml(document)).digest != baseline

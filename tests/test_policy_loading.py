@@ -1,0 +1,245 @@
+"""Policy loading: shipped policies, strict schema, refusal of forbidden optimizations."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+
+import policy
+from policy import (
+    ForbiddenOptimizationError,
+    InvalidValueError,
+    MissingKeyError,
+    PolicySyntaxError,
+    UnknownKeyError,
+    UnknownPolicyError,
+    WeakenedGuaranteeError,
+    load_policy,
+    parse_policy,
+    shipped_policy,
+    shipped_policy_path,
+)
+from policy.forbidden import ALIASES, KNOBS
+from tests.conftest import vectors_path
+
+
+def to_toml(document: dict, *, reverse: bool = False) -> str:
+    """A small TOML writer for the value types policies use."""
+    lines: list[str] = []
+    sections = sorted(document, reverse=reverse)
+    for section in sections:
+        lines.append(f"[{section}]")
+        for key in sorted(document[section], reverse=reverse):
+            lines.append(f"{key} = {_value(document[section][key])}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value + '"'
+    return "[" + ", ".join(_value(item) for item in value) + "]"
+
+
+def strict_document() -> dict:
+    return tomllib.loads(shipped_policy_path("strict").read_text())
+
+
+def with_value(section: str, key: str, value: object) -> str:
+    document = strict_document()
+    document[section][key] = value
+    return to_toml(document)
+
+
+def test_strict_pins_the_nvidia_root_and_refuses_simulation():
+    strict = shipped_policy("strict")
+    root_pem = (vectors_path() / "nvidia-h100" / "device-identity-root.pem").read_bytes()
+    fingerprint = x509.load_pem_x509_certificate(root_pem).fingerprint(hashes.SHA256()).hex()
+    assert strict.attestation.pinned_roots == (fingerprint,)
+    assert strict.attestation.allow_simulated is False
+    assert strict.attestation.trust_local_simulated_root is False
+    assert strict.is_development is False
+    assert strict.engine.prefix_sharing == "request"
+
+
+def test_dev_accepts_simulation_and_says_so():
+    dev = shipped_policy("dev")
+    assert dev.is_development
+    assert dev.attestation.trust_local_simulated_root
+    assert "DEVELOPMENT" in shipped_policy_path("dev").read_text()
+    assert dev.digest != shipped_policy("strict").digest
+
+
+def test_unknown_shipped_name_is_refused():
+    with pytest.raises(UnknownPolicyError):
+        shipped_policy("production")  # type: ignore[arg-type]
+
+
+def test_policy_is_frozen():
+    strict = shipped_policy("strict")
+    with pytest.raises(AttributeError):
+        strict.name = "other"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        strict.engine.prefix_sharing = "global"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda knob: f"{knob.section}.{knob.key}")
+def test_every_forbidden_knob_value_is_refused_with_its_requirement(knob):
+    with pytest.raises(ForbiddenOptimizationError) as refusal:
+        parse_policy(with_value(knob.section, knob.key, "enabled-elsewhere"))
+    assert refusal.value.requirement == knob.requirement
+    assert knob.requirement in str(refusal.value)
+
+
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda knob: f"{knob.section}.{knob.key}")
+def test_every_knob_accepts_its_safe_values(knob):
+    for value in knob.allowed:
+        loaded = parse_policy(with_value(knob.section, knob.key, value))
+        assert getattr(getattr(loaded, knob.section), knob.key) == value
+
+
+@pytest.mark.parametrize("alias", ALIASES, ids=lambda alias: f"{alias.section}.{alias.key}")
+def test_foreign_switches_for_forbidden_optimizations_are_refused(alias):
+    with pytest.raises(ForbiddenOptimizationError) as refusal:
+        parse_policy(with_value(alias.section, alias.key, True))
+    assert refusal.value.requirement == alias.requirement
+
+
+# The forbidden rows of ARCHITECTURE.md's optimization table, as a policy would spell them.
+ARCHITECTURE_TABLE = [
+    ("prefix caching across requests", "engine", "prefix_sharing", "global", "stateless computation"),
+    ("KV offload to host memory", "engine", "kv_offload", "host", "stateless computation"),
+    ("KV offload to disk", "engine", "kv_offload", "disk", "stateless computation"),
+    ("KV duplication across nodes", "engine", "kv_replication", "all-nodes", "stateless computation"),
+    ("KV pulling / request migration", "engine", "kv_migration", "pull", "non-targetability"),
+    ("priority by user", "engine", "scheduling", "user-priority", "non-targetability"),
+    ("priority by predicted length", "engine", "scheduling", "shortest-first", "non-targetability"),
+    ("speculation from a database", "engine", "speculation", "database", "stateless computation"),
+    ("cache-aware routing", "routing", "strategy", "cache-aware", "non-targetability"),
+    ("sticky routing", "routing", "strategy", "sticky", "non-targetability"),
+    ("prefill/decode role flips", "routing", "strategy", "prefill-decode-split", "non-targetability"),
+    ("fleet-wide profiling", "audit", "profiling", "fleet-traces", "no privileged runtime access"),
+]
+
+
+@pytest.mark.parametrize("row", ARCHITECTURE_TABLE, ids=lambda row: row[0])
+def test_architecture_table_is_enforced(row):
+    _, section, key, value, requirement = row
+    with pytest.raises(ForbiddenOptimizationError) as refusal:
+        parse_policy(with_value(section, key, value))
+    assert refusal.value.requirement == requirement
+
+
+def test_allowed_optimizations_load():
+    loaded = parse_policy(with_value("engine", "speculation", "draft-model"))
+    assert loaded.engine.speculation == "draft-model"
+    assert parse_policy(with_value("engine", "prefix_sharing", "off")).engine.prefix_sharing == "off"
+
+
+@pytest.mark.parametrize("section", ["policy", "attestation", "engine", "routing", "audit"])
+def test_unknown_keys_are_errors(section):
+    with pytest.raises(UnknownKeyError):
+        parse_policy(with_value(section, "colour", "blue"))
+
+
+def test_unknown_section_is_an_error():
+    document = strict_document()
+    document["extras"] = {"anything": 1}
+    with pytest.raises(UnknownKeyError):
+        parse_policy(to_toml(document))
+
+
+@pytest.mark.parametrize(
+    "section,key",
+    [("attestation", "max_evidence_age_s"), ("engine", "max_context_tokens"),
+     ("routing", "candidates"), ("audit", "sink"), ("policy", "name")],
+)
+def test_missing_required_keys_are_errors(section, key):
+    document = strict_document()
+    del document[section][key]
+    with pytest.raises(MissingKeyError):
+        parse_policy(to_toml(document))
+
+
+def test_missing_section_is_an_error():
+    document = strict_document()
+    del document["routing"]
+    with pytest.raises(MissingKeyError):
+        parse_policy(to_toml(document))
+
+
+@pytest.mark.parametrize(
+    "section,key,value",
+    [
+        ("attestation", "max_evidence_age_s", 0),
+        ("attestation", "max_evidence_age_s", True),
+        ("attestation", "max_evidence_age_s", "300"),
+        ("attestation", "pinned_roots", ["not-a-fingerprint"]),
+        ("attestation", "pinned_roots", ["ab" * 32, "AB" * 32]),
+        ("attestation", "required_confidential_mode", ["cpu", "tpm"]),
+        ("attestation", "accepted_gaps", ["everything"]),
+        ("attestation", "allow_simulated", "no"),
+        ("engine", "max_context_tokens", -1),
+        ("engine", "allowed_model_digests", ["12" * 31]),
+        ("routing", "candidates", 0),
+        ("routing", "candidates", 17),
+        ("audit", "sink", "syslog"),
+        ("audit", "schema_version", 2),
+        ("policy", "name", "Has Spaces"),
+        ("policy", "format", 2),
+    ],
+)
+def test_invalid_values_are_refused(section, key, value):
+    with pytest.raises(InvalidValueError):
+        parse_policy(with_value(section, key, value))
+
+
+@pytest.mark.parametrize(
+    "section,key",
+    [("attestation", "trust_local_simulated_root"), ("attestation", "accept_unlisted_code"),
+     ("engine", "accept_unlisted_models")],
+)
+def test_development_settings_need_simulation_opt_in(section, key):
+    with pytest.raises(InvalidValueError, match="development setting"):
+        parse_policy(with_value(section, key, True))
+
+
+def test_debug_cannot_be_allowed():
+    with pytest.raises(WeakenedGuaranteeError) as refusal:
+        parse_policy(with_value("attestation", "debug_forbidden", False))
+    assert refusal.value.requirement == "no privileged runtime access"
+
+
+def test_confidential_mode_cannot_be_dropped():
+    with pytest.raises(WeakenedGuaranteeError):
+        parse_policy(with_value("attestation", "required_confidential_mode", []))
+
+
+def test_a_policy_must_pin_a_root():
+    with pytest.raises(InvalidValueError, match="pin at least one root"):
+        parse_policy(with_value("attestation", "pinned_roots", []))
+
+
+def test_syntax_errors_and_unreadable_files(tmp_path: Path):
+    with pytest.raises(PolicySyntaxError):
+        parse_policy("[attestation\nmax = ")
+    with pytest.raises(PolicySyntaxError):
+        load_policy(tmp_path / "absent.toml")
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(PolicySyntaxError):
+        load_policy(binary)
+
+
+def test_every_error_is_a_policy_error():
+    for error in (ForbiddenOptimizationError, InvalidValueError, MissingKeyError, PolicySyntaxError,
+                  UnknownKeyError, UnknownPolicyError, WeakenedGuaranteeError):
+        assert issubclass(error, policy.PolicyError)
