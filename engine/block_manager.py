@@ -1,0 +1,107 @@
+"""Paged KV bookkeeping in block ids and reference counts only; tensors live in the model runner.
+
+Zero on free: a block whose reference count drops to zero is not reusable until `scrub` has
+overwritten its K and V in every layer. Freed blocks are scrubbed together, in one batched call,
+at the end of each engine step (or earlier, if an allocation needs them first).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from engine.sequence import Sequence
+
+Scrub = Callable[[list[int]], None]
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, scrub: Scrub) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._scrub = scrub
+        self._free: deque[int] = deque(range(num_blocks))
+        self._freed_unscrubbed: list[int] = []
+        self._ref_counts = [0] * num_blocks
+        self.pending_copies: list[tuple[int, int]] = []  # (source, destination) for copy-on-write
+        self.scrub_calls = 0
+        self.blocks_scrubbed = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can have, scrubbed or about to be."""
+        return len(self._free) + len(self._freed_unscrubbed)
+
+    def free_block_ids(self) -> list[int]:
+        """Blocks on the free list: every one of them must be all zeros."""
+        return list(self._free)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref_counts[block_id]
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self._blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+
+    def reserve(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Gives `seq` private slots for its next `num_new_tokens` tokens."""
+        self._copy_on_write(seq)
+        target = self.blocks_for(seq.num_computed_tokens + num_new_tokens)
+        while len(seq.block_table) < target:
+            seq.block_table.append(self._take())
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Lets `child` share every block of `parent` (samples of one request only)."""
+        child.block_table = list(parent.block_table)
+        for block_id in child.block_table:
+            self._ref_counts[block_id] += 1
+
+    def free(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):
+            self._ref_counts[block_id] -= 1
+            if self._ref_counts[block_id] == 0:
+                self._freed_unscrubbed.append(block_id)
+        seq.block_table = []
+
+    def scrub_freed(self) -> int:
+        """Zeroes every freed block in one call and returns them to the free list."""
+        freed = self._freed_unscrubbed
+        if not freed:
+            return 0
+        self._scrub(freed)
+        self._freed_unscrubbed = []
+        self._free.extend(freed)
+        self.scrub_calls += 1
+        self.blocks_scrubbed += len(freed)
+        return len(freed)
+
+    def _blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        new_blocks = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        return max(new_blocks, 0) + int(self._needs_copy(seq))
+
+    def _needs_copy(self, seq: Sequence) -> bool:
+        # Only a partially filled block shared with a sibling sample can be written to.
+        position = seq.num_computed_tokens
+        index = position // self.block_size
+        if position % self.block_size == 0 or index >= len(seq.block_table):
+            return False
+        return self._ref_counts[seq.block_table[index]] > 1
+
+    def _copy_on_write(self, seq: Sequence) -> None:
+        if not self._needs_copy(seq):
+            return
+        index = seq.num_computed_tokens // self.block_size
+        shared = seq.block_table[index]
+        private = self._take()
+        self._ref_counts[shared] -= 1
+        seq.block_table[index] = private
+        self.pending_copies.append((shared, private))
+
+    def _take(self) -> int:
+        if not self._free:
+            self.scrub_freed()
+        block_id = self._free.popleft()
+        self._ref_counts[block_id] = 1
+        return block_id

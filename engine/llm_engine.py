@@ -1,0 +1,303 @@
+"""The engine: admits requests, steps the scheduler and the model, streams deltas, keeps nothing after."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.errors import RequestRejected, UnknownRequestError
+from engine.model_runner import ModelRunner
+from engine.outputs import RequestMetrics, RequestOutput, StreamDelta
+from engine.sampler import SampleRequest, Sampler
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledChunk, Scheduler
+from engine.sequence import FinishReason, Sequence, SequenceStatus
+from engine.tokenizer import Tokenizer
+
+_MAX_REQUEST_ID_LENGTH = 128
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    request_id: str
+    params: SamplingParams
+    num_prompt_tokens: int
+    sequences: list[Sequence]
+    arrival_time: float
+    first_token_time: float | None = None
+    finished: set[int] = field(default_factory=set)
+
+
+class LLMEngine:
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.runner = ModelRunner(str(model_dir), self.config)
+        self.tokenizer = Tokenizer(model_dir)
+        self.model_config = self.runner.model_config
+        self.max_model_len = min(self.config.max_model_len or 1 << 62, self.model_config.max_context)
+        scrub = _skip_scrub if self.config.unsafe_skip_zeroing else self.runner.zero_blocks
+        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size, scrub)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.sampler = Sampler()
+        self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
+        self._requests: dict[str, Request] = {}
+        self._seq_ids = itertools.count()
+        self._pending: list[StreamDelta] = []
+
+    # ----- requests -------------------------------------------------------------------------
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queues a request and returns its id; raises RequestRejected (only this request fails)."""
+        params = params or SamplingParams()
+        request_id = self._new_request_id(request_id)
+        params.validate(self.model_config.vocab_size)
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        max_tokens = self._check_fits(prompt_ids, params)
+        first = self._new_sequence(request_id, 0, prompt_ids, params, max_tokens)
+        first.forks_pending = params.n - 1
+        self._requests[request_id] = Request(request_id, params, len(prompt_ids), [first], time.monotonic())
+        self.scheduler.add(first)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stops a request now: its blocks are freed and zeroed before this returns."""
+        request = self._requests.get(request_id)
+        if request is None:
+            raise UnknownRequestError("no such request in this engine")
+        for seq in request.sequences:
+            if not seq.is_finished:
+                self.scheduler.remove(seq)
+                seq.forks_pending = 0
+                self._finish(seq, FinishReason.ABORT)
+        self.block_manager.scrub_freed()
+        self._pending += self._deltas(request.sequences)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests) or bool(self._pending)
+
+    # ----- stepping -------------------------------------------------------------------------
+
+    def step(self) -> list[StreamDelta]:
+        """Runs one batch and returns what every touched sample produced."""
+        deltas, self._pending = self._pending, []
+        chunks = self.scheduler.schedule() if self.scheduler.has_work() else []
+        if chunks:
+            sampling = [chunk.seq for chunk in chunks if chunk.samples]
+            logits = self.runner.run(chunks, self._take_copies())
+            for chunk in chunks:
+                chunk.seq.num_computed_tokens += chunk.num_tokens
+            touched = self._sample(sampling, logits)
+            deltas += self._deltas(touched)
+        # One batched zeroing call per step for everything freed in it.
+        self.block_manager.scrub_freed()
+        return deltas
+
+    def stream(self) -> Iterator[StreamDelta]:
+        """Steps until every queued request has finished, yielding deltas as they come."""
+        while self.has_unfinished():
+            yield from self.step()
+
+    def generate(
+        self, prompts: Iterable[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Offline batch generation: outputs in the order of `prompts`."""
+        prompts = list(prompts)
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, per_prompt)]
+        outputs = {rid: RequestOutput(rid, []) for rid in ids}
+        for delta in self.stream():
+            if delta.request_id in outputs:
+                outputs[delta.request_id].add(delta)
+        return [outputs[rid] for rid in ids]
+
+    # ----- checks ---------------------------------------------------------------------------
+
+    def residue_check(self) -> list[int]:
+        """Free blocks holding any non-zero byte (must always be empty)."""
+        return self.runner.find_residue(self.block_manager.free_block_ids())
+
+    # ----- internals ------------------------------------------------------------------------
+
+    def _new_request_id(self, request_id: str | None) -> str:
+        if request_id is None:
+            return uuid.uuid4().hex
+        if not request_id or len(request_id) > _MAX_REQUEST_ID_LENGTH or not request_id.isprintable():
+            raise RequestRejected("invalid_request_id", "request ids must be 1-128 printable characters")
+        if request_id in self._requests:
+            raise RequestRejected("duplicate_request_id", "a request with this id is already running")
+        return request_id
+
+    def _check_fits(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        prompt_len = len(prompt_ids)
+        if prompt_len == 0:
+            raise RequestRejected("empty_prompt", "the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise RequestRejected("invalid_token", "the prompt contains token ids outside the model's vocabulary")
+        if prompt_len >= self.max_model_len:
+            raise RequestRejected(
+                "prompt_too_long",
+                f"the prompt has {prompt_len} tokens; this model serves at most {self.max_model_len - 1} prompt tokens",
+            )
+        if prompt_len + params.max_tokens > self.max_model_len:
+            raise RequestRejected(
+                "max_tokens_too_large",
+                f"prompt ({prompt_len}) + max_tokens ({params.max_tokens}) exceeds the context of {self.max_model_len} tokens",
+            )
+        if self.block_manager.blocks_for(prompt_len + params.max_tokens) > self.block_manager.num_blocks:
+            raise RequestRejected(
+                "exceeds_kv_pool",
+                f"prompt + max_tokens needs more KV blocks than this node's pool of {self.block_manager.num_blocks}",
+            )
+        return params.max_tokens
+
+    def _new_sequence(
+        self, request_id: str, index: int, prompt_ids: list[int], params: SamplingParams, max_tokens: int
+    ) -> Sequence:
+        return Sequence(
+            seq_id=next(self._seq_ids),
+            request_id=request_id,
+            sample_index=index,
+            prompt_token_ids=prompt_ids,
+            params=params,
+            generator=self._generator(params, index),
+            max_tokens=max_tokens,
+        )
+
+    def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
+        if params.greedy:
+            return None
+        seed = params.seed if params.seed is not None else secrets.randbits(62)
+        # Distinct, reproducible streams for the samples of one seeded request.
+        derived = (seed * 1_000_003 + index) % (1 << 63)
+        return torch.Generator(device=self.runner.device).manual_seed(derived)
+
+    def _take_copies(self) -> list[tuple[int, int]]:
+        copies, self.block_manager.pending_copies = self.block_manager.pending_copies, []
+        return copies
+
+    def _sample(self, sampling: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
+        requests: list[SampleRequest] = []
+        samplers: list[Sequence] = []
+        for row, seq in enumerate(sampling):
+            for sample in [seq, *self._fork(seq)]:
+                requests.append(SampleRequest(row, sample.params, sample.generator))
+                samplers.append(sample)
+        if not requests:
+            return []
+        now = time.monotonic()
+        for seq, (token, logprob) in zip(samplers, self.sampler(logits, requests)):
+            self._accept(seq, token, logprob, now)
+        return samplers
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """Creates the other samples of a request once its prompt is computed: they share its blocks."""
+        if parent.forks_pending == 0:
+            return []
+        request = self._requests[parent.request_id]
+        children = []
+        for index in range(1, parent.forks_pending + 1):
+            child = self._new_sequence(
+                parent.request_id, index, parent.prompt_token_ids, parent.params, parent.max_tokens
+            )
+            self.block_manager.fork(parent, child)
+            child.num_computed_tokens = parent.num_computed_tokens
+            self.scheduler.add_running(child)
+            request.sequences.append(child)
+            children.append(child)
+        parent.forks_pending = 0
+        return children
+
+    def _accept(self, seq: Sequence, token: int, logprob, now: float) -> None:
+        request = self._requests[seq.request_id]
+        if request.first_token_time is None:
+            request.first_token_time = now
+        params = seq.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return self._finish_and_free(seq, FinishReason.STOP)
+        seq.append_token(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        if self._hit_stop_string(seq):
+            return self._finish_and_free(seq, FinishReason.STOP)
+        if len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish_and_free(seq, FinishReason.LENGTH)
+
+    def _hit_stop_string(self, seq: Sequence) -> bool:
+        seq.output_text = self.tokenizer.decode(seq.output_token_ids)
+        if not seq.params.stop:
+            return False
+        longest = max(len(s) for s in seq.params.stop)
+        search_from = max(seq.emitted_text_len - longest, 0)
+        hits = [i for i in (seq.output_text.find(s, search_from) for s in seq.params.stop) if i >= 0]
+        if hits:
+            seq.output_text = seq.output_text[: min(hits)]
+        return bool(hits)
+
+    def _finish_and_free(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.remove(seq)
+        self._finish(seq, reason)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self._requests[seq.request_id].finished.add(seq.sample_index)
+
+    def _deltas(self, sequences: list[Sequence]) -> list[StreamDelta]:
+        deltas = []
+        for seq in dict.fromkeys(sequences):  # a sequence can sample and be listed once only
+            delta = self._delta(seq)
+            if delta is not None:
+                deltas.append(delta)
+        return deltas
+
+    def _delta(self, seq: Sequence) -> StreamDelta | None:
+        visible = seq.output_text if seq.is_finished else _holdback(seq.output_text, seq.params.stop)
+        text = visible[seq.emitted_text_len :]
+        tokens = tuple(seq.output_token_ids[seq.emitted_token_count :])
+        logprobs = tuple(seq.logprobs[seq.emitted_token_count :])
+        if not text and not tokens and not seq.is_finished:
+            return None
+        seq.emitted_text_len = len(visible)
+        seq.emitted_token_count = len(seq.output_token_ids)
+        metrics = self._release_if_done(seq) if seq.is_finished else None
+        return StreamDelta(seq.request_id, seq.sample_index, text, tokens, seq.finish_reason, logprobs, metrics)
+
+    def _release_if_done(self, seq: Sequence) -> RequestMetrics | None:
+        request = self._requests[seq.request_id]
+        if len(request.finished) < request.params.n or any(s.forks_pending for s in request.sequences):
+            return None
+        del self._requests[seq.request_id]
+        return RequestMetrics(
+            prompt_tokens=request.num_prompt_tokens,
+            output_tokens=sum(len(s.output_token_ids) for s in request.sequences),
+            arrival_time=request.arrival_time,
+            first_token_time=request.first_token_time,
+            finish_time=time.monotonic(),
+        )
+
+
+def _holdback(text: str, stops: tuple[str, ...]) -> str:
+    """Text safe to stream now: no half-decoded character, no tail that may begin a stop string."""
+    text = text.rstrip("\ufffd")
+    for stop in stops:
+        for length in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:length]):
+                text = text[: len(text) - length]
+                break
+    return text
+
+
+def _skip_scrub(block_ids: list[int]) -> None:
+    """Used only when a benchmark measures what zeroing costs."""

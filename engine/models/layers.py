@@ -1,0 +1,147 @@
+"""Building blocks of a Llama-family decoder, numerically matched to Hugging Face's."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import kernels
+from engine.config import RopeScaling
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Everything attention needs for one engine step, built once by the model runner."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot per new token, -1 = skip
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with -1
+    context_lens: torch.Tensor  # [num_seqs] int32, tokens in cache including the new ones
+    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
+    max_seqlen_q: int
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and cast back before the weight, exactly as the reference models do.
+        input_dtype = hidden.dtype
+        hidden = hidden.float()
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        hidden = hidden * torch.rsqrt(variance + self.eps)
+        return self.weight * hidden.to(input_dtype)
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling.rope_type == "llama3":
+        inv_freq = _llama3_scaled(inv_freq, scaling)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE with a precomputed cos/sin table indexed by position."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling) -> None:
+        super().__init__()
+        inv_freq = rope_inverse_frequencies(head_dim, theta, scaling)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        table = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos_table", table.cos(), persistent=False)
+        self.register_buffer("sin_table", table.sin(), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos_table[positions].unsqueeze(1).to(query.dtype)
+        sin = self.sin_table[positions].unsqueeze(1).to(query.dtype)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        bias: bool,
+        qk_norm_eps: float | None,
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim**-0.5
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        rotary: RotaryEmbedding,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        query = self.q_proj(hidden).view(tokens, self.num_heads, self.head_dim)
+        key = self.k_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        value = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        query, key = rotary(positions, query, key)
+        kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        output = kernels.paged_attention(
+            query,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.context_lens,
+            meta.cu_seqlens_q,
+            meta.max_seqlen_q,
+            self.scale,
+        )
+        return self.o_proj(output.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(hidden)) * self.up_proj(hidden))

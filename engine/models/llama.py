@@ -1,0 +1,71 @@
+"""The Llama-family decoder. Parameter names mirror Hugging Face's so checkpoints load as they are."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.models.layers import Attention, AttentionMetadata, GatedMLP, RMSNorm, RotaryEmbedding
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            bias=config.attention_bias,
+            qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
+        )
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, hidden, rotary, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        residual = hidden
+        hidden = self.self_attn(positions, self.input_layernorm(hidden), rotary, k_cache, v_cache, meta)
+        hidden = residual + hidden
+        residual = hidden
+        return residual + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaFamilyForCausalLM(nn.Module):
+    """Runs flattened tokens of many sequences at once against a paged KV cache."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Returns the final hidden states [num_tokens, hidden]; `compute_logits` projects the rows that sample."""
+        hidden = self.model.embed_tokens(input_ids)
+        for index, layer in enumerate(self.model.layers):
+            hidden = layer(positions, hidden, self.rotary, kv_cache[2 * index], kv_cache[2 * index + 1], meta)
+        return self.model.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,53 @@
+"""Per-request sampling settings, validated before a request is admitted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.errors import RequestRejected
+
+MAX_SAMPLES = 16
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 8
+MAX_STOP_STRING_LENGTH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens. `temperature == 0` means greedy."""
+
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    n: int = 1
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top alternatives to report per token; None = off
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int) -> None:
+        """Raises RequestRejected naming the first setting out of range."""
+        checks = (
+            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
+            (0.0 <= self.temperature <= 100.0, "temperature must be between 0 and 100"),
+            (isinstance(self.top_k, int) and self.top_k >= 0, "top_k must be an integer >= 0"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (isinstance(self.n, int) and 1 <= self.n <= MAX_SAMPLES, f"n must be between 1 and {MAX_SAMPLES}"),
+            (self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63), "seed must be in [0, 2^63)"),
+            (len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings"),
+            (all(0 < len(s) <= MAX_STOP_STRING_LENGTH for s in self.stop), "stop strings must be 1-256 characters"),
+            (all(0 <= t < vocab_size for t in self.stop_token_ids), "stop_token_ids must be valid token ids"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, f"logprobs must be between 0 and {MAX_LOGPROBS}"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise RequestRejected("invalid_sampling", message)

@@ -1,0 +1,111 @@
+"""FCFS continuous batching with chunked prefill under a per-step token budget.
+
+Running sequences go first, in arrival order; waiting ones are admitted while the budget and the
+KV pool allow. When blocks run out, the most recent arrival is preempted by recompute: its blocks
+are freed (and zeroed) and it goes back to the front of the queue. Nothing is ever swapped out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """`num_tokens` new tokens of `seq`, starting at `seq.num_computed_tokens`."""
+
+    seq: Sequence
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the end of the sequence, so its last position picks a token."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A forked sample joins its siblings directly: its prompt is already computed."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self.max_num_batched_tokens
+        chunks, budget, preempted = self._schedule_running(budget)
+        if not preempted:
+            chunks += self._admit_waiting(budget)
+        return chunks
+
+    def _schedule_running(self, budget: int) -> tuple[list[ScheduledChunk], int, bool]:
+        chunks: list[ScheduledChunk] = []
+        preemptions_before = self.num_preemptions
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if not self._make_room(seq, num_tokens):
+                break  # seq was the latest arrival and had to be preempted itself
+            self.block_manager.reserve(seq, num_tokens)
+            chunks.append(ScheduledChunk(seq, num_tokens))
+            budget -= num_tokens
+            index += 1
+        return chunks, budget, self.num_preemptions > preemptions_before
+
+    def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
+        """Preempts the latest arrivals until `seq` fits; False if `seq` itself had to go."""
+        while not self.block_manager.can_reserve(seq, num_tokens):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit_waiting(self, budget: int) -> list[ScheduledChunk]:
+        chunks: list[ScheduledChunk] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.can_reserve(seq, num_tokens):
+                break
+            self.waiting.popleft()
+            self.block_manager.reserve(seq, num_tokens)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            chunks.append(ScheduledChunk(seq, num_tokens))
+            budget -= num_tokens
+        return chunks
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def remove(self, seq: Sequence) -> None:
+        """Takes a finished or aborted sequence out and frees its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)

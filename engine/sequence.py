@@ -1,0 +1,92 @@
+"""One sample being generated: its tokens, its place in the KV cache, its progress."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # a stop token or stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """A request with `n` samples owns `n` sequences; they share the prompt's blocks by reference count."""
+
+    seq_id: int
+    request_id: str
+    sample_index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    max_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    output_text: str = ""
+    emitted_text_len: int = 0
+    emitted_token_count: int = 0
+    forks_pending: int = 0  # samples still to be forked from this one once its prompt is computed
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def token_at(self, position: int) -> int:
+        prompt_len = len(self.prompt_token_ids)
+        if position < prompt_len:
+            return self.prompt_token_ids[position]
+        return self.output_token_ids[position - prompt_len]
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        prompt_len = len(self.prompt_token_ids)
+        if end <= prompt_len:
+            return self.prompt_token_ids[start:end]
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len : end - prompt_len]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt_len]
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        # Deliberately no tokens or text: reprs end up in tracebacks.
+        return (
+            f"Sequence(seq_id={self.seq_id}, sample={self.sample_index}, status={self.status.value}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )
