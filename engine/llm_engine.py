@@ -52,6 +52,7 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._pending: list[StreamDelta] = []
+        self.num_tokens_computed = 0  # every token run through the model, prompts and outputs
 
     # ----- requests -------------------------------------------------------------------------
 
@@ -95,6 +96,7 @@ class LLMEngine:
         if chunks:
             sampling = [chunk.seq for chunk in chunks if chunk.samples]
             logits = self.runner.run(chunks, self._take_copies())
+            self.num_tokens_computed += sum(chunk.num_tokens for chunk in chunks)
             for chunk in chunks:
                 chunk.seq.num_computed_tokens += chunk.num_tokens
             touched = self._sample(sampling, logits)
