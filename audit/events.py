@@ -1,0 +1,350 @@
+"""The typed audit events: the only data that leaves a node besides ciphertext.
+
+Each event is a frozen dataclass whose fields are numbers, bucket labels, enum
+members or identifiers of nodes, gateways, policies and releases (see
+`audit.fields`). Construction validates every field, and so does emission
+(`validate_event`), so an event that could carry free text cannot exist.
+
+On the wire an event is one JSON object: `schema` (the schema version),
+`kind`, `ts` and the fields, in declaration order. `ts` is whole seconds:
+finer timestamps would let anyone holding both the audit stream and a network
+trace join an event to one user's packets, and the sinks flush once a second
+anyway, so sub-second precision would buy nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from audit.errors import AuditSchemaError
+from audit.fields import (
+    Capacity,
+    Choice,
+    Counter,
+    FieldSpec,
+    GatewayId,
+    LatencyBucket,
+    NodeId,
+    NodeIds,
+    OptionalLatencyBucket,
+    OptionalNodeId,
+    PolicyDigest,
+    Release,
+    TokenBucket,
+)
+
+SCHEMA_VERSION = "veil.audit/1"
+# Timestamps are floored to this many seconds (see the module docstring).
+TS_RESOLUTION_S = 1
+
+
+class AttestationBackend(enum.StrEnum):
+    """Which attestation backend produced a node's evidence."""
+
+    SIM = "sim"
+    NVML = "nvml"
+    TSM = "tsm"
+
+
+class StopReason(enum.StrEnum):
+    """Why a node process stopped."""
+
+    SHUTDOWN = "shutdown"
+    SELF_CHECK_FAILED = "self_check_failed"
+    ATTESTATION_FAILED = "attestation_failed"
+    POLICY_VIOLATION = "policy_violation"
+    ENGINE_ERROR = "engine_error"
+
+
+class EvidenceOutcome(enum.StrEnum):
+    """How refreshing a node's evidence went."""
+
+    OK = "ok"
+    BACKEND_ERROR = "backend_error"
+    VERIFICATION_FAILED = "verification_failed"
+
+
+class RequestStatus(enum.StrEnum):
+    """How one inference request ended on a node."""
+
+    OK = "ok"
+    CLIENT_ERROR = "client_error"
+    DECRYPT_ERROR = "decrypt_error"
+    ABORTED = "aborted"
+    OVERLOADED = "overloaded"
+    TIMEOUT = "timeout"
+    ENGINE_ERROR = "engine_error"
+
+
+class RouteOutcome(enum.StrEnum):
+    """How the gateway's routing of one request ended."""
+
+    OK = "ok"
+    FAILOVER = "failover"
+    NODE_ERROR = "node_error"
+    NO_CANDIDATE = "no_candidate"
+    OVERLOADED = "overloaded"
+
+
+class EvictionReason(enum.StrEnum):
+    """Why a gateway removed a node from its directory."""
+
+    ATTESTATION_FAILED = "attestation_failed"
+    EVIDENCE_EXPIRED = "evidence_expired"
+    UNREACHABLE = "unreachable"
+    POLICY_MISMATCH = "policy_mismatch"
+    DRAINED = "drained"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """Base of every audit event; subclasses declare `kind` and typed fields."""
+
+    kind: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        validate_event(self)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStarted(AuditEvent):
+    """A node passed its self-checks and began serving under a policy and release."""
+
+    kind: ClassVar[str] = "node_started"
+    node_id: NodeId
+    policy_digest: PolicyDigest
+    release: Release
+    backend: AttestationBackend
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStopped(AuditEvent):
+    """A node process stopped."""
+
+    kind: ClassVar[str] = "node_stopped"
+    node_id: NodeId
+    reason: StopReason
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceRefreshed(AuditEvent):
+    """A node collected fresh attestation evidence (on its timer or on demand)."""
+
+    kind: ClassVar[str] = "evidence_refreshed"
+    node_id: NodeId
+    outcome: EvidenceOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished(AuditEvent):
+    """One request ended on a node; sizes and durations are buckets, never exact."""
+
+    kind: ClassVar[str] = "request_finished"
+    node_id: NodeId
+    status: RequestStatus
+    prompt_tokens_bucket: TokenBucket
+    output_tokens_bucket: TokenBucket
+    latency_bucket: LatencyBucket
+    ttft_bucket: OptionalLatencyBucket  # None when no token was produced
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksZeroed(AuditEvent):
+    """One engine step's batch of freed KV blocks was zeroed.
+
+    `residue_blocks` is how many of the freed blocks a residue check found not
+    all-zero afterwards: 0 on a healthy node, anything else is a red line.
+    """
+
+    kind: ClassVar[str] = "blocks_zeroed"
+    node_id: NodeId
+    step: Counter
+    blocks: Counter
+    residue_blocks: Counter
+
+    def __post_init__(self) -> None:
+        validate_event(self)
+        if self.residue_blocks > self.blocks:
+            raise AuditSchemaError(
+                "field 'residue_blocks' of BlocksZeroed cannot exceed 'blocks'; "
+                "count residue only among the blocks of this batch",
+                kind=self.kind, field="residue_blocks",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision(AuditEvent):
+    """The gateway routed one request: the client's candidates and the node it chose.
+
+    `chosen` is None when no node was tried (no healthy candidate, or the
+    gateway shed load); otherwise it is one of `candidates`.
+    """
+
+    kind: ClassVar[str] = "route_decision"
+    gateway_id: GatewayId
+    candidates: NodeIds
+    chosen: OptionalNodeId
+    outcome: RouteOutcome
+    latency_bucket: LatencyBucket
+
+    def __post_init__(self) -> None:
+        validate_event(self)
+        if self.chosen is not None and self.chosen not in self.candidates:
+            raise AuditSchemaError(
+                "field 'chosen' of RouteDecision must be one of 'candidates'; "
+                "a gateway can only forward to a node the client encrypted for",
+                kind=self.kind, field="chosen",
+            )
+        if self.chosen is None and self.outcome in (RouteOutcome.OK, RouteOutcome.FAILOVER):
+            raise AuditSchemaError(
+                "field 'chosen' of RouteDecision must name the node that served an ok or failover route",
+                kind=self.kind, field="chosen",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAdmitted(AuditEvent):
+    """A gateway admitted a node to its directory after verifying its evidence."""
+
+    kind: ClassVar[str] = "node_admitted"
+    gateway_id: GatewayId
+    node_id: NodeId
+    capacity: Capacity
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvicted(AuditEvent):
+    """A gateway removed a node from its directory."""
+
+    kind: ClassVar[str] = "node_evicted"
+    gateway_id: GatewayId
+    node_id: NodeId
+    reason: EvictionReason
+
+
+@dataclass(frozen=True, slots=True)
+class EventsDropped(AuditEvent):
+    """A sink's queue was full and it dropped `dropped` events since its last report.
+
+    Sinks drop rather than block so that inference never waits on audit I/O;
+    this event makes every drop visible in the audit stream itself.
+    """
+
+    kind: ClassVar[str] = "events_dropped"
+    dropped: Counter
+
+
+EVENT_TYPES: Mapping[str, type[AuditEvent]] = types.MappingProxyType({
+    cls.kind: cls
+    for cls in (NodeStarted, NodeStopped, EvidenceRefreshed, RequestFinished, BlocksZeroed,
+                RouteDecision, NodeAdmitted, NodeEvicted, EventsDropped)
+})
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One event as stored: the event and its coarse timestamp (whole seconds)."""
+
+    ts: int
+    event: AuditEvent
+
+
+_FIELD_SPECS: dict[type[AuditEvent], tuple[tuple[str, FieldSpec], ...]] = {}
+
+
+def field_specs(cls: type[AuditEvent]) -> tuple[tuple[str, FieldSpec], ...]:
+    """The (name, spec) pairs of an event class, in declaration order."""
+    specs = _FIELD_SPECS.get(cls)
+    if specs is None:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        specs = tuple((f.name, _spec_of(hints[f.name], cls, f.name)) for f in dataclasses.fields(cls))
+        _FIELD_SPECS[cls] = specs
+    return specs
+
+
+def _spec_of(annotation: Any, cls: type, name: str) -> FieldSpec:
+    if typing.get_origin(annotation) is typing.Annotated:
+        return annotation.__metadata__[0]
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return Choice(annotation, (annotation.__doc__ or annotation.__name__).strip())
+    # A field declared without a spec is a bug in this module, caught on first use.
+    raise TypeError(f"{cls.__name__}.{name} has no audit field spec")
+
+
+def validate_event(event: AuditEvent) -> None:
+    """Check every field of `event` against its spec, normalising enums and tuples in place.
+
+    Raises `AuditSchemaError` naming the first offending field, for events of
+    unknown types too (a subclass could otherwise smuggle in extra fields).
+    """
+    cls = type(event)
+    if EVENT_TYPES.get(cls.kind) is not cls:
+        raise AuditSchemaError(
+            f"{cls.__name__} is not an audit event type of schema {SCHEMA_VERSION}; "
+            "use one of the classes in audit.events", kind=cls.kind or None,
+        )
+    for name, spec in field_specs(cls):
+        value = getattr(event, name)
+        checked = spec.check(value, f"{cls.__name__}.{name}")
+        if checked is not value:
+            object.__setattr__(event, name, checked)
+
+
+def coarse_ts(now: float) -> int:
+    """`now` (seconds since the epoch) floored to `TS_RESOLUTION_S`."""
+    if not math.isfinite(now) or now < 0:
+        raise AuditSchemaError("a timestamp must be finite seconds since the epoch", field="ts")
+    return int(now) // TS_RESOLUTION_S * TS_RESOLUTION_S
+
+
+def to_record(event: AuditEvent, now: float) -> dict[str, Any]:
+    """The JSON object stored for `event` emitted at `now` (validated again first)."""
+    validate_event(event)
+    record: dict[str, Any] = {"schema": SCHEMA_VERSION, "kind": event.kind, "ts": coarse_ts(now)}
+    for name, _ in field_specs(type(event)):
+        record[name] = _to_json(getattr(event, name))
+    return record
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_to_json(item) for item in value]
+    return value
+
+
+def from_record(record: Any) -> AuditRecord:
+    """Parse a stored JSON object back into an `AuditRecord`, validating everything.
+
+    Unknown schema versions, unknown kinds, missing or extra keys and values
+    that break a field's spec all raise `AuditSchemaError`.
+    """
+    if not isinstance(record, dict):
+        raise AuditSchemaError("an audit record must be a JSON object")
+    if record.get("schema") != SCHEMA_VERSION:
+        raise AuditSchemaError(
+            f"an audit record must declare schema {SCHEMA_VERSION}; "
+            "read it with the release that wrote it", field="schema",
+        )
+    kind = record.get("kind")
+    cls = EVENT_TYPES.get(kind) if type(kind) is str else None
+    if cls is None:
+        raise AuditSchemaError("an audit record has an unknown kind", field="kind")
+    ts = record.get("ts")
+    if type(ts) is not int or ts < 0:
+        raise AuditSchemaError("field 'ts' must be whole seconds since the epoch", kind=cls.kind, field="ts")
+    names = [name for name, _ in field_specs(cls)]
+    if set(record) != {"schema", "kind", "ts", *names}:
+        raise AuditSchemaError(
+            f"a {cls.kind} record must have exactly the keys schema, kind, ts, " + ", ".join(names),
+            kind=cls.kind,
+        )
+    return AuditRecord(ts=ts, event=cls(**{name: record[name] for name in names}))
