@@ -1,0 +1,142 @@
+"""The torch reference kernels (the CPU production path) against naive float64 loops and against themselves."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernels
+from kernels.paged_batch import PagedBatch, build_paged_batch
+
+# The reference rounds a float32 result once to the output dtype: at most one ulp of |out| < 4.
+OUTPUT_TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3.2e-2}
+
+
+def naive_attention(batch: PagedBatch) -> torch.Tensor:
+    """softmax(q k^T * scale) v per query row and head, in float64, reading pages one position at a time."""
+    block_size = batch.k_cache.shape[1]
+    group = batch.query.shape[1] // batch.k_cache.shape[2]
+    out = torch.zeros(batch.query.shape, dtype=torch.float64)
+    offsets, contexts = batch.cu_seqlens_q.tolist(), batch.context_lens.tolist()
+    for seq, context_len in enumerate(contexts):
+        pages = [int(batch.block_tables[seq, position // block_size]) for position in range(context_len)]
+        keys = torch.stack([batch.k_cache[page, pos % block_size] for pos, page in enumerate(pages)]).double()
+        values = torch.stack([batch.v_cache[page, pos % block_size] for pos, page in enumerate(pages)]).double()
+        q_len = offsets[seq + 1] - offsets[seq]
+        for j in range(q_len):
+            visible = context_len - q_len + j + 1
+            for head in range(batch.query.shape[1]):
+                q = batch.query[offsets[seq] + j, head].double()
+                scores = keys[:visible, head // group] @ q * batch.scale
+                out[offsets[seq] + j, head] = torch.softmax(scores, 0) @ values[:visible, head // group]
+    return out
+
+
+@st.composite
+def batches(draw: st.DrawFn, decode: bool) -> PagedBatch:
+    block_size = draw(st.sampled_from([1, 4, 8, 16]))
+    num_seqs = draw(st.integers(1, 4))
+    exact = st.sampled_from([block_size, 2 * block_size])
+    contexts = draw(st.lists(st.one_of(st.integers(1, 30), exact), min_size=num_seqs, max_size=num_seqs))
+    query_lens = [1] * num_seqs if decode else [draw(st.integers(0, context)) for context in contexts]
+    num_kv_heads = draw(st.sampled_from([1, 2]))
+    return build_paged_batch(
+        contexts, query_lens, num_heads=num_kv_heads * draw(st.sampled_from([1, 2, 4, 8])),
+        num_kv_heads=num_kv_heads, head_dim=draw(st.sampled_from([8, 16])), block_size=block_size,
+        dtype=draw(st.sampled_from(list(OUTPUT_TOLERANCE))), stale_id=draw(st.sampled_from([None, 0, 10**6])),
+        generator=torch.Generator().manual_seed(draw(st.integers(0, 2**31))),
+    )
+
+
+def _assert_matches_naive(batch: PagedBatch) -> None:
+    out = kernels.paged_attention(*batch.args())
+    assert out.dtype == batch.query.dtype and out.shape == batch.query.shape
+    expected = naive_attention(batch)
+    tolerance = OUTPUT_TOLERANCE[batch.query.dtype]
+    torch.testing.assert_close(out.double(), expected, atol=tolerance, rtol=tolerance)
+
+
+@settings(max_examples=25, deadline=None)
+@given(batches(decode=True))
+def test_decode_matches_naive_softmax(batch: PagedBatch) -> None:
+    _assert_matches_naive(batch)
+
+
+@settings(max_examples=25, deadline=None)
+@given(batches(decode=False))
+def test_prefill_and_mixed_batches_match_naive_softmax(batch: PagedBatch) -> None:
+    _assert_matches_naive(batch)
+
+
+@settings(max_examples=15, deadline=None)
+@given(batches(decode=True))
+def test_batched_decode_path_equals_per_sequence_path(batch: PagedBatch) -> None:
+    # max_seqlen_q is only an upper bound: 2 routes the same decode batch through the per-sequence path.
+    batched = kernels.paged_attention(*batch.args())
+    per_sequence = kernels.paged_attention(*batch.args()[:6], 2, batch.scale)
+    tolerance = OUTPUT_TOLERANCE[batch.query.dtype]
+    torch.testing.assert_close(batched, per_sequence, atol=tolerance, rtol=tolerance)
+
+
+def _store_sequence(keys: torch.Tensor, values: torch.Tensor, block_size: int) -> tuple[torch.Tensor, ...]:
+    """One sequence's K/V stored with store_kv into a fresh cache with pages in reverse order."""
+    num_tokens, num_kv_heads, head_dim = keys.shape
+    num_blocks = -(-num_tokens // block_size)
+    k_cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    table = torch.arange(num_blocks - 1, -1, -1, dtype=torch.int32)
+    positions = torch.arange(num_tokens)
+    slots = table[positions // block_size].to(torch.int64) * block_size + positions % block_size
+    kernels.store_kv(keys, values, k_cache, v_cache, slots)
+    return k_cache, v_cache, table[None, :]
+
+
+def test_page_size_1_and_16_give_the_same_attention() -> None:
+    generator = torch.Generator().manual_seed(7)
+    keys, values = torch.randn(37, 2, 16, generator=generator), torch.randn(37, 2, 16, generator=generator)
+    query = torch.randn(5, 8, 16, generator=generator)
+    common = (torch.tensor([37], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32), 5, 0.25)
+    outputs = []
+    for block_size in (1, 16):
+        k_cache, v_cache, table = _store_sequence(keys, values, block_size)
+        outputs.append(kernels.paged_attention(query, k_cache, v_cache, table, *common))
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-6, rtol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_store_kv_writes_each_kept_token_to_its_slot_and_nothing_else(data: st.DataObject) -> None:
+    num_blocks, block_size = data.draw(st.integers(1, 5)), data.draw(st.sampled_from([1, 8, 16]))
+    num_slots = num_blocks * block_size
+    slots = data.draw(st.lists(st.integers(0, num_slots - 1), unique=True, max_size=min(num_slots, 20)))
+    slots = [data.draw(st.sampled_from([slot, -1])) for slot in slots]
+    slot_dtype = data.draw(st.sampled_from([torch.int32, torch.int64]))
+    keys, values = torch.randn(len(slots), 2, 8), torch.randn(len(slots), 2, 8)
+    k_cache, v_cache = torch.randn(num_blocks, block_size, 2, 8), torch.randn(num_blocks, block_size, 2, 8)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    for token, slot in enumerate(slots):
+        if slot >= 0:
+            expected_k[slot // block_size, slot % block_size] = keys[token]
+            expected_v[slot // block_size, slot % block_size] = values[token]
+    kernels.store_kv(keys, values, k_cache, v_cache, torch.tensor(slots, dtype=slot_dtype))
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+def test_zero_blocks_clears_every_cache_of_the_listed_blocks_only() -> None:
+    kv_cache = torch.randn(6, 9, 8, 2, 16, dtype=torch.bfloat16)
+    before = kv_cache.clone()
+    kernels.zero_blocks(kv_cache, [4, 0, 4, 8])
+    targeted = [0, 4, 8]
+    others = [block for block in range(9) if block not in targeted]
+    assert torch.count_nonzero(kv_cache.view(torch.int16)[:, targeted]) == 0
+    assert torch.equal(kv_cache.view(torch.int16)[:, others], before.view(torch.int16)[:, others])
+    assert kernels.find_residue(kv_cache, range(9)) == others
+
+
+def test_find_residue_sees_negative_zero_and_reports_each_dirty_id_once() -> None:
+    kv_cache = torch.zeros(4, 5, 8, 1, 16)
+    kv_cache[3, 2, 7, 0, 15] = -0.0  # equal to 0.0 as a float, but its sign byte is residue
+    kv_cache[0, 4, 0, 0, 0] = 1.0
+    assert kernels.find_residue(kv_cache, [4, 2, 1, 2, 4]) == [4, 2]
+    assert kernels.find_residue(kv_cache, torch.tensor([0, 1, 3], dtype=torch.int32)) == []
