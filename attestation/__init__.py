@@ -1,1 +1,40 @@
+"""Veil's attestation: what a node proves about itself, and the one strict verifier.
 
+Model. A node measures its code (every module file of Veil's packages), its
+policy (the canonical policy digest) and its model weights
+(:mod:`attestation.measurement`), and binds that measurement, its OHTTP key
+configuration and a verifier's nonce into hardware evidence
+(:mod:`attestation.binding`)::
+
+    report_data = SHA-512("veil-attest-v1" ‖ key_config ‖ measurement ‖ freshness)   CPU TEE report
+    gpu_nonce   = SHA-256(report_data)                                              GPU SPDM report
+
+An :class:`~attestation.bundle.EvidenceBundle` (versioned JSON with base64
+fields) carries it all, produced by one of three backends
+(:func:`attestation.backends.get_backend`):
+
+- ``sim``: a software TEE for development and CI, signed by a development
+  root CA created on first use in ``$VEIL_SIM_ROOT_DIR``; everything it signs
+  says SIMULATED, and only a policy that opts in accepts it;
+- ``nvml``: H100/H200 confidential computing through NVML (CC settings, SPDM
+  attestation report, device certificate chain), plus the CPU TEE quote when
+  configfs-tsm is present;
+- ``tsm``: a CPU TEE quote (Intel TDX, AMD SEV-SNP) through Linux configfs-tsm.
+
+:func:`attestation.verifier.verify` runs a fixed sequence of checks (simulated
+evidence acceptable, chain to a pinned root, signatures, binding, freshness,
+confidential mode, debug off, measurement allowed, key configuration
+well-formed), each with its own error type, and returns a
+:class:`~attestation.verifier.VerifiedNode` or raises.
+
+Not verified offline, and therefore named in each policy's
+``accepted_gaps``: NVIDIA certificate revocation (OCSP), comparison of GPU
+measurements with NVIDIA's reference integrity manifests, and the signature
+chains of Intel TDX and AMD SEV-SNP quotes (their REPORT_DATA and debug bits
+are checked, their signatures are not yet). The verifier's result says so in
+the chain, signature and confidential-mode checks.
+
+Verified results can be issued as ES384 JWTs (:mod:`attestation.results`), and
+NVIDIA NRAS EAT tokens are checked against a pinned key set
+(:mod:`attestation.nras`).
+"""

@@ -1,0 +1,190 @@
+"""The evidence bundle: what a node sends to prove what it is (JSON, base64 fields, versioned).
+
+    {
+      "version": "veil-evidence-v1",
+      "backend": "sim" | "nvml" | "tsm",
+      "key_config": b64,                       # the node's OHTTP key configuration (RFC 9458)
+      "measurement": {"code": b64, "policy": b64, "model": b64},
+      "freshness": {"nonce": b64, "timestamp": int},   # 32-byte nonce, Unix seconds
+      "report_data": b64,                      # 64 bytes, see attestation.binding
+      "cpu": null | {"kind": "sim" | "tdx" | "sev-snp", "report": b64, "cert_chain": [b64 DER, ...]},
+      "gpu": null | {"kind": "sim" | "nvidia-hopper", "report": b64, "cert_chain": [b64 DER, ...],
+                     "state": {"environment": "PROD" | "SIM" | ..., "cc_feature": bool, "devtools_mode": bool}}
+    }
+
+Certificate chains are leaf first, ending at the root. Parsing is strict:
+unknown versions, unknown or duplicated fields, wrong types and truncated
+base64 are EvidenceFormatError.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from attestation import encoding as enc
+from attestation.binding import NONCE_SIZE, REPORT_DATA_SIZE, freshness_bytes
+from attestation.errors import EvidenceFormatError
+from attestation.measurement import Measurement
+
+BUNDLE_VERSION = "veil-evidence-v1"
+BACKENDS: tuple[str, ...] = ("sim", "nvml", "tsm")
+CPU_KINDS: tuple[str, ...] = ("sim", "tdx", "sev-snp")
+GPU_KINDS: tuple[str, ...] = ("sim", "nvidia-hopper")
+GPU_ENVIRONMENTS: tuple[str, ...] = ("UNAVAILABLE", "SIM", "PROD")
+_MAX_CHAIN = 8
+_MAX_TIMESTAMP = 1 << 40
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """The GPU confidential-computing settings observed while collecting (NVML's names)."""
+
+    environment: str
+    cc_feature: bool
+    devtools_mode: bool
+
+    def encode(self) -> bytes:
+        """Canonical bytes bound into the freshness component."""
+        return (
+            f"environment={self.environment};cc_feature={int(self.cc_feature)};"
+            f"devtools_mode={int(self.devtools_mode)}"
+        ).encode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuEvidence:
+    """A CPU TEE report (simulated, Intel TDX quote or AMD SEV-SNP report) and its chain."""
+
+    kind: str
+    report: bytes
+    cert_chain: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvidence:
+    """An SPDM GET_MEASUREMENTS attestation report, its chain and the observed CC state."""
+
+    kind: str
+    report: bytes
+    cert_chain: tuple[bytes, ...]
+    state: GpuState
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceBundle:
+    """Everything a verifier needs to decide whether to trust one node."""
+
+    backend: str
+    key_config: bytes
+    measurement: Measurement
+    nonce: bytes
+    timestamp: int
+    report_data: bytes
+    cpu: CpuEvidence | None
+    gpu: GpuEvidence | None
+    version: str = BUNDLE_VERSION
+
+    def freshness(self) -> bytes:
+        """The freshness component of the binding."""
+        state = self.gpu.state.encode() if self.gpu is not None else b""
+        return freshness_bytes(self.nonce, self.timestamp, state)
+
+    def to_json(self) -> str:
+        """The bundle as JSON text."""
+        return json.dumps(_bundle_to_dict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> EvidenceBundle:
+        """Parse a bundle strictly; raise EvidenceFormatError on any deviation from the format."""
+        return _bundle_from_dict(enc.loads_strict(text))
+
+
+def _bundle_to_dict(bundle: EvidenceBundle) -> dict[str, Any]:
+    return {
+        "version": bundle.version,
+        "backend": bundle.backend,
+        "key_config": enc.b64encode(bundle.key_config),
+        "measurement": {
+            "code": enc.b64encode(bundle.measurement.code_digest),
+            "policy": enc.b64encode(bundle.measurement.policy_digest),
+            "model": enc.b64encode(bundle.measurement.model_digest),
+        },
+        "freshness": {"nonce": enc.b64encode(bundle.nonce), "timestamp": bundle.timestamp},
+        "report_data": enc.b64encode(bundle.report_data),
+        "cpu": None if bundle.cpu is None else _cpu_to_dict(bundle.cpu),
+        "gpu": None if bundle.gpu is None else _gpu_to_dict(bundle.gpu),
+    }
+
+
+def _cpu_to_dict(cpu: CpuEvidence) -> dict[str, Any]:
+    return {"kind": cpu.kind, "report": enc.b64encode(cpu.report), "cert_chain": [enc.b64encode(c) for c in cpu.cert_chain]}
+
+
+def _gpu_to_dict(gpu: GpuEvidence) -> dict[str, Any]:
+    state = {"environment": gpu.state.environment, "cc_feature": gpu.state.cc_feature, "devtools_mode": gpu.state.devtools_mode}
+    return {
+        "kind": gpu.kind,
+        "report": enc.b64encode(gpu.report),
+        "cert_chain": [enc.b64encode(c) for c in gpu.cert_chain],
+        "state": state,
+    }
+
+
+_TOP_KEYS = {"version", "backend", "key_config", "measurement", "freshness", "report_data", "cpu", "gpu"}
+
+
+def _bundle_from_dict(value: Any) -> EvidenceBundle:
+    if isinstance(value, dict) and "version" in value and value["version"] != BUNDLE_VERSION:
+        raise EvidenceFormatError(f"unknown evidence version; this verifier reads {BUNDLE_VERSION!r} only")
+    top = enc.expect_object(value, "evidence", _TOP_KEYS)
+    measured = enc.expect_object(top["measurement"], "measurement", {"code", "policy", "model"})
+    fresh = enc.expect_object(top["freshness"], "freshness", {"nonce", "timestamp"})
+    return EvidenceBundle(
+        backend=enc.expect_choice(top["backend"], "backend", BACKENDS),
+        key_config=enc.b64decode(top["key_config"], "key_config"),
+        measurement=Measurement(
+            code_digest=enc.b64decode(measured["code"], "measurement.code", length=32),
+            policy_digest=enc.b64decode(measured["policy"], "measurement.policy", length=32),
+            model_digest=enc.b64decode(measured["model"], "measurement.model", length=32),
+        ),
+        nonce=enc.b64decode(fresh["nonce"], "freshness.nonce", length=NONCE_SIZE),
+        timestamp=enc.expect_int(fresh["timestamp"], "freshness.timestamp", 0, _MAX_TIMESTAMP),
+        report_data=enc.b64decode(top["report_data"], "report_data", length=REPORT_DATA_SIZE),
+        cpu=None if top["cpu"] is None else _cpu_from_dict(top["cpu"]),
+        gpu=None if top["gpu"] is None else _gpu_from_dict(top["gpu"]),
+    )
+
+
+def _chain_from_list(value: Any, where: str) -> tuple[bytes, ...]:
+    if not isinstance(value, list) or len(value) > _MAX_CHAIN:
+        raise EvidenceFormatError(f"{where} must be a list of at most {_MAX_CHAIN} certificates")
+    return tuple(enc.b64decode(item, f"{where}[{index}]") for index, item in enumerate(value))
+
+
+def _cpu_from_dict(value: Any) -> CpuEvidence:
+    cpu = enc.expect_object(value, "cpu", {"kind", "report", "cert_chain"})
+    return CpuEvidence(
+        kind=enc.expect_choice(cpu["kind"], "cpu.kind", CPU_KINDS),
+        report=enc.b64decode(cpu["report"], "cpu.report"),
+        cert_chain=_chain_from_list(cpu["cert_chain"], "cpu.cert_chain"),
+    )
+
+
+def _gpu_from_dict(value: Any) -> GpuEvidence:
+    gpu = enc.expect_object(value, "gpu", {"kind", "report", "cert_chain", "state"})
+    state = enc.expect_object(gpu["state"], "gpu.state", {"environment", "cc_feature", "devtools_mode"})
+    for flag in ("cc_feature", "devtools_mode"):
+        if not isinstance(state[flag], bool):
+            raise EvidenceFormatError(f"gpu.state.{flag} must be true or false")
+    return GpuEvidence(
+        kind=enc.expect_choice(gpu["kind"], "gpu.kind", GPU_KINDS),
+        report=enc.b64decode(gpu["report"], "gpu.report"),
+        cert_chain=_chain_from_list(gpu["cert_chain"], "gpu.cert_chain"),
+        state=GpuState(
+            environment=enc.expect_choice(state["environment"], "gpu.state.environment", GPU_ENVIRONMENTS),
+            cc_feature=state["cc_feature"],
+            devtools_mode=state["devtools_mode"],
+        ),
+    )

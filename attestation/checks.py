@@ -1,0 +1,235 @@
+"""The verifier's checks, in order. Each takes the shared context, returns a one-line
+detail on success and raises its own AttestationError subclass on failure."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+from dataclasses import dataclass, field
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, utils
+
+from attestation import spdm
+from attestation.binding import gpu_nonce, report_data
+from attestation.bundle import EvidenceBundle
+from attestation.certs import fingerprint, load_der_chain, verify_chain
+from attestation.cpu_reports import CpuReport, parse_cpu_report
+from attestation.errors import (
+    BindingError,
+    ChainError,
+    ConfidentialModeError,
+    DebugModeError,
+    FreshnessError,
+    KeyConfigError,
+    MeasurementNotAllowedError,
+    PolicyMismatchError,
+    SignatureError,
+    SimulatedEvidenceError,
+)
+from attestation.sim_root import local_sim_root_certificate
+from policy import Policy
+
+HARDWARE_GPU = "nvidia-hopper"
+
+
+@dataclass
+class Context:
+    """What the checks share: inputs, and what earlier checks established."""
+
+    bundle: EvidenceBundle
+    policy: Policy
+    now: float
+    expected_nonce: bytes | None
+    chain_time: dt.datetime
+    leaves: dict[str, x509.Certificate] = field(default_factory=dict)
+    gpu_report: spdm.SpdmReport | None = None
+    cpu_report: CpuReport | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.bundle.backend == "sim"
+
+    def gap_accepted(self, gap: str) -> bool:
+        return gap in self.policy.attestation.accepted_gaps
+
+
+def check_simulated(ctx: Context) -> str:
+    if not ctx.simulated:
+        return f"hardware evidence ({ctx.bundle.backend})"
+    if not ctx.policy.attestation.allow_simulated:
+        raise SimulatedEvidenceError(
+            f"simulated evidence is refused by policy {ctx.policy.name!r}: no hardware protects this node. "
+            "Only a development policy (dev) accepts it"
+        )
+    return f"SIMULATED evidence accepted by development policy {ctx.policy.name!r}: nothing protects this node"
+
+
+def check_chain(ctx: Context) -> str:
+    pinned = _pinned_roots(ctx)
+    notes = []
+    gpu = ctx.bundle.gpu
+    if gpu is not None:
+        chain = load_der_chain(gpu.cert_chain, "GPU")
+        ctx.leaves["gpu"] = verify_chain(chain, pinned, what="GPU", at_time=ctx.chain_time)
+        notes.append(f"GPU chain of {len(chain)} to pinned root {fingerprint(chain[-1])[:16]}…")
+        if gpu.kind == HARDWARE_GPU:
+            _require_gap(ctx, "gpu-revocation", ChainError, "GPU certificate revocation (NVIDIA OCSP) is not checked offline")
+            notes.append("revocation not checked (accepted gap gpu-revocation)")
+    cpu = ctx.bundle.cpu
+    if cpu is not None and cpu.kind == "sim":
+        chain = load_der_chain(cpu.cert_chain, "CPU")
+        ctx.leaves["cpu"] = verify_chain(chain, pinned, what="CPU", at_time=ctx.chain_time)
+        notes.append(f"CPU chain of {len(chain)} to pinned root {fingerprint(chain[-1])[:16]}…")
+    elif cpu is not None:
+        _require_gap(ctx, "cpu-quote-signature", ChainError, f"the {cpu.kind} quote's certificate chain is not verified offline")
+        notes.append(f"{cpu.kind} quote chain NOT verified (accepted gap cpu-quote-signature)")
+    if not notes:
+        raise ChainError("the evidence holds neither a CPU nor a GPU report")
+    return "; ".join(notes)
+
+
+def check_signature(ctx: Context) -> str:
+    notes = []
+    if ctx.bundle.gpu is not None:
+        ctx.gpu_report = spdm.parse_report(ctx.bundle.gpu.report)
+        spdm.verify_report_signature(ctx.gpu_report, ctx.leaves["gpu"])
+        _check_label(ctx, "GPU", ctx.gpu_report.is_simulated, ctx.bundle.gpu.kind == "sim")
+        notes.append("GPU report signature valid (ECDSA P-384)")
+    if ctx.bundle.cpu is not None:
+        ctx.cpu_report = parse_cpu_report(ctx.bundle.cpu.kind, ctx.bundle.cpu.report)
+        if ctx.cpu_report.kind == "sim":
+            _verify_raw_p384(ctx.leaves["cpu"], ctx.cpu_report.signed_part, ctx.cpu_report.signature)
+            notes.append("CPU report signature valid (ECDSA P-384)")
+        else:
+            _require_gap(ctx, "cpu-quote-signature", SignatureError, f"the {ctx.cpu_report.kind} quote signature is not verified offline")
+            notes.append(f"{ctx.cpu_report.kind} quote signature NOT verified (accepted gap cpu-quote-signature)")
+        _check_label(ctx, "CPU", ctx.cpu_report.simulated, ctx.cpu_report.kind == "sim")
+    return "; ".join(notes)
+
+
+def check_binding(ctx: Context) -> str:
+    bundle = ctx.bundle
+    expected = report_data(bundle.key_config, bundle.measurement, bundle.freshness())
+    if not hmac.compare_digest(expected, bundle.report_data):
+        raise BindingError("report_data does not match the key configuration, measurement and freshness in the bundle")
+    if ctx.cpu_report is not None and not hmac.compare_digest(ctx.cpu_report.report_data, expected):
+        raise BindingError("the CPU report carries different report_data than the bundle binds")
+    if ctx.gpu_report is not None and not hmac.compare_digest(ctx.gpu_report.request_nonce, gpu_nonce(expected)):
+        raise BindingError("the GPU report was requested with a nonce other than SHA-256(report_data)")
+    return "key configuration, measurement and freshness bound into " + " and ".join(_parts(ctx))
+
+
+def check_freshness(ctx: Context) -> str:
+    attestation = ctx.policy.attestation
+    age = ctx.now - ctx.bundle.timestamp
+    if age > attestation.max_evidence_age_s:
+        raise FreshnessError(f"evidence is {age:.0f} s old; policy allows {attestation.max_evidence_age_s} s. Ask for fresh evidence")
+    if -age > attestation.max_clock_skew_s:
+        raise FreshnessError(f"evidence is dated {-age:.0f} s in the future; policy allows {attestation.max_clock_skew_s} s of clock skew")
+    if ctx.expected_nonce is not None and not hmac.compare_digest(ctx.expected_nonce, ctx.bundle.nonce):
+        raise FreshnessError("evidence answers a different nonce than the one this verifier asked for")
+    nonce_note = "nonce matches" if ctx.expected_nonce is not None else "no nonce requested"
+    return f"{max(age, 0):.0f} s old (max {attestation.max_evidence_age_s} s); {nonce_note}"
+
+
+def check_confidential_mode(ctx: Context) -> str:
+    present = {"cpu": ctx.bundle.cpu is not None, "gpu": ctx.bundle.gpu is not None}
+    for part in ctx.policy.attestation.required_confidential_mode:
+        if not present[part]:
+            raise ConfidentialModeError(f"policy requires {part.upper()} confidential-computing evidence and the bundle has none")
+    notes = [f"CPU TEE {ctx.bundle.cpu.kind}"] if ctx.bundle.cpu is not None else []
+    gpu = ctx.bundle.gpu
+    if gpu is not None:
+        allowed = ("PROD", "SIM") if ctx.simulated else ("PROD",)
+        if not gpu.state.cc_feature or gpu.state.environment not in allowed:
+            raise ConfidentialModeError(
+                f"GPU confidential computing is off (environment {gpu.state.environment}, "
+                f"ccFeature {'on' if gpu.state.cc_feature else 'off'}); the node must run in CC mode"
+            )
+        if gpu.kind == HARDWARE_GPU:
+            _require_gap(ctx, "gpu-reference-measurements", ConfidentialModeError,
+                         "GPU measurements cannot be compared with NVIDIA reference values offline")
+        notes.append(f"GPU CC on (environment {gpu.state.environment})")
+    return "; ".join(notes)
+
+
+def check_debug(ctx: Context) -> str:
+    if ctx.cpu_report is not None and ctx.cpu_report.debug:
+        raise DebugModeError(f"the {ctx.cpu_report.kind} CPU TEE allows debugging; its memory is readable by the host")
+    gpu = ctx.bundle.gpu
+    if gpu is not None and gpu.state.devtools_mode:
+        raise DebugModeError("GPU developer tools mode is on; GPU memory is readable by tools")
+    return "debug off: " + " and ".join(_parts(ctx))
+
+
+def check_measurement(ctx: Context) -> str:
+    measurement = ctx.bundle.measurement
+    if not hmac.compare_digest(measurement.policy_digest, ctx.policy.digest):
+        raise PolicyMismatchError(
+            f"the node runs under a different policy than {ctx.policy.name!r} (policy digest differs); "
+            "verify it against the policy it publishes, or do not use it"
+        )
+    code = _allowed(measurement.code_digest, ctx.policy.attestation.allowed_code_digests,
+                    ctx.policy.attestation.accept_unlisted_code, "code")
+    model = _allowed(measurement.model_digest, ctx.policy.engine.allowed_model_digests,
+                     ctx.policy.engine.accept_unlisted_models, "model")
+    return f"policy {ctx.policy.name!r} ({ctx.policy.digest.hex()[:16]}…); {code}; {model}"
+
+
+def check_key_config(ctx: Context) -> str:
+    from ohttp.errors import OHTTPError
+    from ohttp.keys import KeyConfig
+
+    try:
+        config = KeyConfig.decode(ctx.bundle.key_config)
+    except (OHTTPError, ValueError) as error:
+        raise KeyConfigError(f"the bound OHTTP key configuration is unusable: {error}") from None
+    return f"OHTTP key configuration {config.key_id}, KEM 0x{config.kem_id:04x}, {len(config.supported_suites())} usable suite(s)"
+
+
+def _pinned_roots(ctx: Context) -> set[str]:
+    pinned = set(ctx.policy.attestation.pinned_roots)
+    if ctx.policy.attestation.trust_local_simulated_root:
+        local = local_sim_root_certificate()
+        if local is not None:
+            pinned.add(fingerprint(local))
+    return pinned
+
+
+def _require_gap(ctx: Context, gap: str, error: type[Exception], what: str) -> None:
+    if not ctx.gap_accepted(gap):
+        raise error(f"{what}, and policy {ctx.policy.name!r} does not accept the gap {gap!r}")
+
+
+def _check_label(ctx: Context, part: str, signed_simulated: bool, kind_simulated: bool) -> None:
+    if signed_simulated != ctx.simulated or kind_simulated != ctx.simulated:
+        raise SimulatedEvidenceError(
+            f"the {part} report's signed simulated marker does not match the bundle's backend "
+            f"({ctx.bundle.backend}): simulated evidence must never pass as hardware"
+        )
+
+
+def _verify_raw_p384(leaf: x509.Certificate, signed: bytes, signature: bytes) -> None:
+    public_key = leaf.public_key()
+    if not isinstance(public_key, ec.EllipticCurvePublicKey):
+        raise SignatureError("the CPU report's leaf certificate does not hold an ECDSA key")
+    der = utils.encode_dss_signature(int.from_bytes(signature[:48], "big"), int.from_bytes(signature[48:], "big"))
+    try:
+        public_key.verify(der, signed, ec.ECDSA(hashes.SHA384()))
+    except InvalidSignature:
+        raise SignatureError("the CPU report's signature does not verify under its leaf certificate") from None
+
+
+def _allowed(digest: bytes, allowlist: tuple[str, ...], accept_unlisted: bool, what: str) -> str:
+    if digest.hex() in allowlist:
+        return f"{what} {digest.hex()[:16]}… listed"
+    if accept_unlisted:
+        return f"{what} {digest.hex()[:16]}… UNLISTED, accepted by development policy"
+    raise MeasurementNotAllowedError(f"the {what} measurement is not in the policy's allowlist; the node runs unreviewed {what}")
+
+
+def _parts(ctx: Context) -> list[str]:
+    return [name for name, present in (("CPU report", ctx.bundle.cpu), ("GPU report", ctx.bundle.gpu)) if present]

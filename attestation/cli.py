@@ -1,0 +1,123 @@
+"""`veil attest collect`, `veil attest verify` and `veil attest probe`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+_MARKS = {True: "✓", False: "✗", None: "·"}
+SIMULATED_BANNER = "WARNING: SIMULATED attestation evidence: development only, no hardware protects this node"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `veil attest …` to the veil command line."""
+    parser = subparsers.add_parser("attest", help="collect or verify attestation evidence")
+    commands = parser.add_subparsers(dest="attest_command", metavar="ACTION", required=True)
+
+    collect = commands.add_parser("collect", help="collect an evidence bundle on this machine (JSON to stdout)")
+    collect.add_argument("--backend", choices=("sim", "nvml", "tsm"), help="evidence source (default: probe)")
+    collect.add_argument("--nonce", help="32-byte freshness nonce in hex (default: random)")
+    collect.add_argument("--model", help="model folder to measure")
+    collect.add_argument("--policy", help="policy name or file the node runs under (default: dev for sim, else strict)")
+    collect.add_argument("--key-config", help="file holding the OHTTP key configuration to bind (default: a throwaway one)")
+    collect.set_defaults(handler=_collect)
+
+    verify = commands.add_parser("verify", help="verify an evidence bundle and print every check")
+    verify.add_argument("bundle", metavar="BUNDLE|-", help="bundle file, or - for standard input")
+    verify.add_argument("--policy", required=True, help="policy name (strict, dev) or file")
+    verify.add_argument("--nonce", help="the nonce the evidence must answer, in hex")
+    verify.set_defaults(handler=_verify)
+
+    probe = commands.add_parser("probe", help="say which attestation backends work on this machine")
+    probe.set_defaults(handler=_probe)
+
+
+def _collect(args: argparse.Namespace) -> int:
+    import secrets
+    from pathlib import Path
+
+    from attestation.backends import get_backend
+    from attestation.errors import AttestationError
+    from attestation.measurement import measure
+    from policy import PolicyError, resolve_policy
+    from policy.shipped import resolve_policy_path
+
+    policy_name = args.policy or ("dev" if args.backend == "sim" else "strict")
+    try:
+        nonce = _hex_argument(args.nonce, "--nonce") if args.nonce else secrets.token_bytes(32)
+        policy = resolve_policy(policy_name)
+        measurement = measure(policy_path=resolve_policy_path(policy_name), model_dir=args.model)
+        key_config = Path(args.key_config).read_bytes() if args.key_config else _throwaway_key_config()
+        backend = get_backend(args.backend, policy=policy)
+        bundle = backend.collect(key_config, measurement, nonce)
+    except (AttestationError, PolicyError, ValueError, OSError) as error:
+        print(f"veil attest collect: {error}", file=sys.stderr)
+        return 1
+    if bundle.backend == "sim":
+        print(SIMULATED_BANNER, file=sys.stderr)
+    print(bundle.to_json())
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from attestation.bundle import EvidenceBundle
+    from attestation.errors import AttestationError
+    from attestation.verifier import verify_with_report
+    from policy import PolicyError, resolve_policy
+
+    try:
+        policy = resolve_policy(args.policy)
+        expected = _hex_argument(args.nonce, "--nonce") if args.nonce else None
+        text = sys.stdin.read() if args.bundle == "-" else open(args.bundle, encoding="utf-8").read()
+    except (PolicyError, ValueError, OSError) as error:
+        print(f"veil attest verify: {error}", file=sys.stderr)
+        return 2
+    try:
+        bundle = EvidenceBundle.from_json(text)
+    except AttestationError as error:
+        print(f"{_MARKS[False]} format: {error}")
+        return 1
+    print(f"{_MARKS[True]} format: {bundle.version}, backend {bundle.backend}")
+    report = verify_with_report(bundle, policy, expected_nonce=expected)
+    for check in report.checks:
+        print(f"{_MARKS[check.passed]} {check.name}: {check.detail}")
+    if report.node is None:
+        print(f"REFUSED under policy {policy.name!r} at check: {report.error.check}")
+        return 1
+    if report.node.simulated:
+        print(SIMULATED_BANNER, file=sys.stderr)
+    print(f"VERIFIED node {report.node.node_id} under policy {policy.name!r}, valid until {report.node.expires_at:.0f}")
+    return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from attestation.backends.nvml import load_nvml, nvml_status
+    from attestation.backends.tsm import TSM_REPORT_ROOT, tsm_available
+    from attestation.errors import AttestationError
+
+    try:
+        status = nvml_status(load_nvml())
+        verdict = "ready" if status.production_ready else "NOT in production CC mode"
+        print(f"nvml: {status.describe()} ({verdict})")
+    except AttestationError as error:
+        print(f"nvml: {error}")
+    print(f"tsm: {'available' if tsm_available() else f'unavailable ({TSM_REPORT_ROOT} is missing)'}")
+    print("sim: always available (development only)")
+    return 0
+
+
+def _hex_argument(text: str, flag: str) -> bytes:
+    try:
+        value = bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"{flag} must be hexadecimal") from None
+    if len(value) != 32:
+        raise ValueError(f"{flag} must be 32 bytes (64 hex digits)")
+    return value
+
+
+def _throwaway_key_config() -> bytes:
+    # The private key is dropped at once: such a bundle demonstrates evidence, no node can use it.
+    from ohttp.keys import generate_key_pair
+
+    return generate_key_pair(0).config.encode()

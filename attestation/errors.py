@@ -1,0 +1,113 @@
+"""The attestation package's errors: one type per verification check, one per collection fault.
+
+Every error that the verifier raises carries `check`, the name of the check
+that failed, so that a command line or an audit event can report it without
+parsing messages. Messages name what was wrong and what to do; they never
+quote evidence bytes or keys.
+"""
+
+from __future__ import annotations
+
+
+class AttestationError(Exception):
+    """Base of every attestation error."""
+
+    check: str = "attestation"
+
+
+class EvidenceFormatError(AttestationError):
+    """An evidence bundle or report is malformed: bad JSON, unknown version, duplicated or missing fields, truncated data."""
+
+    check = "format"
+
+
+class SimulatedEvidenceError(AttestationError):
+    """Simulated evidence offered to a policy that refuses it, or simulated reports disguised as hardware."""
+
+    check = "simulated"
+
+
+class ChainError(AttestationError):
+    """A certificate chain does not lead to a pinned root, is broken, or is not valid at the time of use."""
+
+    check = "chain"
+
+
+class SignatureError(AttestationError):
+    """A report's signature does not verify under its certificate chain's leaf key."""
+
+    check = "signature"
+
+
+class BindingError(AttestationError):
+    """The reports are not bound to this key configuration, measurement and freshness."""
+
+    check = "binding"
+
+
+class FreshnessError(AttestationError):
+    """Evidence is too old, from the future, or answers another nonce."""
+
+    check = "freshness"
+
+
+class ConfidentialModeError(AttestationError):
+    """A required TEE is absent or the GPU is not in production confidential-computing mode."""
+
+    check = "confidential mode"
+
+
+class DebugModeError(AttestationError):
+    """CPU TEE debugging or GPU developer tools are on."""
+
+    check = "debug"
+
+
+class MeasurementNotAllowedError(AttestationError):
+    """The code or model measurement is not in the policy's allowlist."""
+
+    check = "measurement"
+
+
+class PolicyMismatchError(MeasurementNotAllowedError):
+    """The node attests to a different policy than the one the verifier holds."""
+
+
+class KeyConfigError(AttestationError):
+    """The bound OHTTP key configuration is malformed or uses an unsupported suite."""
+
+    check = "key configuration"
+
+
+class BackendError(AttestationError):
+    """Evidence could not be collected."""
+
+    check = "collect"
+
+
+class BackendUnavailableError(BackendError):
+    """The requested backend cannot run on this machine."""
+
+
+class NvmlMissingError(BackendUnavailableError):
+    """NVIDIA's management library (NVML) is not installed or not loadable."""
+
+
+class GpuConfidentialModeOffError(BackendError):
+    """The GPU is present but not in production confidential-computing mode."""
+
+
+class TsmUnavailableError(BackendUnavailableError):
+    """Linux configfs-tsm is not available (no CPU TEE guest, or configfs not mounted)."""
+
+
+class ResultTokenError(AttestationError):
+    """A signed attestation result (JWT) failed verification."""
+
+    check = "result token"
+
+
+class NrasTokenError(AttestationError):
+    """An NVIDIA NRAS EAT token failed verification."""
+
+    check = "nras token"

@@ -1,0 +1,125 @@
+"""The verifier: one fixed sequence of checks; a verified node record, or an exception.
+
+Order: simulated (is simulated evidence acceptable under this policy?),
+chain, signature, binding, freshness, confidential mode, debug, measurement,
+key configuration. Each failing check raises its own subclass of
+AttestationError; there is no boolean result to forget to check.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from attestation import checks
+from attestation.bundle import EvidenceBundle
+from attestation.errors import AttestationError
+from attestation.measurement import Measurement
+from policy import Policy
+
+CHECKS: tuple[tuple[str, Callable[[checks.Context], str]], ...] = (
+    ("simulated", checks.check_simulated),
+    ("chain", checks.check_chain),
+    ("signature", checks.check_signature),
+    ("binding", checks.check_binding),
+    ("freshness", checks.check_freshness),
+    ("confidential mode", checks.check_confidential_mode),
+    ("debug", checks.check_debug),
+    ("measurement", checks.check_measurement),
+    ("key configuration", checks.check_key_config),
+)
+CHECK_NAMES: tuple[str, ...] = tuple(name for name, _ in CHECKS)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """One check's outcome: passed True/False, or None when an earlier check failed."""
+
+    name: str
+    passed: bool | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedNode:
+    """A node whose evidence passed every check under `policy_digest`."""
+
+    node_id: str
+    key_config: bytes
+    measurement: Measurement
+    policy_digest: bytes
+    expires_at: float
+    backend: str
+    simulated: bool
+    checks: tuple[CheckResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class VerificationReport:
+    """Every check's result; `node` when all passed, else `error` (the first failure)."""
+
+    checks: tuple[CheckResult, ...]
+    node: VerifiedNode | None
+    error: AttestationError | None
+
+    def raise_for_failure(self) -> VerifiedNode:
+        if self.node is None:
+            assert self.error is not None
+            raise self.error
+        return self.node
+
+
+def node_id_for(key_config: bytes, measurement: Measurement) -> str:
+    """The node's identifier, the same for every party: hash of its key configuration and measurement."""
+    material = b"veil-node-v1" + struct.pack(">H", len(key_config)) + key_config + measurement.digest()
+    return hashlib.sha256(material).hexdigest()[:32]
+
+
+def verify(
+    bundle: EvidenceBundle,
+    policy: Policy,
+    *,
+    expected_nonce: bytes | None = None,
+    now: float | None = None,
+    chain_time: dt.datetime | None = None,
+) -> VerifiedNode:
+    """Verify `bundle` under `policy`; return the node record or raise the failing check's error."""
+    report = verify_with_report(bundle, policy, expected_nonce=expected_nonce, now=now, chain_time=chain_time)
+    return report.raise_for_failure()
+
+
+def verify_with_report(
+    bundle: EvidenceBundle,
+    policy: Policy,
+    *,
+    expected_nonce: bytes | None = None,
+    now: float | None = None,
+    chain_time: dt.datetime | None = None,
+) -> VerificationReport:
+    """Run every check in order, recording each result (for command lines and audit)."""
+    moment = time.time() if now is None else now
+    when = chain_time or dt.datetime.fromtimestamp(moment, dt.timezone.utc)
+    ctx = checks.Context(bundle, policy, moment, expected_nonce, when)
+    results: list[CheckResult] = []
+    for name, check in CHECKS:
+        try:
+            results.append(CheckResult(name, True, check(ctx)))
+        except AttestationError as error:
+            results.append(CheckResult(name, False, str(error)))
+            skipped = [CheckResult(rest, None, "not run") for rest in CHECK_NAMES[len(results):]]
+            return VerificationReport(tuple(results + skipped), None, error)
+    node = VerifiedNode(
+        node_id=node_id_for(bundle.key_config, bundle.measurement),
+        key_config=bundle.key_config,
+        measurement=bundle.measurement,
+        policy_digest=bundle.measurement.policy_digest,
+        expires_at=float(bundle.timestamp + policy.attestation.max_evidence_age_s),
+        backend=bundle.backend,
+        simulated=ctx.simulated,
+        checks=tuple(results),
+    )
+    return VerificationReport(tuple(results), node, None)
