@@ -285,10 +285,11 @@ def validate_event(event: AuditEvent) -> None:
     unknown types too (a subclass could otherwise smuggle in extra fields).
     """
     cls = type(event)
-    if EVENT_TYPES.get(cls.kind) is not cls:
+    kind = getattr(cls, "kind", None)
+    if not isinstance(kind, str) or EVENT_TYPES.get(kind) is not cls:
         raise AuditSchemaError(
             f"{cls.__name__} is not an audit event type of schema {SCHEMA_VERSION}; "
-            "use one of the classes in audit.events", kind=cls.kind or None,
+            "use one of the classes in audit.events",
         )
     for name, spec in field_specs(cls):
         value = getattr(event, name)

@@ -1,0 +1,150 @@
+"""`veil audit ...`: print the event schema, write reports, summarise audit files.
+
+Exit codes: 0 success; 1 a report found a red line (routing rejected, or
+residue); 2 the input could not be used (unreadable or invalid audit files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK = 0
+EXIT_RED_LINE = 1
+EXIT_BAD_INPUT = 2
+# Installed with the `reports` extra only, so nodes do not carry them.
+REPORT_ONLY_MODULES = ("scipy", "matplotlib")
+
+
+def register(subparsers: Any) -> None:
+    """Add the `audit` command and its subcommands to the `veil` parser."""
+    audit = subparsers.add_parser("audit", help="audit events: schema, reports, summaries",
+                                  description="Typed audit events of a Veil fleet and the reports built from them.")
+    commands = audit.add_subparsers(dest="audit_command", metavar="SUBCOMMAND")
+    audit.set_defaults(handler=lambda args: _usage(audit))
+
+    schema = commands.add_parser("schema", help="print the JSON Schema of audit events")
+    schema.set_defaults(handler=_schema)
+
+    summary = commands.add_parser("summary", help="one-screen summary of audit files")
+    summary.add_argument("files", nargs="+", metavar="FILE", help="audit JSON lines files")
+    summary.set_defaults(handler=_summary)
+
+    report = commands.add_parser("report", help="write a report (Markdown, HTML, PNG plots)")
+    reports = report.add_subparsers(dest="report_command", metavar="REPORT")
+    report.set_defaults(handler=lambda args: _usage(report))
+    _register_routes(reports)
+    _register_residue(reports)
+
+
+def _register_routes(reports: Any) -> None:
+    routes = reports.add_parser("routes", help="non-targetability report from gateway route events")
+    routes.add_argument("files", nargs="+", metavar="FILE", help="gateway audit JSON lines files")
+    routes.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the report")
+    routes.add_argument("--capacity", action="append", default=[], metavar="NODE=CAP",
+                        help="capacity of a node (overrides node_admitted events); repeatable")
+    routes.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
+    routes.add_argument("--windows", type=int, default=10, help="time windows for the p-value plot (default 10)")
+    routes.set_defaults(handler=_report_routes)
+
+
+def _register_residue(reports: Any) -> None:
+    residue = reports.add_parser("residue", help="residue report from node zeroing events")
+    residue.add_argument("files", nargs="+", metavar="FILE", help="node audit JSON lines files")
+    residue.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the report")
+    residue.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (default 16)")
+    residue.set_defaults(handler=_report_residue)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from audit.schema import audit_json_schema_text
+
+    sys.stdout.write(audit_json_schema_text())
+    return EXIT_OK
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from audit.errors import AuditError
+    from audit.records import read_audit_files
+    from audit.summary import format_summary, summarize
+
+    try:
+        log = read_audit_files(args.files)
+    except AuditError as error:
+        return _fail(error)
+    sys.stdout.write(format_summary(summarize(log)))
+    return EXIT_OK
+
+
+def parse_capacities(pairs: list[str]) -> dict[str, int]:
+    """`NODE=CAP` pairs as a mapping; node ids and capacities are validated like events."""
+    from audit.errors import AuditSchemaError
+    from audit.fields import CAPACITY, NODE_ID
+
+    capacities = {}
+    for pair in pairs:
+        node_id, separator, capacity = pair.partition("=")
+        if not separator or not capacity.isascii() or not capacity.isdigit():
+            raise AuditSchemaError("--capacity takes NODE=CAP with CAP a positive integer", field="capacity")
+        capacities[NODE_ID.check(node_id, "--capacity.NODE")] = CAPACITY.check(int(capacity), "--capacity.CAP")
+    return capacities
+
+
+def _report_routes(args: argparse.Namespace) -> int:
+    from audit.errors import AuditError
+    from audit.records import read_audit_files
+
+    try:
+        from audit.reports.routes import build_routes_report, write_routes_report
+
+        capacities = parse_capacities(args.capacity)
+        log = read_audit_files(args.files)
+        report = build_routes_report(log.records, capacities, alpha=args.alpha, windows=args.windows)
+        written = write_routes_report(report, args.out)
+    except AuditError as error:
+        return _fail(error)
+    except ImportError as error:
+        return _missing_extra(error)
+    print(f"routes report: {written.markdown} and {written.html} "
+          f"({'consistent' if written.passed else 'REJECTED'})")
+    return EXIT_OK if written.passed else EXIT_RED_LINE
+
+
+def _report_residue(args: argparse.Namespace) -> int:
+    from audit.errors import AuditError
+    from audit.records import read_audit_files
+
+    try:
+        from audit.reports.residue import build_residue_report, write_residue_report
+
+        log = read_audit_files(args.files)
+        report = build_residue_report(log.records, block_size=args.block_size,
+                                      truncated_tails=log.truncated_tails)
+        written = write_residue_report(report, args.out)
+    except AuditError as error:
+        return _fail(error)
+    except ImportError as error:
+        return _missing_extra(error)
+    print(f"residue report: {written.markdown} and {written.html} "
+          f"({'zero residue' if written.passed else 'RED LINE'})")
+    return EXIT_OK if written.passed else EXIT_RED_LINE
+
+
+def _fail(error: Exception) -> int:
+    print(f"veil audit: {error}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _missing_extra(error: ImportError) -> int:
+    if (error.name or "").split(".")[0] not in REPORT_ONLY_MODULES:
+        raise error
+    print("veil audit: reports need scipy and matplotlib; install them with: pip install 'veil[reports]'",
+          file=sys.stderr)
+    return EXIT_BAD_INPUT
