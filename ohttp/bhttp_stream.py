@@ -39,6 +39,8 @@ def encode_response_end(trailers: Fields = ()) -> bytes:
 
 @dataclass(slots=True)
 class ResponseHead:
+    """The final status and header fields of a streamed response."""
+
     status: int
     headers: Fields = field(default_factory=list)
 
@@ -53,6 +55,8 @@ class StreamingResponseDecoder:
         self.trailers: Fields | None = None
         self._fields: Fields = []
         self._section_bytes = 0
+        self._pending_status = 0
+        self._failed = False
 
     @property
     def complete(self) -> bool:
@@ -60,16 +64,27 @@ class StreamingResponseDecoder:
 
     def feed(self, data: bytes) -> list[bytes]:
         """Returns the content pieces completed by `data` (the head becomes available on `.head`)."""
-        if self._state == "done" and data:
-            raise MalformedError("bytes after the end of a streamed response")
+        if self._failed:
+            raise MalformedError("this streamed response already failed to parse; discard it")
+        if self._state == "done":
+            if data.count(0) != len(data):  # only zero padding may follow the end
+                self._failed = True
+                raise MalformedError("non-zero bytes after the end of a streamed response")
+            return []
         self._buffer += data
         pieces: list[bytes] = []
-        while self._advance(pieces):
-            pass
+        try:
+            while self._advance(pieces):
+                pass
+        except MalformedError:
+            self._failed = True
+            raise
         return pieces
 
     def finish(self) -> None:
         """Call at the end of the stream: a response that did not end is truncated, never silently short."""
+        if self._failed:
+            raise MalformedError("this streamed response failed to parse; discard it")
         if self._state != "done":
             raise TruncatedError("the streamed response ended before its last section")
 
