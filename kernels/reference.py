@@ -84,9 +84,11 @@ def _decode(
     values = _gather(v_cache, tables, max_context)
     positions = torch.arange(max_context, device=query.device)
     visible = (positions[None, :] < context_lens[:, None].to(torch.int64))[:, None, None, :]
-    queries = query.float().unsqueeze(2)  # [num_seqs, num_heads, 1, head_dim]
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
-    return out.squeeze(2).to(query.dtype)
+    # A group's query heads ride as query rows of their KV head: K/V are used as gathered, never repeated.
+    num_seqs, num_kv_heads = query.shape[0], k_cache.shape[2]
+    queries = query.float().reshape(num_seqs, num_kv_heads, -1, query.shape[2])
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=visible, scale=scale)
+    return out.reshape(query.shape).to(query.dtype)
 
 
 def _prefill(

@@ -120,26 +120,27 @@ def check_paged_attention(
 def _check_sequence_values(
     num_q_tokens: int, k_cache: Tensor, block_tables: Tensor, context_lens: Tensor, cu_seqlens_q: Tensor, max_seqlen_q: int
 ) -> None:
+    # Host lists: a handful of Python comparisons per sequence cost less than a dozen tiny tensor ops.
     num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
-    offsets = cu_seqlens_q.to(torch.int64)
-    _require(int(offsets[0]) == 0 and int(offsets[-1]) == num_q_tokens,
+    offsets, contexts = cu_seqlens_q.tolist(), context_lens.tolist()
+    _require(offsets[0] == 0 and offsets[-1] == num_q_tokens,
              f"cu_seqlens_q must start at 0 and end at num_q_tokens = {num_q_tokens}")
-    q_lens = offsets[1:] - offsets[:-1]
-    if q_lens.numel() == 0:
+    q_lens = [end - start for start, end in zip(offsets, offsets[1:])]
+    if not q_lens:
         return
-    _require(bool((q_lens >= 0).all()), "cu_seqlens_q must be non-decreasing")
-    _require(int(q_lens.max()) <= max_seqlen_q, f"a sequence has more new tokens than max_seqlen_q = {max_seqlen_q}")
-    contexts = context_lens.to(torch.int64)
-    _require(bool((contexts >= q_lens).all()),
+    _require(min(q_lens) >= 0, "cu_seqlens_q must be non-decreasing")
+    _require(max(q_lens) <= max_seqlen_q, f"a sequence has more new tokens than max_seqlen_q = {max_seqlen_q}")
+    _require(all(context >= q_len for context, q_len in zip(contexts, q_lens)),
              "context_lens must count the new tokens too (context_len >= new tokens of the sequence)")
     capacity = block_tables.shape[1] * block_size
-    _require(int(contexts.max()) <= capacity,
+    _require(max(contexts) <= capacity,
              f"a context is longer than block_tables can address ({block_tables.shape[1]} blocks of {block_size})")
-    used_blocks = (contexts + block_size - 1) // block_size
-    columns = torch.arange(block_tables.shape[1])
-    used = block_tables[columns[None, :] < used_blocks[:, None]]
+    widest = -(-max(contexts) // block_size)
+    used_blocks = torch.tensor([-(-context // block_size) for context in contexts])
+    used = block_tables[:, :widest][torch.arange(widest)[None, :] < used_blocks[:, None]]
     if used.numel() > 0:
-        _require(bool(((used >= 0) & (used < num_blocks)).all()),
+        low, high = (int(bound) for bound in torch.aminmax(used))
+        _require(low >= 0 and high < num_blocks,
                  f"block_tables holds block ids outside [0, {num_blocks}) within a sequence's context")
 
 
