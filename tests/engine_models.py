@@ -1,0 +1,197 @@
+"""Models and helpers shared by the engine tests.
+
+The oracle is Hugging Face `transformers`: each reference model is built from a config with seeded
+random weights, saved with `save_pretrained`, and given the tokenizer of the built-in tiny model, so
+the engine loads the very weights `transformers` runs. Folders are built once per test run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.scheduler import ScheduledChunk
+from engine.sequence import Sequence
+from engine.tiny import write_tiny_model
+
+VOCAB_SIZE = 768  # the tiny model's vocabulary, shared by every reference model here
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceModel:
+    """A `transformers` model and the folder it was saved to."""
+
+    name: str
+    model: torch.nn.Module
+    folder: Path
+
+
+def _hf_classes(name: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    return {
+        # Grouped-query attention: 4 query heads share 2 KV heads.
+        "llama": (LlamaForCausalLM, LlamaConfig, {}),
+        # Qwen2 always has q/k/v biases; here the embeddings double as the output head.
+        "qwen2": (Qwen2ForCausalLM, Qwen2Config, {"tie_word_embeddings": True}),
+        # Qwen3 normalises q and k per head; head_dim is set explicitly and differs from hidden / heads.
+        "qwen3": (Qwen3ForCausalLM, Qwen3Config, {"head_dim": 32}),
+    }[name]
+
+
+REFERENCE_NAMES = ("llama", "qwen2", "qwen3")
+
+
+@cache
+def _scratch_root() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="veil-engine-tests-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+@cache
+def tiny_model_dir() -> Path:
+    """The built-in tiny Llama (seed 0), written once per test run."""
+    return write_tiny_model(_scratch_root() / "tiny")
+
+
+def build_hf_model(name: str, dtype: torch.dtype = torch.float32):
+    """A `transformers` model of family `name` with seeded random weights (not saved)."""
+    model_class, config_class, extra = _hf_classes(name)
+    torch.manual_seed(0)
+    config = config_class(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        # Large weights make the top logit stand clear of the next, so greedy choices are decisive.
+        initializer_range=0.2,
+        **extra,
+    )
+    model = model_class(config).eval()
+    _randomize_defaults(model)
+    return model.to(dtype)
+
+
+def _randomize_defaults(model: torch.nn.Module) -> None:
+    """Biases start at zero and norm weights at one; random values prove they are loaded and applied."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+            elif "norm" in name:
+                param.copy_(1.0 + torch.randn(param.shape, generator=generator) * 0.1)
+
+
+def save_with_tokenizer(model: torch.nn.Module, folder: Path, **save_kwargs) -> Path:
+    model.save_pretrained(folder, **save_kwargs)
+    for file_name in TOKENIZER_FILES:
+        shutil.copy(tiny_model_dir() / file_name, folder / file_name)
+    return folder
+
+
+@cache
+def reference_model(name: str) -> ReferenceModel:
+    """The fp32 reference model of family `name`, saved once per test run."""
+    model = build_hf_model(name)
+    return ReferenceModel(name, model, save_with_tokenizer(model, _scratch_root() / f"hf-{name}"))
+
+
+def random_prompts(count: int, shortest: int, longest: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(shortest, longest + 1, (count,), generator=generator).tolist()
+    return [torch.randint(0, VOCAB_SIZE, (length,), generator=generator).tolist() for length in lengths]
+
+
+def random_lengths(count: int, shortest: int, longest: int, seed: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(shortest, longest + 1, (count,), generator=generator).tolist()
+
+
+@torch.no_grad()
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """What `transformers.generate` picks greedily for one prompt, exactly `max_new_tokens` tokens."""
+    generated = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return generated[0, len(prompt) :].tolist()
+
+
+@torch.no_grad()
+def hf_logits(model: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
+    return model(torch.tensor([prompt])).logits[0].float()
+
+
+def greedy(max_tokens: int, **kwargs) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kwargs)
+
+
+def output_tokens(engine: LLMEngine, prompts: list, params: list[SamplingParams] | SamplingParams) -> list[list[int]]:
+    return [output.outputs[0].token_ids for output in engine.generate(prompts, params)]
+
+
+def prefill_logits(engine: LLMEngine, prompts: list[list[int]], chunk: int | None = None) -> list[torch.Tensor]:
+    """The engine's logits at every prompt position, all prompts flattened into the same steps.
+
+    With `chunk`, each prompt is prefilled `chunk` tokens per step (chunked prefill over the paged cache).
+    The sequences' blocks are freed and zeroed afterwards, so the engine stays clean.
+    """
+    sequences = [
+        Sequence(seq_id=10_000 + i, request_id=f"logits-{i}", sample_index=0, prompt_token_ids=list(p),
+                 params=greedy(1), generator=None, max_tokens=1)
+        for i, p in enumerate(prompts)
+    ]
+    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
+    step = chunk or max(len(p) for p in prompts)
+    try:
+        with torch.inference_mode():
+            while any(seq.num_uncomputed_tokens for seq in sequences):
+                _prefill_step(engine, sequences, rows, step)
+    finally:
+        for seq in sequences:
+            engine.block_manager.free(seq)
+        engine.block_manager.scrub_freed()
+    return [torch.cat(parts) for parts in rows]
+
+
+def _prefill_step(engine: LLMEngine, sequences: list[Sequence], rows: list[list[torch.Tensor]], step: int) -> None:
+    active = [(i, seq) for i, seq in enumerate(sequences) if seq.num_uncomputed_tokens]
+    chunks = []
+    for _, seq in active:
+        num_tokens = min(step, seq.num_uncomputed_tokens)
+        engine.block_manager.reserve(seq, num_tokens)
+        chunks.append(ScheduledChunk(seq, num_tokens))
+    inputs = engine.runner.prepare(chunks)
+    hidden = engine.runner.model(inputs.input_ids, inputs.positions, engine.runner.kv_cache, inputs.meta)
+    logits = engine.runner.model.compute_logits(hidden)
+    start = 0
+    for (index, seq), scheduled in zip(active, chunks):
+        rows[index].append(logits[start : start + scheduled.num_tokens].clone())
+        start += scheduled.num_tokens
+        seq.num_computed_tokens += scheduled.num_tokens
+
+
+def tiny_engine(**config) -> LLMEngine:
+    return LLMEngine(tiny_model_dir(), EngineConfig(**config))
+
+
+@pytest.fixture(scope="session")
+def tiny_dir() -> Path:
+    return tiny_model_dir()

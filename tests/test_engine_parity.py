@@ -1,0 +1,170 @@
+"""Parity with Hugging Face `transformers` on the same random weights.
+
+Greedy tokens must be identical to `transformers.generate` for a batch run with continuous batching,
+chunked prefill and forced preemption; prefill logits must match within fp32 tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from engine import EngineConfig, LLMEngine
+from tests.engine_models import (
+    REFERENCE_NAMES,
+    build_hf_model,
+    greedy,
+    hf_greedy,
+    hf_logits,
+    output_tokens,
+    prefill_logits,
+    random_lengths,
+    random_prompts,
+    reference_model,
+    save_with_tokenizer,
+)
+
+# fp32 tolerance. Both sides sum the same products in different orders: on these models (logits up to
+# about 8 in magnitude) the largest difference seen is about 6e-6, so this leaves a tenfold margin.
+LOGIT_ATOL = 5e-5
+LOGIT_RTOL = 1e-5
+
+NUM_REQUESTS = 18
+BUDGET = 32  # tokens per step: prompts longer than this are prefilled in chunks
+# 20 blocks of 4 tokens hold 80 tokens: far less than the batch needs at once, so it must preempt.
+SMALL_POOL = EngineConfig(num_blocks=20, block_size=4, max_num_batched_tokens=BUDGET)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledWork:
+    """What one scheduled chunk did, recorded for assertions about how the batch was run."""
+
+    seq_id: int
+    computed_before: int
+    num_tokens: int
+    prompt_len: int
+
+    @property
+    def is_decode(self) -> bool:
+        return self.computed_before >= self.prompt_len
+
+    @property
+    def is_partial_prefill(self) -> bool:
+        return not self.is_decode and self.computed_before + self.num_tokens < self.prompt_len
+
+
+def record_schedule(engine: LLMEngine) -> list[list[ScheduledWork]]:
+    """Wraps the real scheduler so every step's chunks are recorded (the scheduler itself runs unchanged)."""
+    steps: list[list[ScheduledWork]] = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        chunks = schedule()
+        steps.append([
+            ScheduledWork(c.seq.seq_id, c.seq.num_computed_tokens, c.num_tokens, c.seq.num_prompt_tokens) for c in chunks
+        ])
+        return chunks
+
+    engine.scheduler.schedule = recording_schedule
+    return steps
+
+
+@pytest.fixture(scope="module")
+def batch() -> tuple[list[list[int]], list[int]]:
+    prompts = random_prompts(NUM_REQUESTS, 3, 45, seed=1)
+    # At least one prompt longer than the step budget, so chunked prefill is exercised for sure.
+    prompts[0] = random_prompts(1, BUDGET + 9, BUDGET + 9, seed=2)[0]
+    return prompts, random_lengths(NUM_REQUESTS, 1, 30, seed=3)
+
+
+@pytest.mark.parametrize("name", REFERENCE_NAMES)
+def test_greedy_tokens_match_transformers_under_batching_chunking_and_preemption(name, batch):
+    prompts, max_tokens = batch
+    reference = reference_model(name)
+    expected = [hf_greedy(reference.model, p, n) for p, n in zip(prompts, max_tokens)]
+
+    engine = LLMEngine(reference.folder, SMALL_POOL)
+    steps = record_schedule(engine)
+    produced = output_tokens(engine, prompts, [greedy(n) for n in max_tokens])
+
+    for index, (got, want) in enumerate(zip(produced, expected)):
+        assert got == want, f"request {index} differs from transformers"
+    assert engine.scheduler.num_preemptions > 0
+    work = [w for step in steps for w in step]
+    assert any(w.is_partial_prefill for w in work), "no prompt was prefilled in chunks"
+    assert any(
+        any(w.is_decode for w in step) and any(not w.is_decode for w in step) for step in steps
+    ), "no step mixed decoding with prefill (continuous batching)"
+    assert max(len(step) for step in steps) > 1
+    assert engine.residue_check() == []
+
+
+@pytest.mark.parametrize("name", REFERENCE_NAMES)
+def test_prefill_logits_match_transformers(name, batch):
+    prompts, _ = batch
+    reference = reference_model(name)
+    engine = LLMEngine(reference.folder, EngineConfig(num_blocks=256, block_size=4))
+    chosen = prompts[:6]
+    for prompt, logits in zip(chosen, prefill_logits(engine, chosen)):
+        torch.testing.assert_close(logits, hf_logits(reference.model, prompt), atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
+    assert engine.residue_check() == []
+
+
+@pytest.mark.parametrize("name", REFERENCE_NAMES)
+def test_chunked_prefill_logits_match_transformers(name, batch):
+    """Chunks of 5 tokens attend to earlier chunks through the paged cache, across block boundaries."""
+    prompts, _ = batch
+    reference = reference_model(name)
+    engine = LLMEngine(reference.folder, EngineConfig(num_blocks=256, block_size=4))
+    chosen = [p for p in prompts if len(p) > 12][:4]
+    for prompt, logits in zip(chosen, prefill_logits(engine, chosen, chunk=5)):
+        torch.testing.assert_close(logits, hf_logits(reference.model, prompt), atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
+
+
+def test_logits_tolerance_is_tight_enough_to_catch_a_wrong_weight(batch):
+    """The tolerance above is meaningful: one perturbed norm weight breaks it."""
+    prompts, _ = batch
+    reference = reference_model("llama")
+    engine = LLMEngine(reference.folder, EngineConfig(num_blocks=64, block_size=4))
+    with torch.no_grad():
+        engine.runner.model.model.norm.weight[0] += 0.01
+    logits = prefill_logits(engine, prompts[:1])[0]
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(logits, hf_logits(reference.model, prompts[0]), atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
+
+
+def test_bf16_checkpoint_loads_in_bf16_and_generates(tmp_path, batch):
+    prompts, _ = batch
+    folder = save_with_tokenizer(build_hf_model("llama", torch.bfloat16), tmp_path / "bf16")
+    engine = LLMEngine(folder, EngineConfig(num_blocks=64, block_size=4))
+    assert engine.runner.dtype == torch.bfloat16
+    assert engine.runner.kv_cache.dtype == torch.bfloat16
+    produced = output_tokens(engine, prompts[:4], greedy(12))
+    assert [len(tokens) for tokens in produced] == [12] * 4
+    assert engine.residue_check() == []
+
+
+def test_fp32_checkpoint_can_be_served_in_bf16(batch):
+    prompts, _ = batch
+    reference = reference_model("qwen2")
+    engine = LLMEngine(reference.folder, EngineConfig(num_blocks=64, block_size=4, dtype="bfloat16"))
+    assert all(p.dtype == torch.bfloat16 for p in engine.runner.model.parameters())
+    # bf16 rounds the weights, so the first tokens are compared loosely: most positions agree with fp32.
+    logits = prefill_logits(engine, prompts[1:2])[0]
+    agree = (logits.argmax(-1) == hf_logits(reference.model, prompts[1]).argmax(-1)).float().mean()
+    assert agree >= 0.8
+
+
+def test_sharded_checkpoint_gives_the_same_greedy_tokens(tmp_path, batch):
+    prompts, _ = batch
+    reference = reference_model("qwen3")
+    folder = save_with_tokenizer(reference.model, tmp_path / "sharded", max_shard_size="100KB")
+    shards = sorted(folder.glob("*.safetensors"))
+    assert (folder / "model.safetensors.index.json").is_file()
+    assert len(shards) > 1
+    params = [greedy(n) for n in (8, 15, 3, 20)]
+    sharded = output_tokens(LLMEngine(folder, EngineConfig(num_blocks=128, block_size=4)), prompts[:4], params)
+    whole = output_tokens(LLMEngine(reference.folder, EngineConfig(num_blocks=128, block_size=4)), prompts[:4], params)
+    assert sharded == whole
