@@ -249,15 +249,14 @@ class Kem(ABC):
 
 
 class PyhpkeKem(Kem):
-    """A KEM that pyhpke implements natively (DHKEM over X25519 here)."""
+    """A DHKEM that pyhpke implements natively (X25519 is the one registered by default)."""
 
-    def __init__(self, kem_id: int, name: str, key_length: int) -> None:
+    def __init__(self, kem_id: int, name: str, public_key_length: int, private_key_length: int) -> None:
         self.kem_id = kem_id
         self.name = name
-        self.public_key_length = key_length
-        self.enc_length = key_length
-        self.private_key_length = key_length
-        self._pyhpke_kem_id = KEMId(kem_id)
+        self.public_key_length = public_key_length
+        self.enc_length = public_key_length  # a DHKEM's enc is the ephemeral public key
+        self.private_key_length = private_key_length
 
     def generate_private_key(self) -> PrivateKey:
         # RFC 9180 DeriveKeyPair over fresh randomness at least Nsk bytes long.
@@ -337,8 +336,19 @@ def _cipher_suite(kem_id: int, kdf_id: int, aead_id: int) -> CipherSuite:
 
 
 _KEMS: dict[int, Kem] = {
-    KEM_X25519_HKDF_SHA256: PyhpkeKem(KEM_X25519_HKDF_SHA256, "DHKEM(X25519, HKDF-SHA256)", 32),
+    KEM_X25519_HKDF_SHA256: PyhpkeKem(KEM_X25519_HKDF_SHA256, "DHKEM(X25519, HKDF-SHA256)", 32, 32),
 }
+
+
+def register_kem(kem: Kem) -> None:
+    """Add a KEM (for example a hybrid ML-KEM-768 + X25519) under its `kem_id`.
+
+    Key configurations, encapsulation and the gateway look KEMs up here by
+    identifier, so nothing else changes when one is added.
+    """
+    if kem.kem_id in _KEMS:
+        raise ValueError(f"KEM id 0x{kem.kem_id:04x} is already registered")
+    _KEMS[kem.kem_id] = kem
 
 
 def kem_for(kem_id: int) -> Kem:

@@ -48,10 +48,10 @@ class ClientContext:
         """
         nonce_length = response_nonce_length(self.suite)
         tag_length = hpke.aead_for(self.suite.aead_id).tag_length
-        data = bytes(encapsulated_response)
+        data = memoryview(encapsulated_response)  # a view: large responses are not copied
         if len(data) < nonce_length + tag_length:
             raise MalformedError("the encapsulated response is shorter than its nonce and tag; it is cut short")
-        response_nonce = data[:nonce_length]
+        response_nonce = bytes(data[:nonce_length])
         key = derive_response_key(self._context, self.suite, self._enc, response_nonce, RESPONSE_LABEL)
         return key.key.open(key.nonce, data[nonce_length:])
 
@@ -95,7 +95,7 @@ class ServerContext:
         """
         response_nonce = fresh_response_nonce(self.suite, _response_nonce_for_tests)
         key = derive_response_key(self._context, self.suite, self._enc, response_nonce, RESPONSE_LABEL)
-        return response_nonce + key.key.seal(key.nonce, bytes(plaintext))
+        return response_nonce + key.key.seal(key.nonce, plaintext)
 
 
 def decapsulate_request(keyring: KeyRing, encapsulated: bytes) -> tuple[bytes, ServerContext]:
@@ -104,13 +104,13 @@ def decapsulate_request(keyring: KeyRing, encapsulated: bytes) -> tuple[bytes, S
     Raises MalformedError (bad layout), UnknownKeyError (key id not held),
     UnsupportedSuiteError (algorithms not accepted) or DecryptionError.
     """
-    data = bytes(encapsulated)
+    data = memoryview(encapsulated)  # a view: large requests are not copied
     header = RequestHeader.decode(data)
     pair = gateway_key(keyring, header)
     ciphertext_at = REQUEST_HEADER_LENGTH + enc_length(header.kem_id)
     tag_length = hpke.aead_for(header.aead_id).tag_length
     if len(data) < ciphertext_at + tag_length:
         raise MalformedError("the encapsulated request is shorter than its header, key share and tag")
-    setup = gateway_setup(pair, header, data[REQUEST_HEADER_LENGTH:ciphertext_at], REQUEST_LABEL)
+    setup = gateway_setup(pair, header, bytes(data[REQUEST_HEADER_LENGTH:ciphertext_at]), REQUEST_LABEL)
     plaintext = setup.context.open(data[ciphertext_at:])
     return plaintext, ServerContext(setup.context, setup.enc, header.suite, header.key_id)

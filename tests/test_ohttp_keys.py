@@ -229,3 +229,21 @@ def test_unknown_key_error_is_an_ohttp_error() -> None:
     with pytest.raises(OHTTPError):
         KeyRing(generate_key_pair(1)).lookup(200)
     assert SUITE_AES_128_GCM.is_supported and not SymmetricSuite(3, 1).is_supported
+
+
+def test_a_newly_registered_kem_works_without_changing_callers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stand-in for a future hybrid KEM: DHKEM(P-256), whose sizes differ from X25519's.
+    from ohttp.message import ClientRequest, decapsulate_request
+
+    p256 = hpke.PyhpkeKem(0x0010, "DHKEM(P-256, HKDF-SHA256)", 65, 32)
+    monkeypatch.setitem(hpke._KEMS, 0x0010, p256)
+    pair = generate_key_pair(8, kem_id=0x0010)
+    assert len(pair.config.public_key) == 65
+    config = decode_key_config_list(encode_key_config_list([pair.config]))[0]
+    blob, client = ClientRequest.encapsulate(config, b"question")
+    assert len(blob) == 7 + 65 + len(b"question") + 16
+    plaintext, server = decapsulate_request(KeyRing(pair), blob)
+    assert plaintext == b"question"
+    assert client.open_response(server.seal_response(b"answer")) == b"answer"
+    with pytest.raises(ValueError):
+        hpke.register_kem(p256)
