@@ -26,6 +26,7 @@ class BlockManager:
         self.pending_copies: list[tuple[int, int]] = []  # (source, destination) for copy-on-write
         self.scrub_calls = 0
         self.blocks_scrubbed = 0
+        self.recently_scrubbed: list[int] = []  # ids zeroed since the audit last took them
 
     @property
     def num_free_blocks(self) -> int:
@@ -75,7 +76,13 @@ class BlockManager:
         self._free.extend(freed)
         self.scrub_calls += 1
         self.blocks_scrubbed += len(freed)
+        self.recently_scrubbed += freed
         return len(freed)
+
+    def take_recently_scrubbed(self) -> list[int]:
+        """The blocks zeroed since the previous call, for a residue check of exactly those."""
+        taken, self.recently_scrubbed = self.recently_scrubbed, []
+        return taken
 
     def _blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         new_blocks = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)

@@ -1,0 +1,258 @@
+"""The OpenAI-style API that runs inside the encryption: chat and text completions, model listing.
+
+Handlers turn a decrypted Binary HTTP request into an `InnerResponse`: a JSON body, or a stream of
+server-sent events with one event per engine delta. Error bodies name what was wrong, never what
+the request said.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from engine import EngineError, RequestOutput, RequestRejected, SamplingParams, StreamDelta
+from engine.outputs import RequestMetrics
+from engine.tokenizer import ChatMessage, Tokenizer
+from enclave.engine_worker import EngineWorker
+from ohttp.bhttp import Request
+
+MAX_BODY_BYTES = 1 << 20
+MAX_MESSAGES = 256
+DEFAULT_MAX_TOKENS = 128
+
+
+class ApiError(Exception):
+    """Becomes an HTTP error response inside the encryption."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+@dataclass(slots=True)
+class InnerResponse:
+    status: int
+    body: bytes = b""
+    events: Iterator[bytes] | None = None  # server-sent events, when streaming
+    on_close: list = field(default_factory=list)
+    metrics: RequestMetrics | None = None  # sizes and timings, once the request has finished
+
+    @property
+    def streaming(self) -> bool:
+        return self.events is not None
+
+
+def error_response(error: ApiError) -> InnerResponse:
+    body = {"error": {"code": error.code, "message": error.message, "type": "invalid_request_error"}}
+    return InnerResponse(error.status, json.dumps(body).encode())
+
+
+@dataclass(slots=True)
+class InnerApi:
+    worker: EngineWorker
+    tokenizer: Tokenizer
+    model_name: str
+    max_tokens_limit: int
+
+    def handle(self, request: Request) -> InnerResponse:
+        try:
+            return self._route(request)
+        except ApiError as error:
+            return error_response(error)
+        except RequestRejected as error:
+            return error_response(ApiError(400, error.reason, str(error)))
+        except EngineError:
+            return error_response(ApiError(500, "engine_error", "the engine failed this request"))
+
+    def _route(self, request: Request) -> InnerResponse:
+        path = request.path.split(b"?", 1)[0]
+        routes = {
+            b"/v1/models": (b"GET", self._models),
+            b"/v1/chat/completions": (b"POST", self._chat),
+            b"/v1/completions": (b"POST", self._completions),
+        }
+        if path not in routes:
+            raise ApiError(404, "not_found", "no such endpoint; use /v1/chat/completions, /v1/completions or /v1/models")
+        method, handler = routes[path]
+        if request.method.upper() != method:
+            raise ApiError(405, "method_not_allowed", f"use {method.decode()} for this endpoint")
+        return handler(request)
+
+    def _models(self, request: Request) -> InnerResponse:
+        body = {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "veil"}]}
+        return InnerResponse(200, json.dumps(body).encode())
+
+    def _chat(self, request: Request) -> InnerResponse:
+        body = self._json_body(request)
+        messages = _messages(body.get("messages"))
+        prompt = self.tokenizer.encode_chat(messages)
+        return self._generate(body, prompt, chat=True)
+
+    def _completions(self, request: Request) -> InnerResponse:
+        body = self._json_body(request)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) and not (
+            isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            raise ApiError(400, "invalid_request", "'prompt' must be a string or a list of token ids")
+        return self._generate(body, prompt, chat=False)
+
+    def _json_body(self, request: Request) -> dict:
+        if len(request.content) > MAX_BODY_BYTES:
+            raise ApiError(413, "too_large", f"the request body exceeds {MAX_BODY_BYTES} bytes")
+        try:
+            body = json.loads(request.content)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, "invalid_json", "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_request", "the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise ApiError(404, "model_not_found", "this node does not serve the requested model; see /v1/models")
+        return body
+
+    def _generate(self, body: dict, prompt: str | list[int], chat: bool) -> InnerResponse:
+        params = self._sampling_params(body)
+        handle = self.worker.submit(prompt, params)
+        completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        shape = _Shape(completion_id, self.model_name, chat, int(time.time()))
+        if body.get("stream") is True:
+            deltas = handle.deltas()
+            first = _first_delta(deltas, handle)  # surfaces a refusal as an HTTP error, not a broken stream
+            response = InnerResponse(200, on_close=[handle.close])
+            response.events = shape.events(first, deltas, handle, response)
+            return response
+        try:
+            output = RequestOutput(handle.request_id, [])
+            for delta in handle.deltas():
+                output.add(delta)
+        finally:
+            handle.close()
+        return InnerResponse(200, json.dumps(shape.whole(output)).encode(), metrics=output.metrics)
+
+    def _sampling_params(self, body: dict) -> SamplingParams:
+        stop = body.get("stop")
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        fields = {
+            "max_tokens": _number(body, "max_tokens", int, DEFAULT_MAX_TOKENS),
+            "temperature": _number(body, "temperature", float, 1.0),
+            "top_p": _number(body, "top_p", float, 1.0),
+            "n": _number(body, "n", int, 1),
+            "seed": _number(body, "seed", int, None),
+        }
+        if not all(isinstance(s, str) for s in stops):
+            raise ApiError(400, "invalid_request", "'stop' must be a string or a list of strings")
+        if fields["max_tokens"] is not None and fields["max_tokens"] > self.max_tokens_limit:
+            raise ApiError(400, "invalid_request", f"'max_tokens' may be at most {self.max_tokens_limit} on this node")
+        return SamplingParams(stop=stops, **fields)
+
+
+def _number(body: dict, name: str, kind: type, default):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise ApiError(400, "invalid_request", f"'{name}' must be a {'an integer' if kind is int else 'number'}")
+    return kind(value)
+
+
+def _messages(raw: object) -> list[ChatMessage]:
+    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_MESSAGES:
+        raise ApiError(400, "invalid_request", f"'messages' must be a list of 1-{MAX_MESSAGES} messages")
+    messages = []
+    for entry in raw:
+        if not isinstance(entry, dict) or not isinstance(entry.get("role"), str):
+            raise ApiError(400, "invalid_request", "each message needs a 'role' and a 'content'")
+        messages.append(ChatMessage(entry["role"], _text_content(entry.get("content"))))
+    return messages
+
+
+def _text_content(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: only text parts are supported
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(parts) == len(content) and all(isinstance(p, str) for p in parts):
+            return "".join(parts)
+    raise ApiError(400, "invalid_request", "message content must be a string or a list of text parts")
+
+
+def _first_delta(deltas: Iterator[StreamDelta], handle) -> StreamDelta | None:
+    try:
+        return next(deltas, None)
+    except RequestRejected:
+        handle.close()
+        raise
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """OpenAI response shapes for one completion."""
+
+    completion_id: str
+    model: str
+    chat: bool
+    created: int
+
+    def whole(self, output: RequestOutput) -> dict:
+        choices = [self._choice(o.index, o.text, _reason(o.finish_reason)) for o in output.outputs]
+        metrics = output.metrics
+        prompt_tokens = metrics.prompt_tokens if metrics else 0
+        completion_tokens = metrics.output_tokens if metrics else 0
+        return {
+            "id": self.completion_id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    def _choice(self, index: int, text: str, finish_reason: str | None) -> dict:
+        if self.chat:
+            return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+
+    def chunk(self, delta: StreamDelta, first_of_choice: bool) -> dict:
+        finish = _reason(delta.finish_reason)
+        if self.chat:
+            content = {"role": "assistant", "content": delta.text} if first_of_choice else {"content": delta.text}
+            choice = {"index": delta.index, "delta": content, "finish_reason": finish}
+        else:
+            choice = {"index": delta.index, "text": delta.text, "finish_reason": finish, "logprobs": None}
+        return {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+
+    def events(
+        self, first: StreamDelta | None, rest: Iterator[StreamDelta], handle, response: InnerResponse
+    ) -> Iterator[bytes]:
+        started: set[int] = set()
+        try:
+            for delta in itertools.chain([first] if first is not None else [], rest):
+                response.metrics = delta.metrics or response.metrics
+                yield self._event(delta, started)
+            yield b"data: [DONE]\n\n"
+        finally:
+            handle.close()
+
+    def _event(self, delta: StreamDelta, started: set[int]) -> bytes:
+        first_of_choice = delta.index not in started
+        started.add(delta.index)
+        return b"data: " + json.dumps(self.chunk(delta, first_of_choice)).encode() + b"\n\n"
+
+
+def _reason(reason) -> str | None:
+    return None if reason is None else reason.value

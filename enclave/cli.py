@@ -1,0 +1,63 @@
+"""`veil node`: run one enclave node."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    node = subparsers.add_parser("node", help="run an enclave node (gRPC: Attest, Infer, Health)")
+    node.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
+    node.add_argument("--policy", default="dev", help="shipped policy name (strict, dev) or a policy file")
+    node.add_argument("--attestation", choices=("sim", "nvml", "tsm"), default=None,
+                      help="evidence backend (default: probe nvml, then tsm; sim only if the policy allows it)")
+    node.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve gRPC on (port 0 picks a free one)")
+    node.add_argument("--port-file", type=Path, default=None, help="write the chosen port here once serving")
+    node.add_argument("--capacity", type=int, default=16, help="concurrent requests served")
+    node.add_argument("--audit", default="none", help="audit sink: stdout, file:PATH or none")
+    node.add_argument("--key-rotation-s", type=float, default=3600.0, help="HPKE key lifetime (0 = never rotate)")
+    node.add_argument("--key-grace-s", type=float, default=300.0, help="how long the previous key still opens requests")
+    node.add_argument("--model-name", default=None, help="the model id clients ask for (default: the folder name)")
+    node.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size on CPU (default: the policy's budget)")
+    node.set_defaults(handler=_run_node)
+
+
+def _run_node(args: argparse.Namespace) -> int:
+    from attestation.errors import AttestationError
+    from enclave.errors import NodeError
+    from enclave.node import NodeServer
+    from enclave.settings import NodeSettings
+    from engine import EngineError
+    from policy import PolicyError
+
+    settings = NodeSettings(
+        model=args.model, policy=args.policy, attestation=args.attestation, listen=args.listen,
+        port_file=args.port_file, capacity=args.capacity, audit=args.audit, key_rotation_s=args.key_rotation_s,
+        key_grace_s=args.key_grace_s, model_name=args.model_name, kv_cache_gib=args.kv_cache_gib,
+    )
+    try:
+        node = NodeServer(settings)
+        port = node.start()
+    except (PolicyError, NodeError, AttestationError, EngineError, OSError) as error:
+        print(f"veil node: refusing to start: {error}", file=sys.stderr)
+        return 2
+    if node.policy.is_development:
+        print(f"veil node: WARNING policy {node.policy.name!r} is a DEVELOPMENT policy; "
+              "this node protects nothing", file=sys.stderr)
+    host = settings.listen.rsplit(":", 1)[0]
+    print(f"veil node: serving on {host}:{port} (node {node.node_id[:16]})", file=sys.stderr, flush=True)
+    stopped = threading.Event()
+
+    def shut_down(signum: int, frame: object) -> None:
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, shut_down)
+    signal.signal(signal.SIGINT, shut_down)
+    stopped.wait()
+    node.stop()
+    print("veil node: stopped", file=sys.stderr)
+    return 0

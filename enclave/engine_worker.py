@@ -1,0 +1,146 @@
+"""Runs the engine on one thread and hands each request's deltas to whoever is waiting for them.
+
+The engine is not thread-safe, so every call into it happens here; request handlers on the gRPC
+threads submit work and read their own queue.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from engine import EngineError, LLMEngine, SamplingParams, StreamDelta
+
+_IDLE_WAIT_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Put on a request's queue instead of a delta when the engine refused or failed it."""
+
+    error: EngineError
+
+
+class RequestHandle:
+    """One submitted request: iterate it for its deltas; close it to abort."""
+
+    def __init__(self, worker: EngineWorker, request_id: str) -> None:
+        self._worker = worker
+        self.request_id = request_id
+        self.queue: queue.Queue[StreamDelta | Failure | None] = queue.Queue()
+        self.finished = False
+
+    def deltas(self) -> Iterator[StreamDelta]:
+        """Yields deltas until the request finishes; raises the engine's error if it was refused."""
+        while not self.finished:
+            item = self.queue.get()
+            if item is None:
+                raise EngineError("the engine stopped before this request finished")
+            if isinstance(item, Failure):
+                self.finished = True
+                raise item.error
+            if item.request_finished:
+                self.finished = True
+            yield item
+
+    def close(self) -> None:
+        """Aborts the request if it is still running (its blocks are freed and zeroed at once)."""
+        if not self.finished:
+            self.finished = True
+            self._worker.abort(self.request_id)
+
+
+StepObserver = Callable[[LLMEngine, int], None]
+
+
+class EngineWorker:
+    def __init__(self, engine: LLMEngine, on_step: StepObserver | None = None) -> None:
+        self.engine = engine
+        self._on_step = on_step
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._handles: dict[str, RequestHandle] = {}
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="veil-engine", daemon=True)
+        self._ids = iter(range(1 << 62))
+        self._id_lock = threading.Lock()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._handles)
+
+    def submit(self, prompt: str | list[int], params: SamplingParams) -> RequestHandle:
+        with self._id_lock:
+            request_id = f"r{next(self._ids)}"
+        handle = RequestHandle(self, request_id)
+
+        def add() -> None:
+            try:
+                self.engine.add_request(prompt, params, request_id=request_id)
+            except EngineError as error:
+                handle.queue.put(Failure(error))
+                return
+            self._handles[request_id] = handle
+
+        self._send(add)
+        return handle
+
+    def abort(self, request_id: str) -> None:
+        def abort_now() -> None:
+            handle = self._handles.pop(request_id, None)
+            if handle is not None:
+                self.engine.abort(request_id)
+
+        self._send(abort_now)
+
+    def call(self, function: Callable[[LLMEngine], object]) -> object:
+        """Runs `function(engine)` on the engine thread and returns its result (for checks and stats)."""
+        result: queue.Queue = queue.Queue(maxsize=1)
+        self._send(lambda: result.put(function(self.engine)))
+        return result.get(timeout=30)
+
+    def _send(self, command: Callable[[], None]) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _run(self) -> None:
+        step = 0
+        while not self._stopping.is_set():
+            self._drain_commands()
+            if not self.engine.has_unfinished():
+                self._wake.wait(_IDLE_WAIT_S)
+                self._wake.clear()
+                continue
+            for delta in self.engine.step():
+                self._deliver(delta)
+            step += 1
+            if self._on_step is not None:
+                self._on_step(self.engine, step)
+        for handle in list(self._handles.values()):
+            handle.queue.put(None)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            command()
+
+    def _deliver(self, delta: StreamDelta) -> None:
+        handle = self._handles.get(delta.request_id)
+        if handle is None:
+            return  # aborted: nobody is listening
+        handle.queue.put(delta)
+        if delta.request_finished:
+            del self._handles[delta.request_id]

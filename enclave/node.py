@@ -1,0 +1,136 @@
+"""The node process: policy, self-checks, keys, evidence, engine, gRPC service and audit, wired together."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from attestation.backends import get_backend
+from attestation.measurement import measure
+from attestation.verifier import node_id_for
+from audit.buckets import bucket_latency_ms, bucket_tokens
+from audit.events import (
+    AttestationBackend,
+    BlocksZeroed,
+    EvidenceOutcome,
+    EvidenceRefreshed,
+    NodeStarted,
+    NodeStopped,
+    RequestFinished,
+    RequestStatus,
+    StopReason,
+)
+from audit.sink import open_sink
+from enclave.api import InnerApi
+from enclave.engine_worker import EngineWorker
+from enclave.keys import NodeKeys
+from enclave.proto import node_pb2_grpc
+from enclave.selfcheck import check_node_settings
+from enclave.service import NodeService, Outcome
+from enclave.settings import NodeSettings
+from engine import EngineConfig, LLMEngine
+from policy import resolve_policy
+from policy.shipped import resolve_policy_path
+
+RELEASE = "0.1.0"
+_MAX_MESSAGE_BYTES = 4 << 20
+
+
+class NodeServer:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        self.policy = resolve_policy(settings.policy)
+        self.measurement = measure(policy_path=resolve_policy_path(settings.policy), model_dir=settings.model)
+        limits = check_node_settings(settings, self.policy, self.measurement.model_digest)
+        self.backend = get_backend(settings.attestation, policy=self.policy)
+        self.keys = NodeKeys(settings.key_rotation_s, settings.key_grace_s)
+        self.audit = open_sink(settings.audit)
+        engine = LLMEngine(
+            settings.model,
+            EngineConfig(kv_cache_gib=limits.kv_cache_gib, max_model_len=limits.max_model_len,
+                         max_num_seqs=max(64, settings.capacity)),
+        )
+        self.worker = EngineWorker(engine, on_step=self._audit_step)
+        api = InnerApi(self.worker, engine.tokenizer, settings.model_name or Path(settings.model).name,
+                       max_tokens_limit=engine.max_model_len)
+        self.service = NodeService(
+            keyring=lambda: self.keys.keyring, api=api, attest=self._attest, node_id=lambda: self.node_id,
+            capacity=settings.capacity, on_finished=self._audit_request,
+        )
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=settings.capacity + 8, thread_name_prefix="veil-rpc"),
+            options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)],
+        )
+        node_pb2_grpc.add_NodeServicer_to_server(self.service, self._server)
+        self.port: int | None = None
+
+    @property
+    def node_id(self) -> str:
+        return node_id_for(self.keys.current.config.encode(), self.measurement)
+
+    def start(self) -> int:
+        self.port = self._server.add_insecure_port(self.settings.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.settings.listen}")
+        self.worker.start()
+        self.keys.start()
+        self._server.start()
+        backend = AttestationBackend(getattr(self.backend, "name", self.settings.attestation or "sim"))
+        self.audit.emit(NodeStarted(self.node_id, self.policy.digest.hex(), RELEASE, backend))
+        if self.settings.port_file is not None:
+            _write_atomically(Path(self.settings.port_file), f"{self.port}\n")
+        return self.port
+
+    def rotate_key(self) -> None:
+        self.keys.rotate()
+
+    def stop(self, grace: float = 1.0) -> None:
+        self.service.serving = False
+        self._server.stop(grace).wait()
+        self.worker.stop()
+        self.keys.stop()
+        self.audit.emit(NodeStopped(self.node_id, StopReason.SHUTDOWN))
+        self.audit.close()
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+    # ----- evidence and audit -------------------------------------------------------------------
+
+    def _attest(self, nonce: bytes) -> str:
+        try:
+            bundle = self.backend.collect(self.keys.current.config.encode(), self.measurement, nonce)
+        except Exception:
+            self.audit.emit(EvidenceRefreshed(self.node_id, EvidenceOutcome.BACKEND_ERROR))
+            raise
+        self.audit.emit(EvidenceRefreshed(self.node_id, EvidenceOutcome.OK))
+        return bundle.to_json()
+
+    def _audit_step(self, engine: LLMEngine, step: int) -> None:
+        zeroed = engine.block_manager.take_recently_scrubbed()
+        if zeroed:
+            residue = engine.runner.find_residue(zeroed)
+            self.audit.emit(BlocksZeroed(self.node_id, step, len(zeroed), len(residue)))
+
+    def _audit_request(self, outcome: Outcome) -> None:
+        now = time.monotonic()
+        ttft = None if outcome.first_byte is None else bucket_latency_ms((outcome.first_byte - outcome.started) * 1000)
+        self.audit.emit(RequestFinished(
+            self.node_id, RequestStatus(outcome.status),
+            bucket_tokens(outcome.prompt_tokens), bucket_tokens(outcome.output_tokens),
+            bucket_latency_ms((now - outcome.started) * 1000), ttft,
+        ))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".port-")
+    with os.fdopen(handle, "w") as stream:
+        stream.write(text)
+    os.replace(temporary, path)

@@ -1,0 +1,193 @@
+"""The gRPC service: Attest, Infer, Health. Nothing else is exposed.
+
+Infer decapsulates with the node's keys, answers through the inner API, and seals the answer back:
+one OHTTP response for `message/ohttp-req`, chunked OHTTP (one chunk per engine delta) for
+`message/ohttp-chunked-req`. Failures before decapsulation get one generic status; failures after
+it travel encrypted, as HTTP errors inside the response.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from enclave.api import ApiError, InnerApi, InnerResponse, error_response
+from enclave.proto import node_pb2, node_pb2_grpc
+from ohttp import bhttp, bhttp_stream
+from ohttp.chunked import ChunkedRequestOpener
+from ohttp.errors import OHTTPError
+from ohttp.keys import KeyRing
+from ohttp.media_types import OHTTP_CHUNKED_REQUEST, OHTTP_REQUEST
+from ohttp.message import decapsulate_request
+
+NOT_DECAPSULATED = "the request could not be decapsulated"
+MAX_ENCAPSULATED_BYTES = 2 << 20
+# Server-sent events are coalesced up to this size per chunk only when they are already waiting.
+_SSE_CONTENT_TYPE = [(b"content-type", b"text/event-stream")]
+_JSON_CONTENT_TYPE = [(b"content-type", b"application/json")]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the node tells its audit about one request: a status and timings, nothing else."""
+
+    status: str
+    started: float
+    first_byte: float | None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
+class NodeService(node_pb2_grpc.NodeServicer):
+    def __init__(
+        self,
+        keyring: Callable[[], KeyRing],
+        api: InnerApi,
+        attest: Callable[[bytes], str],
+        node_id: Callable[[], str],
+        capacity: int,
+        on_finished: Callable[[Outcome], None],
+    ) -> None:
+        self._keyring = keyring
+        self._api = api
+        self._attest = attest
+        self._node_id = node_id
+        self.capacity = capacity
+        self._on_finished = on_finished
+        self._slots = threading.BoundedSemaphore(capacity)
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self.serving = True
+
+    # ----- Attest and Health --------------------------------------------------------------------
+
+    def Attest(self, request: node_pb2.AttestRequest, context: grpc.ServicerContext) -> node_pb2.AttestResponse:
+        if len(request.nonce) != 32:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the nonce must be exactly 32 bytes")
+        return node_pb2.AttestResponse(evidence_bundle=self._attest(bytes(request.nonce)), capacity=self.capacity)
+
+    def Health(self, request: node_pb2.HealthRequest, context: grpc.ServicerContext) -> node_pb2.HealthResponse:
+        return node_pb2.HealthResponse(
+            serving=self.serving, in_flight=self._in_flight, capacity=self.capacity, node_id=self._node_id()
+        )
+
+    # ----- Infer ---------------------------------------------------------------------------------
+
+    def Infer(self, request: node_pb2.InferRequest, context: grpc.ServicerContext) -> Iterator[node_pb2.InferChunk]:
+        if not self.serving:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the node is shutting down")
+        if not self._slots.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the node is at capacity; try another node")
+        started = time.monotonic()
+        with self._lock:
+            self._in_flight += 1
+        result = _Result()
+        first_byte = None
+        try:
+            for data in self._infer(request, result):
+                first_byte = first_byte or time.monotonic()
+                yield node_pb2.InferChunk(data=data)
+        except _Undecapsulated:
+            result.status = "decrypt_error"
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, NOT_DECAPSULATED)
+        except GeneratorExit:
+            result.status = "aborted"
+            raise
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+            self._slots.release()
+            metrics = result.metrics
+            self._on_finished(Outcome(
+                result.status, started, first_byte,
+                metrics.prompt_tokens if metrics else 0, metrics.output_tokens if metrics else 0,
+            ))
+
+    def _infer(self, request: node_pb2.InferRequest, result: _Result) -> Iterator[bytes]:
+        if len(request.encapsulated) > MAX_ENCAPSULATED_BYTES:
+            raise _Undecapsulated()
+        if request.media_type == OHTTP_REQUEST:
+            yield from self._infer_whole(bytes(request.encapsulated), result)
+        elif request.media_type == OHTTP_CHUNKED_REQUEST:
+            yield from self._infer_chunked(bytes(request.encapsulated), result)
+        else:
+            raise _Undecapsulated()
+
+    def _infer_whole(self, encapsulated: bytes, result: _Result) -> Iterator[bytes]:
+        try:
+            plaintext, server_context = decapsulate_request(self._keyring(), encapsulated)
+        except OHTTPError:
+            raise _Undecapsulated() from None
+        response = self._answer(plaintext)
+        try:
+            body = response.body if not response.streaming else b"".join(response.events)
+        finally:
+            _close(response, result)
+        headers = _SSE_CONTENT_TYPE if response.streaming else _JSON_CONTENT_TYPE
+        encoded = bhttp.encode_response(bhttp.Response(response.status, headers + self._node_header(), body))
+        result.status = _status_of(response.status)
+        yield server_context.seal_response(encoded)
+
+    def _infer_chunked(self, encapsulated: bytes, result: _Result) -> Iterator[bytes]:
+        opener = ChunkedRequestOpener(self._keyring())
+        try:
+            pieces = opener.feed(encapsulated)
+            pieces.append(opener.finish())
+        except OHTTPError:
+            raise _Undecapsulated() from None
+        sealer = opener.response_sealer()
+        response = self._answer(b"".join(pieces))
+        try:
+            headers = (_SSE_CONTENT_TYPE if response.streaming else _JSON_CONTENT_TYPE) + self._node_header()
+            yield sealer.seal_chunk(bhttp_stream.encode_response_head(response.status, headers))
+            for event in (response.events if response.streaming else _nonempty(response.body)):
+                yield sealer.seal_chunk(bhttp_stream.encode_content_chunk(event))
+            yield sealer.seal_chunk(bhttp_stream.encode_response_end(), final=True)
+            result.status = _status_of(response.status)
+        finally:
+            _close(response, result)
+
+    def _answer(self, plaintext: bytes) -> InnerResponse:
+        try:
+            request = bhttp.decode_request(plaintext)
+        except OHTTPError:
+            return error_response(ApiError(400, "invalid_request", "the inner request is not valid Binary HTTP"))
+        return self._api.handle(request)
+
+    def _node_header(self) -> list[tuple[bytes, bytes]]:
+        return [(b"veil-node-id", self._node_id().encode())]
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+
+@dataclass(slots=True)
+class _Result:
+    status: str = "client_error"
+    metrics: object | None = None
+
+
+class _Undecapsulated(Exception):
+    """Raised inside Infer; mapped to one generic status that reveals nothing."""
+
+
+def _status_of(http_status: int) -> str:
+    if http_status < 400:
+        return "ok"
+    return "client_error" if http_status < 500 else "engine_error"
+
+
+def _nonempty(body: bytes) -> list[bytes]:
+    return [body] if body else []
+
+
+def _close(response: InnerResponse, result: _Result | None = None) -> None:
+    if result is not None:
+        result.metrics = response.metrics
+    for close in response.on_close:
+        close()

@@ -1,0 +1,21 @@
+"""How a node is started: the `veil node` command line as a dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class NodeSettings:
+    model: Path
+    policy: str = "dev"  # a shipped policy name or a policy file
+    attestation: str | None = None  # sim, nvml, tsm; None probes
+    listen: str = "127.0.0.1:0"
+    port_file: Path | None = None
+    capacity: int = 16  # concurrent requests
+    audit: str = "none"  # stdout, file:PATH or none
+    key_rotation_s: float = 3600.0
+    key_grace_s: float = 300.0
+    model_name: str | None = None
+    kv_cache_gib: float | None = None  # default: the policy's KV budget
