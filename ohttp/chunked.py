@@ -44,127 +44,14 @@ from .encapsulation import (
     gateway_setup,
     response_nonce_length,
 )
+from .chunk_framing import ChunkParser, FailsOnce, check_chunk, chunk_frame, chunk_nonce
 from .errors import DecryptionError, MalformedError, OHTTPError, TruncatedError
 from .keys import KeyConfig, KeyRing, SymmetricSuite
-from .varint import encode_varint, try_decode_varint
 
 REQUEST_LABEL = b"message/bhttp chunked request"
 RESPONSE_LABEL = b"message/bhttp chunked response"
 FINAL_AAD = b"final"
 DEFAULT_MAX_CHUNK_SIZE = 1 << 20
-_FINAL_INDICATOR = b"\x00"
-
-
-class _StreamBuffer:
-    """Bytes received but not yet consumed; consumption moves an offset instead of copying."""
-
-    __slots__ = ("_data", "_at")
-
-    def __init__(self) -> None:
-        self._data = bytearray()
-        self._at = 0
-
-    def append(self, data: bytes) -> None:
-        if self._at and self._at * 2 >= len(self._data):
-            del self._data[: self._at]
-            self._at = 0
-        self._data += data
-
-    def __len__(self) -> int:
-        return len(self._data) - self._at
-
-    def peek_varint(self) -> tuple[int, int] | None:
-        """(value, encoded size) of the varint at the front, or None if incomplete."""
-        decoded = try_decode_varint(self._data, self._at)
-        return None if decoded is None else (decoded[0], decoded[1] - self._at)
-
-    def take(self, length: int) -> bytes:
-        start, self._at = self._at, self._at + length
-        return bytes(self._data[start : self._at])
-
-    def skip(self, length: int) -> None:
-        self._at += length
-
-    def view(self) -> bytes:
-        return bytes(self._data[self._at :])
-
-
-class _ChunkParser:
-    """The framing shared by both directions: length-prefixed chunks, then a final one.
-
-    `next_chunk` returns a non-final ciphertext once complete; after the zero
-    indicator it sets `in_final` and the rest of the stream is the final chunk.
-    """
-
-    __slots__ = ("buffer", "in_final", "_tag_length", "_max_sealed")
-
-    def __init__(self, tag_length: int, max_chunk_size: int) -> None:
-        self.buffer = _StreamBuffer()
-        self.in_final = False
-        self._tag_length = tag_length
-        self._max_sealed = max_chunk_size + tag_length
-
-    def next_chunk(self) -> bytes | None:
-        if self.in_final:
-            self._check_final_size()
-            return None
-        header = self.buffer.peek_varint()
-        if header is None:
-            return None
-        length, size = header
-        if length == 0:
-            self.buffer.skip(size)
-            self.in_final = True
-            self._check_final_size()
-            return None
-        if length <= self._tag_length:
-            raise MalformedError("a non-final chunk is empty or shorter than its tag")
-        if length > self._max_sealed:
-            raise MalformedError("a chunk is larger than this reader accepts; send smaller chunks")
-        if len(self.buffer) < size + length:
-            return None
-        self.buffer.skip(size)
-        return self.buffer.take(length)
-
-    def final_ciphertext(self) -> bytes:
-        if not self.in_final:
-            raise TruncatedError("the stream ended before its final chunk; discard the partial message")
-        if len(self.buffer) < self._tag_length:
-            raise TruncatedError("the stream ended inside its final chunk; discard the partial message")
-        return self.buffer.view()
-
-    def _check_final_size(self) -> None:
-        if len(self.buffer) > self._max_sealed:
-            raise MalformedError("the final chunk is larger than this reader accepts; send smaller chunks")
-
-
-class _Guarded:
-    """Refuses use after an error, so a failed stream cannot be resumed into a short answer."""
-
-    __slots__ = ("_failed",)
-
-    def __init__(self) -> None:
-        self._failed: type[OHTTPError] | None = None
-
-    def _guard(self) -> None:
-        if self._failed is not None:
-            raise self._failed("this stream already failed; discard it")
-
-    def _fail(self, error: OHTTPError) -> None:
-        self._failed = type(error)
-
-
-def _chunk_frame(sealed: bytes, final: bool) -> bytes:
-    return _FINAL_INDICATOR + sealed if final else encode_varint(len(sealed)) + sealed
-
-
-def _check_chunk(data: bytes, final: bool, done: bool, max_chunk_size: int) -> None:
-    if done:
-        raise ValueError("the final chunk was already sealed; start a new stream")
-    if not final and not data:
-        raise ValueError("a non-final chunk cannot be empty; send data or seal the final chunk")
-    if len(data) > max_chunk_size:
-        raise ValueError(f"a chunk holds at most {max_chunk_size} bytes; split the data")
 
 
 # --- Requests --------------------------------------------------------------------------
@@ -208,10 +95,10 @@ class ChunkedRequestSealer:
     def seal_chunk(self, data: bytes, final: bool = False) -> bytes:
         """The wire bytes of the next chunk (preceded by the header on first use)."""
         data = bytes(data)
-        _check_chunk(data, final, self._done, self.max_chunk_size)
+        check_chunk(data, final, self._done, self.max_chunk_size)
         sealed = self._setup.context.seal(data, FINAL_AAD if final else b"")
         self._done = final
-        return self.start() + _chunk_frame(sealed, final)
+        return self.start() + chunk_frame(sealed, final)
 
     def response_opener(self, *, max_chunk_size: int = DEFAULT_MAX_CHUNK_SIZE) -> ChunkedResponseOpener:
         """The opener for the chunked response to this request."""
@@ -220,7 +107,7 @@ class ChunkedRequestSealer:
         )
 
 
-class ChunkedRequestOpener(_Guarded):
+class ChunkedRequestOpener(FailsOnce):
     """Gateway side: parses and opens request chunks from byte pieces as they arrive.
 
     `feed` returns the non-final chunks completed so far. The final chunk runs
@@ -234,7 +121,7 @@ class ChunkedRequestOpener(_Guarded):
         super().__init__()
         self._keyring = keyring
         self._setup: GatewaySetup | None = None
-        self._parser: _ChunkParser | None = None
+        self._parser: ChunkParser | None = None
         self._header_buffer = bytearray()
         self._done = False
         self.max_chunk_size = max_chunk_size
@@ -315,16 +202,12 @@ class ChunkedRequestOpener(_Guarded):
         rest = bytes(self._header_buffer[enc_end:])
         self._setup = gateway_setup(pair, header, enc, REQUEST_LABEL)
         tag_length = hpke.aead_for(header.aead_id).tag_length
-        self._parser = _ChunkParser(tag_length, self.max_chunk_size)
+        self._parser = ChunkParser(tag_length, self.max_chunk_size)
         self._header_buffer = bytearray()
         return rest
 
 
 # --- Responses -------------------------------------------------------------------------
-
-
-def _chunk_nonce(base: int, counter: int, length: int) -> bytes:
-    return (base ^ counter).to_bytes(length, "big")
 
 
 class ChunkedResponseSealer:
@@ -367,15 +250,15 @@ class ChunkedResponseSealer:
     def seal_chunk(self, data: bytes, final: bool = False) -> bytes:
         """The wire bytes of the next response chunk (preceded by the nonce on first use)."""
         data = bytes(data)
-        _check_chunk(data, final, self._done, self.max_chunk_size)
-        nonce = _chunk_nonce(self._base_nonce, self._counter, self._nonce_length)
+        check_chunk(data, final, self._done, self.max_chunk_size)
+        nonce = chunk_nonce(self._base_nonce, self._counter, self._nonce_length)
         sealed = self._key.seal(nonce, data, FINAL_AAD if final else b"")
         self._counter += 1
         self._done = final
-        return self.start() + _chunk_frame(sealed, final)
+        return self.start() + chunk_frame(sealed, final)
 
 
-class ChunkedResponseOpener(_Guarded):
+class ChunkedResponseOpener(FailsOnce):
     """Client side: parses and opens response chunks from byte pieces as they arrive.
 
     `feed` returns the chunks completed so far. The final chunk runs to the end
@@ -403,7 +286,7 @@ class ChunkedResponseOpener(_Guarded):
         self._base_nonce = 0
         self._nonce_length = 0
         self._counter = 0
-        self._parser = _ChunkParser(hpke.aead_for(suite.aead_id).tag_length, max_chunk_size)
+        self._parser = ChunkParser(hpke.aead_for(suite.aead_id).tag_length, max_chunk_size)
         self._nonce_buffer = bytearray()
         self._final_tried_at = 0
         self._final_plaintext: bytes | None = None
@@ -501,4 +384,4 @@ class ChunkedResponseOpener(_Guarded):
         return plaintext
 
     def _nonce(self) -> bytes:
-        return _chunk_nonce(self._base_nonce, self._counter, self._nonce_length)
+        return chunk_nonce(self._base_nonce, self._counter, self._nonce_length)

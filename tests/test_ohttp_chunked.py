@@ -9,8 +9,8 @@ from ohttp.chunked import (
     ChunkedRequestSealer,
     ChunkedResponseOpener,
     ChunkedResponseSealer,
-    _chunk_nonce,
 )
+from ohttp.chunk_framing import chunk_nonce
 from ohttp.errors import DecryptionError, MalformedError, OHTTPError, TruncatedError, UnknownKeyError
 from ohttp.keys import SUITE_AES_256_GCM, SUITE_CHACHA20_POLY1305, KeyRing, generate_key_pair
 from ohttp.varint import encode_varint
@@ -119,7 +119,7 @@ def test_empty_non_final_chunks_are_rejected_on_open(ring: KeyRing) -> None:
     frames, request_sealer = _seal_request(ring)
     _, opener = _open_request(ring, b"".join(frames))
     writer = opener.response_sealer()
-    empty = writer._key.seal(_chunk_nonce(writer._base_nonce, 0, writer._nonce_length), b"")
+    empty = writer._key.seal(chunk_nonce(writer._base_nonce, 0, writer._nonce_length), b"")
     with pytest.raises(MalformedError):
         request_sealer.response_opener().feed(writer.start() + encode_varint(len(empty)) + empty)
 
