@@ -1,0 +1,90 @@
+"""The client's errors: one hierarchy, each message saying what went wrong and what to do.
+
+No message ever holds a prompt, a completion, key material or bytes received:
+only node identifiers, status codes, error codes chosen by the node or gateway
+(checked to be short identifiers) and the names of failed verification checks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_CODE = re.compile(r"[a-z0-9_.\-]{1,64}")
+
+
+def safe_code(value: object, default: str = "unknown") -> str:
+    """An error code fit to show: a short lower-case identifier, else `default`.
+
+    Codes come from the other side of the wire; anything that is not a plain
+    identifier is replaced so that no echoed content can reach a message.
+    """
+    return value if isinstance(value, str) and _CODE.fullmatch(value) else default
+
+
+class VeilClientError(Exception):
+    """Base of every error the client raises."""
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateFailure:
+    """Why one candidate node was not used: the failed check and the verifier's explanation."""
+
+    node_id: str
+    check: str
+    reason: str
+
+
+class NoVerifiedNodeError(VeilClientError):
+    """No candidate's evidence verified under the client's policy, so nothing was sent."""
+
+    def __init__(self, failures: Sequence[CandidateFailure], detail: str | None = None) -> None:
+        self.failures = tuple(failures)
+        lines = [detail or "no candidate node passed verification; nothing was sent"]
+        lines += [f"  node {f.node_id[:16]}: {f.check}: {f.reason}" for f in self.failures]
+        lines.append("check the policy you verify with, or wait for the gateway to list verifiable nodes")
+        super().__init__("\n".join(lines))
+
+
+class GatewayError(VeilClientError):
+    """The gateway refused or failed the request (HTTP status and error code)."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None) -> None:
+        self.status = status
+        self.code = safe_code(code)
+        self.retry_after = retry_after
+        super().__init__(f"gateway answered {status} ({self.code}): {message}")
+
+
+class NodeError(VeilClientError):
+    """The node answered an error inside the encryption (so only this client can read it)."""
+
+    def __init__(self, status: int, code: str, node_id: str) -> None:
+        self.status = status
+        self.code = safe_code(code)
+        self.node_id = node_id
+        super().__init__(
+            f"node {node_id[:16]} refused the request with {status} ({self.code}); "
+            "fix the request's parameters or model name and send it again"
+        )
+
+
+class StreamTruncatedError(VeilClientError):
+    """The answer ended before its authenticated end: the node or the connection failed mid-answer."""
+
+    def __init__(self, node_id: str | None, what: str = "the answer") -> None:
+        self.node_id = node_id
+        where = f"from node {node_id[:16]} " if node_id else ""
+        super().__init__(
+            f"{what} {where}was cut off before its authenticated end; "
+            "discard the partial output and send the request again (another node will be chosen)"
+        )
+
+
+class ResponseIntegrityError(VeilClientError):
+    """A response did not authenticate or did not parse: it was altered, or is not for this request."""
+
+    def __init__(self, node_id: str | None, what: str) -> None:
+        self.node_id = node_id
+        super().__init__(f"{what}; the response was discarded. Send the request again")

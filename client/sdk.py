@@ -1,0 +1,364 @@
+"""`Client`: attested, end-to-end encrypted inference through a Veil gateway, shaped like OpenAI's SDK.
+
+    client = Client("http://127.0.0.1:8000", policy="dev")
+    answer = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}])
+    for chunk in client.chat.completions.create(model="tiny", messages=..., stream=True): ...
+
+Per request (ARCHITECTURE.md, "The path of one request"): fetch the directory
+(cached briefly) → draw K candidates weighted by capacity → verify each one's
+evidence under the client's own policy → encapsulate the request separately
+to each verified node → `POST /v1/infer` → decrypt the answer with the
+context of the node the gateway names. Nothing is sent unless at least one
+candidate verified, and nothing of the request is ever logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+import httpx
+
+from client import wire
+from client.directory import DirectoryCache, sample_candidates
+from client.errors import (
+    CandidateFailure,
+    GatewayError,
+    NodeError,
+    NoVerifiedNodeError,
+    ResponseIntegrityError,
+    StreamTruncatedError,
+    VeilClientError,
+)
+from client.types import (
+    CandidateRecord,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    ModelList,
+    Route,
+)
+from client.verify import CandidateVerifier
+from ohttp import OHTTPError, TruncatedError
+from policy import Policy
+from policy.shipped import resolve_policy
+
+INFER_PATH = "/v1/infer"
+NODE_ID_HEADER = "veil-node-id"
+# The gateway says so when a candidate left its pool or every tried node failed before its first
+# byte: no node read anything, so one retry with a fresh directory is safe.
+_RETRYABLE = {(404, "no_candidate"), (502, "node_failed")}
+# Every client presents the same user agent, so it tells the gateway nothing about its user.
+_USER_AGENT = "veil-client/1"
+
+T = TypeVar("T")
+
+
+class Stream(Generic[T]):
+    """An iterator over streamed chunks; `route` says which node serves it and what was verified."""
+
+    def __init__(self, chunks: Iterator[T], route: Route, close: Callable[[], None]) -> None:
+        self._chunks = chunks
+        self.route = route
+        self._close = close
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        """Stop reading and release the connection."""
+        self._close()
+
+    def __enter__(self) -> Stream[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Client:
+    """Talks to one gateway; verifies nodes itself under `policy` ("dev", "strict", a file or a Policy)."""
+
+    def __init__(
+        self,
+        gateway_url: str,
+        *,
+        policy: str | Policy = "dev",
+        candidates: int = 3,
+        timeout: float = 60.0,
+        directory_ttl_s: float = 10.0,
+        http: httpx.Client | None = None,
+    ) -> None:
+        if not 1 <= candidates <= 8:
+            raise ValueError("candidates must be between 1 and 8 (the gateway accepts at most 8)")
+        self.policy = policy if isinstance(policy, Policy) else resolve_policy(policy)
+        self.candidates = candidates
+        self._http = http or httpx.Client(
+            base_url=gateway_url, timeout=timeout, headers={"user-agent": _USER_AGENT},
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        )
+        self._directory = DirectoryCache(self._http, directory_ttl_s)
+        self._verifier = CandidateVerifier(self.policy)
+        self._route_lock = threading.Lock()
+        self.last_route: Route | None = None
+        self.chat = _Chat(self)
+        self.completions = _Completions(self)
+        self.models = _Models(self)
+
+    # ----- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- one request ----------------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[Any, Route]:
+        """Send one inner request and return the node's decrypted JSON answer with its route."""
+        for attempt in (0, 1):
+            sealed, route = self._prepare(method, path, body, streaming=False)
+            response = self._post(sealed, stream=False)
+            if response.is_success or not self._should_retry(response, attempt):
+                break
+        self._raise_for_gateway(response)
+        target = _served(sealed, response)
+        try:
+            inner = target.open_whole(response.content)
+        except OHTTPError:
+            raise ResponseIntegrityError(target.node_id, "the node's answer did not authenticate") from None
+        if inner.status != 200:
+            raise NodeError(inner.status, wire.error_code(inner.content), target.node_id)
+        try:
+            return inner.json(), self._record(route, target.node_id)
+        except ValueError:
+            raise ResponseIntegrityError(target.node_id, "the node's answer is not JSON") from None
+
+    def stream(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, Callable[[], None]]:
+        """Send one streamed inner request; return an iterator of event payloads, the route and a closer."""
+        for attempt in (0, 1):
+            sealed, route = self._prepare("POST", path, body, streaming=True)
+            response = self._post(sealed, stream=True)
+            if response.is_success or not self._should_retry(response, attempt):
+                break
+        if not response.is_success:
+            response.read()
+            response.close()
+            self._raise_for_gateway(response)
+        try:
+            target = _served(sealed, response)
+        except VeilClientError:
+            response.close()
+            raise
+        return _events(response, target), self._record(route, target.node_id), response.close
+
+    def _prepare(
+        self, method: str, path: str, body: dict[str, Any] | None, streaming: bool
+    ) -> tuple[list[wire.SealedRequest], Route]:
+        directory = self._directory.get()
+        records = [self._verifier.check(entry) for entry in sample_candidates(directory.entries, self.candidates)]
+        route = Route(None, tuple(records), self.policy.name)
+        verified = [record for record in records if record.ok]
+        if not verified:
+            raise _nothing_verified(records)
+        inner = wire.build_request(method, path, body)
+        sealed = [wire.seal(r.node_id, r.verified.key_config, inner, streaming) for r in verified]
+        return sealed, route
+
+    def _post(self, sealed: Sequence[wire.SealedRequest], stream: bool) -> httpx.Response:
+        payload = {"candidates": [
+            {"node_id": s.node_id, "media_type": s.media_type, "encapsulated": base64.b64encode(s.encapsulated).decode()}
+            for s in sealed
+        ]}
+        try:
+            request = self._http.build_request("POST", INFER_PATH, json=payload)
+            return self._http.send(request, stream=stream)
+        except httpx.HTTPError as error:
+            raise GatewayError(0, "unreachable", f"the gateway could not be reached ({type(error).__name__}); "
+                               "check that it runs and send again") from None
+
+    def _should_retry(self, response: httpx.Response, attempt: int) -> bool:
+        if attempt > 0 or (response.status_code, _gateway_code(response)) not in _RETRYABLE:
+            return False
+        response.close()
+        self._directory.invalidate()
+        return True
+
+    def _raise_for_gateway(self, response: httpx.Response) -> None:
+        if response.is_success:
+            return
+        retry_after = _retry_after(response)
+        code = _gateway_code(response)
+        hint = f"retry after {retry_after:g} s" if retry_after is not None else "see the error code"
+        raise GatewayError(response.status_code, code, f"the request was not served; {hint}", retry_after)
+
+    def _record(self, route: Route, node_id: str) -> Route:
+        served = Route(node_id, route.candidates, route.policy_name)
+        with self._route_lock:
+            self.last_route = served
+        return served
+
+
+def _served(sealed: Sequence[wire.SealedRequest], response: httpx.Response) -> wire.SealedRequest:
+    """The candidate the gateway chose, by the node id it names; only ours can be decrypted anyway."""
+    node_id = response.headers.get(NODE_ID_HEADER, "")
+    for candidate in sealed:
+        if candidate.node_id == node_id:
+            return candidate
+    raise ResponseIntegrityError(None, "the gateway names a node this request was not encrypted to")
+
+
+def _events(response: httpx.Response, target: wire.SealedRequest) -> Iterator[Any]:
+    decoder = target.stream_decoder()
+    try:
+        for piece in response.iter_raw():
+            yield from decoder.feed(piece)
+        error = decoder.finish()
+    except (TruncatedError, httpx.TransportError):
+        raise StreamTruncatedError(target.node_id) from None
+    except (OHTTPError, ValueError):
+        raise ResponseIntegrityError(target.node_id, "the node's streamed answer did not authenticate or parse") from None
+    finally:
+        response.close()
+    if error is not None:
+        raise NodeError(error.status, wire.error_code(error.content), target.node_id)
+    if not decoder.done:
+        raise StreamTruncatedError(target.node_id, "the event stream")
+
+
+def _nothing_verified(records: Sequence[CandidateRecord]) -> NoVerifiedNodeError:
+    if not records:
+        return NoVerifiedNodeError([], "the gateway lists no node with capacity; nothing was sent")
+    failures = [CandidateFailure(r.node_id, r.failed_check or "unknown", r.failure or "") for r in records]
+    return NoVerifiedNodeError(failures)
+
+
+def _gateway_code(response: httpx.Response) -> str:
+    try:
+        if not response.is_stream_consumed:
+            response.read()
+        error = response.json().get("error")
+    except (ValueError, AttributeError, httpx.HTTPError):
+        return "unknown"
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else "unknown"
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+# ----- the OpenAI-shaped resources -------------------------------------------------------------
+
+
+def _body(**fields: Any) -> dict[str, Any]:
+    """The request's JSON: only the parameters the caller set."""
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def _messages(messages: Sequence[Any]) -> list[dict[str, str]]:
+    out = []
+    for message in messages:
+        role = message["role"] if isinstance(message, dict) else message.role
+        content = message["content"] if isinstance(message, dict) else message.content
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise ValueError("each message needs a string role and string content")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _parsed(parse: Callable[[Any], T], node_id: str | None) -> Callable[[Any], T]:
+    def run(payload: Any) -> T:
+        try:
+            return parse(payload)
+        except (ValueError, TypeError):
+            raise ResponseIntegrityError(node_id, "the node's answer does not have the expected shape") from None
+    return run
+
+
+def _stream_of(client: Client, path: str, body: dict[str, Any], parse: Callable[[Any], T]) -> Stream[T]:
+    payloads, route, close = client.stream(path, body)
+    typed = _parsed(parse, route.node_id)
+    return Stream((typed(p) for p in payloads), route, close)
+
+
+class _ChatCompletions:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(
+        self,
+        *,
+        model: str,
+        messages: Sequence[Any],
+        stream: bool = False,
+        n: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+    ) -> ChatCompletion | Stream[ChatCompletionChunk]:
+        """A chat answer, or with `stream=True` an iterator of `ChatCompletionChunk`."""
+        body = _body(model=model, messages=_messages(messages), stream=stream, n=n, temperature=temperature,
+                     top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed)
+        if stream:
+            return _stream_of(self._client, "/v1/chat/completions", body, ChatCompletionChunk.from_dict)
+        data, route = self._client.request("POST", "/v1/chat/completions", body)
+        return _parsed(lambda d: ChatCompletion.from_dict(d, route), route.node_id)(data)
+
+
+class _Chat:
+    def __init__(self, client: Client) -> None:
+        self.completions = _ChatCompletions(client)
+
+
+class _Completions:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(
+        self,
+        *,
+        model: str,
+        prompt: str,
+        stream: bool = False,
+        n: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+    ) -> Completion | Stream[Completion]:
+        """A text completion, or with `stream=True` an iterator of `Completion` pieces."""
+        if not isinstance(prompt, str):
+            raise ValueError("prompt must be a string")
+        body = _body(model=model, prompt=prompt, stream=stream, n=n, temperature=temperature,
+                     top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed)
+        if stream:
+            return _stream_of(self._client, "/v1/completions", body, Completion.from_dict)
+        data, route = self._client.request("POST", "/v1/completions", body)
+        return _parsed(lambda d: Completion.from_dict(d, route), route.node_id)(data)
+
+
+class _Models:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list(self) -> ModelList:
+        """The models a verified node serves."""
+        data, route = self._client.request("GET", "/v1/models")
+        return _parsed(lambda d: ModelList.from_dict(d, route), route.node_id)(data)

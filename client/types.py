@@ -1,0 +1,260 @@
+"""OpenAI-shaped result types, as frozen dataclasses parsed from the node's JSON.
+
+Parsing keeps only the fields named here and checks their types, so a
+malformed answer raises `ValueError` (turned into `ResponseIntegrityError` by
+the SDK) instead of surfacing half-filled objects. `to_dict` gives back the
+OpenAI wire shape, which the local proxy serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from attestation.verifier import VerifiedNode
+
+
+def _get(data: Any, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    if key not in data or data[key] is None:
+        if default is ...:
+            raise ValueError(f"field {key!r} is missing")
+        return default
+    value = data[key]
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ValueError(f"field {key!r} has the wrong type")
+    if not isinstance(value, kind):
+        raise ValueError(f"field {key!r} has the wrong type")
+    return value
+
+
+def _list(data: Any, key: str) -> list[Any]:
+    return _get(data, key, list)
+
+
+# --- which node served, and what was verified --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateRecord:
+    """One candidate the client considered: its verification outcome (never trusted from the gateway)."""
+
+    node_id: str
+    capacity: int
+    verified: VerifiedNode | None
+    failed_check: str | None = None
+    failure: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verified is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one request went: the node that served it and every candidate's verification record."""
+
+    node_id: str | None
+    candidates: tuple[CandidateRecord, ...]
+    policy_name: str
+
+    @property
+    def served_by(self) -> CandidateRecord | None:
+        return next((c for c in self.candidates if c.node_id == self.node_id), None)
+
+
+# --- shared pieces ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Usage:
+        prompt = _get(data, "prompt_tokens", int)
+        completion = _get(data, "completion_tokens", int)
+        return cls(prompt, completion, _get(data, "total_tokens", int, prompt + completion))
+
+
+def _usage(data: Any) -> Usage | None:
+    raw = _get(data, "usage", dict, None)
+    return None if raw is None else Usage.from_dict(raw)
+
+
+def _header(data: Any, expected_object: str) -> tuple[str, str, int, str]:
+    obj = _get(data, "object", str, expected_object)
+    return _get(data, "id", str, ""), obj, _get(data, "created", int, 0), _get(data, "model", str, "")
+
+
+# --- chat ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCompletionMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatChoice:
+    index: int
+    message: ChatCompletionMessage
+    finish_reason: str | None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ChatChoice:
+        message = _get(data, "message", dict)
+        return cls(
+            _get(data, "index", int),
+            ChatCompletionMessage(_get(message, "role", str, "assistant"), _get(message, "content", str, "")),
+            _get(data, "finish_reason", str, None),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCompletion:
+    """A whole chat answer (`object == "chat.completion"`)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: tuple[ChatChoice, ...]
+    usage: Usage | None
+    route: Route | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, route: Route | None = None) -> ChatCompletion:
+        ident, obj, created, model = _header(data, "chat.completion")
+        choices = tuple(ChatChoice.from_dict(c) for c in _list(data, "choices"))
+        return cls(ident, obj, created, model, choices, _usage(data), route)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _wire(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceDelta:
+    role: str | None
+    content: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatChunkChoice:
+    index: int
+    delta: ChoiceDelta
+    finish_reason: str | None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ChatChunkChoice:
+        delta = _get(data, "delta", dict, {})
+        return cls(
+            _get(data, "index", int),
+            ChoiceDelta(_get(delta, "role", str, None), _get(delta, "content", str, None)),
+            _get(data, "finish_reason", str, None),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCompletionChunk:
+    """One streamed piece of a chat answer (`object == "chat.completion.chunk"`)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: tuple[ChatChunkChoice, ...]
+    usage: Usage | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ChatCompletionChunk:
+        ident, obj, created, model = _header(data, "chat.completion.chunk")
+        choices = tuple(ChatChunkChoice.from_dict(c) for c in _list(data, "choices"))
+        return cls(ident, obj, created, model, choices, _usage(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _wire(self)
+
+
+# --- plain completions -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionChoice:
+    index: int
+    text: str
+    finish_reason: str | None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CompletionChoice:
+        return cls(_get(data, "index", int), _get(data, "text", str, ""), _get(data, "finish_reason", str, None))
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A text completion, whole or (when streamed) one piece of it (`object == "text_completion"`)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: tuple[CompletionChoice, ...]
+    usage: Usage | None
+    route: Route | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, route: Route | None = None) -> Completion:
+        ident, obj, created, model = _header(data, "text_completion")
+        choices = tuple(CompletionChoice.from_dict(c) for c in _list(data, "choices"))
+        return cls(ident, obj, created, model, choices, _usage(data), route)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _wire(self)
+
+
+# --- models --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    id: str
+    object: str
+    owned_by: str
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Model:
+        return cls(_get(data, "id", str), _get(data, "object", str, "model"), _get(data, "owned_by", str, ""))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelList:
+    object: str
+    data: tuple[Model, ...]
+    route: Route | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, route: Route | None = None) -> ModelList:
+        return cls(_get(data, "object", str, "list"), tuple(Model.from_dict(m) for m in _list(data, "data")), route)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _wire(self)
+
+
+def _wire(result: Any) -> dict[str, Any]:
+    """The OpenAI JSON shape: every field but the client-side route record (and usage when absent)."""
+    data = {name: _to_plain(getattr(result, name)) for name in result.__dataclass_fields__ if name != "route"}
+    if data.get("usage") is None:
+        data.pop("usage", None)
+    return data
+
+
+def _to_plain(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return {name: _to_plain(getattr(value, name)) for name in value.__dataclass_fields__}
+    if isinstance(value, tuple):
+        return [_to_plain(item) for item in value]
+    return value

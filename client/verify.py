@@ -1,0 +1,82 @@
+"""Verifying candidates the client's own way: the gateway's word counts for nothing.
+
+Each candidate's evidence bundle is parsed and run through
+`attestation.verifier.verify` under the client's policy. The result must also
+name the same node and key configuration the directory listed, otherwise the
+directory lied. Verified records are cached (by the exact evidence text) until
+they expire, so a steady stream of requests does not re-verify every time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from attestation.bundle import EvidenceBundle
+from attestation.errors import AttestationError
+from attestation.verifier import VerifiedNode, verify
+from client.directory import DirectoryEntry
+from client.types import CandidateRecord
+from policy import Policy
+
+MAX_CACHED = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    node: VerifiedNode
+
+
+class CandidateVerifier:
+    """Verifies directory entries under one policy, caching successes until their evidence expires."""
+
+    def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cache: dict[bytes, _Cached] = {}
+
+    def check(self, entry: DirectoryEntry) -> CandidateRecord:
+        """The candidate's record: verified, or the check that failed and why."""
+        try:
+            node = self._verified(entry)
+        except AttestationError as error:
+            return CandidateRecord(entry.node_id, entry.capacity, None, error.check, str(error))
+        mismatch = _listing_mismatch(entry, node)
+        if mismatch is not None:
+            return CandidateRecord(entry.node_id, entry.capacity, None, "directory", mismatch)
+        return CandidateRecord(entry.node_id, entry.capacity, node)
+
+    def _verified(self, entry: DirectoryEntry) -> VerifiedNode:
+        key = hashlib.sha256(entry.evidence.encode("utf-8", "surrogatepass")).digest()
+        now = self._clock()
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None and cached.node.expires_at > now:
+            node = cached.node
+        else:
+            node = verify(EvidenceBundle.from_json(entry.evidence), self.policy, now=now)
+            self._remember(key, node)
+        return node
+
+    def _remember(self, key: bytes, node: VerifiedNode) -> None:
+        with self._lock:
+            if len(self._cache) >= MAX_CACHED:
+                now = self._clock()
+                self._cache = {k: v for k, v in self._cache.items() if v.node.expires_at > now}
+                if len(self._cache) >= MAX_CACHED:
+                    self._cache.clear()
+            self._cache[key] = _Cached(node)
+
+
+def _listing_mismatch(entry: DirectoryEntry, node: VerifiedNode) -> str | None:
+    """Why the directory's listing disagrees with what the evidence proves, or None."""
+    if not hmac.compare_digest(entry.node_id.encode(), node.node_id.encode()):
+        return "the directory lists this evidence under another node id; the gateway's listing is wrong"
+    if not hmac.compare_digest(entry.key_config, node.key_config):
+        return "the directory's key configuration is not the one bound into the evidence"
+    return None

@@ -1,0 +1,150 @@
+"""The client's wire layer against a real OHTTP key pair: the node's side is played with `ohttp` itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client import wire
+from client.types import ChatCompletion, ChatCompletionChunk, Completion, ModelList
+from ohttp import (
+    OHTTP_CHUNKED_REQUEST,
+    OHTTP_REQUEST,
+    ChunkedRequestOpener,
+    DecryptionError,
+    KeyRing,
+    Response,
+    TruncatedError,
+    decapsulate_request,
+    decode_request,
+    encode_response,
+    generate_key_pair,
+)
+from ohttp.bhttp_stream import encode_content_chunk, encode_response_end, encode_response_head
+
+SETTINGS = settings(max_examples=25, deadline=None)
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def keys() -> KeyRing:
+    return KeyRing(generate_key_pair(7))
+
+
+def _node_opens_whole(keys: KeyRing, sealed: wire.SealedRequest):
+    plaintext, context = decapsulate_request(keys, sealed.encapsulated)
+    return decode_request(plaintext), context
+
+
+def _node_opens_chunked(keys: KeyRing, sealed: wire.SealedRequest):
+    opener = ChunkedRequestOpener(keys)
+    chunks = list(opener.chunks([sealed.encapsulated]))
+    return decode_request(b"".join(chunks)), opener.response_sealer()
+
+
+def _split(data: bytes, fractions: list[float]) -> list[bytes]:
+    cuts = sorted(int(f * len(data)) for f in fractions)
+    bounds = [0, *cuts, len(data)]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _streamed_answer(keys: KeyRing, sealed: wire.SealedRequest, events: list[bytes], status: int = 200) -> bytes:
+    """What a node sends: one sealed chunk for the head, one per SSE event, the end in the final chunk."""
+    request, response_sealer = _node_opens_chunked(keys, sealed)
+    assert request.method == b"POST" and request.path.startswith(b"/v1/")
+    parts = [response_sealer.seal_chunk(encode_response_head(status, [(b"content-type", b"text/event-stream")]))]
+    parts += [response_sealer.seal_chunk(encode_content_chunk(event)) for event in events]
+    parts.append(response_sealer.seal_chunk(encode_response_end(), final=True))
+    return b"".join(parts)
+
+
+def test_a_whole_request_reaches_the_node_as_the_openai_call(keys: KeyRing) -> None:
+    sealed = wire.seal("n1", keys.current.config.encode(), wire.build_request("POST", "/v1/chat/completions", BODY), False)
+    assert sealed.media_type == OHTTP_REQUEST and not sealed.streaming
+    request, _ = _node_opens_whole(keys, sealed)
+    assert (request.method, request.scheme, request.authority, request.path) == (
+        b"POST", b"https", b"veil.node", b"/v1/chat/completions")
+    assert (b"content-type", b"application/json") in request.headers
+    assert json.loads(request.content) == BODY
+
+
+def test_the_same_request_sealed_twice_gives_unrelated_ciphertexts(keys: KeyRing) -> None:
+    inner = wire.build_request("POST", "/v1/completions", {"prompt": "x"})
+    first, second = (wire.seal("n", keys.current.config.encode(), inner, False) for _ in range(2))
+    assert first.encapsulated != second.encapsulated
+    assert b"prompt" not in first.encapsulated
+
+
+def test_a_whole_answer_opens_only_with_its_own_request_context(keys: KeyRing) -> None:
+    config = keys.current.config.encode()
+    sealed = wire.seal("n1", config, wire.build_request("GET", "/v1/models"), False)
+    other = wire.seal("n1", config, wire.build_request("GET", "/v1/models"), False)
+    request, context = _node_opens_whole(keys, sealed)
+    assert request.method == b"GET" and request.content == b""
+    answer = {"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "veil"}]}
+    reply = context.seal_response(encode_response(Response(200, [], json.dumps(answer).encode())))
+    inner = sealed.open_whole(reply)
+    assert inner.status == 200 and ModelList.from_dict(inner.json()).data[0].id == "tiny"
+    with pytest.raises(DecryptionError):
+        other.open_whole(reply)
+
+
+def test_an_error_inside_the_encryption_names_only_its_code() -> None:
+    body = json.dumps({"error": {"code": "invalid_request", "message": "max_tokens must be >= 1"}}).encode()
+    assert wire.error_code(body) == "invalid_request"
+    assert wire.error_code(b"not json") == "unknown"
+    assert wire.error_code(b'{"error": "flat"}') == "unknown"
+
+
+@SETTINGS
+@given(st.lists(st.text(max_size=12), min_size=1, max_size=6), st.lists(st.floats(0, 1), max_size=12))
+def test_a_streamed_answer_decodes_in_any_split(keys: KeyRing, pieces: list[str], cuts: list[float]) -> None:
+    sealed = wire.seal("n1", keys.current.config.encode(),
+                       wire.build_request("POST", "/v1/chat/completions", {**BODY, "stream": True}), True)
+    assert sealed.media_type == OHTTP_CHUNKED_REQUEST and sealed.streaming
+    chunks = [{"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+               "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]} for piece in pieces]
+    events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+    decoder = sealed.stream_decoder()
+    payloads = [p for part in _split(_streamed_answer(keys, sealed, events), cuts) for p in decoder.feed(part)]
+    assert decoder.finish() is None and decoder.done
+    text = "".join(ChatCompletionChunk.from_dict(p).choices[0].delta.content for p in payloads)
+    assert text == "".join(pieces)
+
+
+def test_a_streamed_answer_cut_short_is_truncated_never_short(keys: KeyRing) -> None:
+    sealed = wire.seal("n1", keys.current.config.encode(), wire.build_request("POST", "/v1/completions", {}), True)
+    whole = _streamed_answer(keys, sealed, [b'data: {"choices": []}\n\n', b"data: [DONE]\n\n"])
+    for end in (0, 10, len(whole) // 2, len(whole) - 1):
+        decoder = sealed.stream_decoder()
+        decoder.feed(whole[:end])
+        with pytest.raises(TruncatedError):
+            decoder.finish()
+
+
+def test_a_streamed_error_status_is_collected_not_parsed_as_events(keys: KeyRing) -> None:
+    sealed = wire.seal("n1", keys.current.config.encode(), wire.build_request("POST", "/v1/chat/completions", {}), True)
+    error = json.dumps({"error": {"code": "model_not_found", "message": "no such model"}}).encode()
+    decoder = sealed.stream_decoder()
+    assert decoder.feed(_streamed_answer(keys, sealed, [error], status=404)) == []
+    failure = decoder.finish()
+    assert failure is not None and failure.status == 404 and wire.error_code(failure.content) == "model_not_found"
+
+
+def test_openai_shapes_parse_and_serialize_back() -> None:
+    chat = {"id": "x", "object": "chat.completion", "created": 5, "model": "tiny",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+    parsed = ChatCompletion.from_dict(chat)
+    assert parsed.choices[0].message.content == "hi" and parsed.usage.total_tokens == 5
+    assert parsed.to_dict() == chat
+    text = {"id": "y", "object": "text_completion", "created": 5, "model": "tiny",
+            "choices": [{"index": 0, "text": "abc", "finish_reason": "stop"}]}
+    assert Completion.from_dict(text).to_dict() == text
+    with pytest.raises(ValueError):
+        ChatCompletion.from_dict({"choices": [{"index": "0", "message": {}}]})
+    with pytest.raises(ValueError):
+        Completion.from_dict({"choices": [{"index": True, "text": "t"}]})
