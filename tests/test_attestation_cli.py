@@ -1,0 +1,102 @@
+"""`veil attest collect | veil attest verify` end to end, through the real command line."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attestation.bundle import EvidenceBundle
+from attestation.verifier import CHECK_NAMES
+from client.cli import main
+from tests.test_attestation_support import edit_json, sim_root_dir  # noqa: F401  (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _collect(capsys, *arguments: str) -> str:
+    assert main(["attest", "collect", "--backend", "sim", *arguments]) == 0
+    captured = capsys.readouterr()
+    assert "SIMULATED" in captured.err
+    return captured.out
+
+
+def _verify(capsys, monkeypatch, text: str, policy: str) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    code = main(["attest", "verify", "-", "--policy", policy])
+    return code, capsys.readouterr().out
+
+
+def test_collect_then_verify_under_dev_prints_every_check(capsys, monkeypatch):
+    code, out = _verify(capsys, monkeypatch, _collect(capsys), "dev")
+    assert code == 0
+    for name in CHECK_NAMES:
+        assert f"✓ {name}:" in out
+    assert "VERIFIED node" in out
+
+
+def test_the_same_bundle_under_strict_fails_at_the_simulated_check(capsys, monkeypatch):
+    code, out = _verify(capsys, monkeypatch, _collect(capsys), "strict")
+    assert code == 1
+    assert "✗ simulated:" in out and "REFUSED" in out
+    assert all(f"· {name}: not run" in out for name in CHECK_NAMES[1:])
+
+
+def test_verify_answers_the_given_nonce(capsys, monkeypatch, tmp_path: Path):
+    bundle_text = _collect(capsys, "--nonce", "ab" * 32)
+    path = tmp_path / "bundle.json"
+    path.write_text(bundle_text)
+    assert main(["attest", "verify", str(path), "--policy", "dev", "--nonce", "ab" * 32]) == 0
+    capsys.readouterr()
+    assert main(["attest", "verify", str(path), "--policy", "dev", "--nonce", "cd" * 32]) == 1
+    assert "✗ freshness:" in capsys.readouterr().out
+
+
+def test_collect_measures_the_given_model(capsys, tmp_path: Path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with_model = EvidenceBundle.from_json(_collect(capsys, "--model", str(model)))
+    without = EvidenceBundle.from_json(_collect(capsys))
+    assert with_model.measurement.model_digest != without.measurement.model_digest
+
+
+def test_a_malformed_bundle_fails_at_format(capsys, monkeypatch):
+    text = edit_json(EvidenceBundle.from_json(_collect(capsys)), lambda d: d.update(version="v0"))
+    code, out = _verify(capsys, monkeypatch, text, "dev")
+    assert code == 1 and "✗ format:" in out
+
+
+def test_collect_with_nvml_on_this_machine_explains_itself(capsys):
+    code = main(["attest", "collect", "--backend", "nvml"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "NVML is missing" in err or "confidential computing is not in production mode" in err
+
+
+def test_bad_arguments_are_reported(capsys):
+    assert main(["attest", "collect", "--backend", "sim", "--nonce", "zz"]) == 1
+    assert "hexadecimal" in capsys.readouterr().err
+    assert main(["attest", "verify", "/nonexistent/bundle.json", "--policy", "dev"]) == 2
+
+
+def test_probe_reports_each_backend(capsys):
+    assert main(["attest", "probe"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("nvml:") and "tsm:" in out and "sim:" in out
+
+
+def test_the_shell_pipeline(sim_root_dir: Path):
+    environment = {**os.environ, "VEIL_SIM_ROOT_DIR": str(sim_root_dir)}
+    veil = f"{sys.executable} -m client.cli"
+    result = subprocess.run(
+        f"{veil} attest collect --backend sim | {veil} attest verify - --policy dev",
+        shell=True, cwd=REPO, env=environment, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("✓") == len(CHECK_NAMES) + 1  # every check plus the format line
+    assert "SIMULATED" in result.stderr

@@ -1,0 +1,122 @@
+"""Measurement of code, policy and model: deterministic, and sensitive to every change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attestation.measurement import (
+    NO_MODEL_DIGEST,
+    MeasurementError,
+    measure,
+    measure_code,
+    measure_model,
+    measure_policy,
+)
+from policy import shipped_policy, shipped_policy_path
+
+
+@pytest.fixture()
+def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "code"
+    folder = root / "veilmeasuretarget"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "__init__.py").write_text("VALUE = 1\n")
+    (folder / "sub" / "module.py").write_text("def f():\n    return 2\n")
+    monkeypatch.syspath_prepend(str(root))
+    return folder
+
+
+def test_code_digest_is_deterministic_and_order_free(package):
+    first = measure_code(["veilmeasuretarget"])
+    assert measure_code(["veilmeasuretarget"]) == first
+    assert measure_code(["veilmeasuretarget", "veilmeasuretarget"]) == first
+
+
+def test_code_digest_changes_with_any_module_edit(package):
+    before = measure_code(["veilmeasuretarget"])
+    (package / "sub" / "module.py").write_text("def f():\n    return 3\n")
+    assert measure_code(["veilmeasuretarget"]) != before
+
+
+def test_code_digest_changes_when_a_module_is_added_or_renamed(package):
+    before = measure_code(["veilmeasuretarget"])
+    (package / "extra.py").write_text("")
+    added = measure_code(["veilmeasuretarget"])
+    assert added != before
+    (package / "extra.py").rename(package / "other.py")
+    assert measure_code(["veilmeasuretarget"]) not in (before, added)
+
+
+def test_bytecode_caches_are_not_measured(package):
+    before = measure_code(["veilmeasuretarget"])
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "x.py").write_text("junk")
+    (package / "notes.txt").write_text("not a module")
+    assert measure_code(["veilmeasuretarget"]) == before
+
+
+def test_a_missing_package_cannot_be_measured():
+    with pytest.raises(MeasurementError, match="not installed"):
+        measure_code(["veil_no_such_package"])
+
+
+def test_the_real_packages_are_measured_without_importing_them():
+    import sys
+
+    sys.modules.pop("gateway", None)
+    digest = measure_code(("gateway", "policy"))
+    assert len(digest) == 32
+    assert "gateway" not in sys.modules
+
+
+def test_policy_digest_is_the_canonical_one(tmp_path: Path):
+    reformatted = tmp_path / "strict.toml"
+    reformatted.write_text(shipped_policy_path("strict").read_text().replace(" = ", "=") + "\n# note\n")
+    assert measure_policy(reformatted) == shipped_policy("strict").digest
+    assert measure_policy(shipped_policy_path("dev")) != shipped_policy("strict").digest
+
+
+def test_an_invalid_policy_cannot_be_measured(tmp_path: Path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(shipped_policy_path("strict").read_text().replace('kv_offload = "none"', 'kv_offload = "disk"'))
+    with pytest.raises(MeasurementError, match="invalid"):
+        measure_policy(bad)
+
+
+def test_model_digest_covers_every_file(tmp_path: Path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(bytes(1000))
+    before = measure_model(model)
+    assert before != NO_MODEL_DIGEST
+    (model / "model.safetensors").write_bytes(bytes(999) + b"\x01")
+    after_weights = measure_model(model)
+    assert after_weights != before
+    (model / "tokenizer.json").write_text("{}")
+    assert measure_model(model) != after_weights
+
+
+def test_model_digest_depends_on_file_names(tmp_path: Path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    (one / "a.bin").write_bytes(b"x")
+    (two / "b.bin").write_bytes(b"x")
+    assert measure_model(one) != measure_model(two)
+
+
+def test_missing_model_folder_is_an_error(tmp_path: Path):
+    with pytest.raises(MeasurementError):
+        measure_model(tmp_path / "absent")
+
+
+def test_measure_combines_the_three(tmp_path: Path):
+    measurement = measure(("policy",), shipped_policy_path("dev"), None)
+    assert measurement.policy_digest == shipped_policy("dev").digest
+    assert measurement.model_digest == NO_MODEL_DIGEST
+    other = measure(("policy",), policy_path=shipped_policy_path("strict"))
+    assert other.digest() != measurement.digest()
+    with pytest.raises(MeasurementError):
+        measure(("policy",))
