@@ -16,6 +16,7 @@ such quotes only under a policy that names that gap.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from attestation.errors import EvidenceFormatError
@@ -54,7 +55,7 @@ def parse_cpu_report(kind: str, report: bytes) -> CpuReport:
     return parsers[kind](report)
 
 
-def build_sim_report(report_data: bytes, *, debug: bool, sign: "callable") -> bytes:
+def build_sim_report(report_data: bytes, *, debug: bool, sign: Callable[[bytes], bytes]) -> bytes:
     """A signed simulated CPU report (always marked simulated)."""
     attributes = SIM_SIMULATED | (SIM_DEBUG if debug else 0)
     body = SIM_MAGIC + struct.pack("<Q", attributes) + report_data

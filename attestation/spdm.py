@@ -142,7 +142,7 @@ def build_report(
 
 
 def _block(index: int, value: bytes) -> bytes:
-    # DMTF measurement: type 0x01 (immutable ROM would be 0x00; here firmware digest), size, value.
+    # DMTF measurement value: type 0x01 (mutable firmware digest), size, value.
     dmtf = struct.pack("<BH", 0x01, len(value)) + value
     return struct.pack("<BBH", index, 0x01, len(dmtf)) + dmtf
 

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import CHECK_NAMES
 from client.cli import main

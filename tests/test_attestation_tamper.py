@@ -13,7 +13,6 @@ from attestation.bundle import EvidenceBundle
 from attestation.verifier import CHECK_NAMES, verify, verify_with_report
 from policy import shipped_policy
 from tests.test_attestation_support import (  # noqa: F401  (fixtures)
-    NONCE,
     b64,
     code_digest,
     collect,
@@ -22,7 +21,6 @@ from tests.test_attestation_support import (  # noqa: F401  (fixtures)
     edit_json,
     flip,
     key_config,
-    measurement_for,
     sim_root_dir,
     unb64,
 )
