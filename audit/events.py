@@ -256,17 +256,23 @@ class AuditRecord:
     event: AuditEvent
 
 
-_FIELD_SPECS: dict[type[AuditEvent], tuple[tuple[str, FieldSpec], ...]] = {}
+# Per event class: (field name, spec, "Class.field" for error messages), computed once.
+_FIELD_SPECS: dict[type[AuditEvent], tuple[tuple[str, FieldSpec, str], ...]] = {}
+
+
+def _specs_with_names(cls: type[AuditEvent]) -> tuple[tuple[str, FieldSpec, str], ...]:
+    specs = _FIELD_SPECS.get(cls)
+    if specs is None:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        specs = tuple((f.name, _spec_of(hints[f.name], cls, f.name), f"{cls.__name__}.{f.name}")
+                      for f in dataclasses.fields(cls))
+        _FIELD_SPECS[cls] = specs
+    return specs
 
 
 def field_specs(cls: type[AuditEvent]) -> tuple[tuple[str, FieldSpec], ...]:
     """The (name, spec) pairs of an event class, in declaration order."""
-    specs = _FIELD_SPECS.get(cls)
-    if specs is None:
-        hints = typing.get_type_hints(cls, include_extras=True)
-        specs = tuple((f.name, _spec_of(hints[f.name], cls, f.name)) for f in dataclasses.fields(cls))
-        _FIELD_SPECS[cls] = specs
-    return specs
+    return tuple((name, spec) for name, spec, _ in _specs_with_names(cls))
 
 
 def _spec_of(annotation: Any, cls: type, name: str) -> FieldSpec:
@@ -285,17 +291,24 @@ def validate_event(event: AuditEvent) -> None:
     unknown types too (a subclass could otherwise smuggle in extra fields).
     """
     cls = type(event)
+    specs = _FIELD_SPECS.get(cls)  # holds registered event classes only
+    if specs is None:
+        _require_event_type(cls)
+        specs = _specs_with_names(cls)
+    for name, spec, where in specs:
+        value = getattr(event, name)
+        checked = spec.check(value, where)
+        if checked is not value:
+            object.__setattr__(event, name, checked)
+
+
+def _require_event_type(cls: type) -> None:
     kind = getattr(cls, "kind", None)
     if not isinstance(kind, str) or EVENT_TYPES.get(kind) is not cls:
         raise AuditSchemaError(
             f"{cls.__name__} is not an audit event type of schema {SCHEMA_VERSION}; "
             "use one of the classes in audit.events",
         )
-    for name, spec in field_specs(cls):
-        value = getattr(event, name)
-        checked = spec.check(value, f"{cls.__name__}.{name}")
-        if checked is not value:
-            object.__setattr__(event, name, checked)
 
 
 def coarse_ts(now: float) -> int:
@@ -308,8 +321,13 @@ def coarse_ts(now: float) -> int:
 def to_record(event: AuditEvent, now: float) -> dict[str, Any]:
     """The JSON object stored for `event` emitted at `now` (validated again first)."""
     validate_event(event)
+    return record_of_validated(event, now)
+
+
+def record_of_validated(event: AuditEvent, now: float) -> dict[str, Any]:
+    """`to_record` for an event that `validate_event` has just accepted (a sink's writer)."""
     record: dict[str, Any] = {"schema": SCHEMA_VERSION, "kind": event.kind, "ts": coarse_ts(now)}
-    for name, _ in field_specs(type(event)):
+    for name, _, _ in _specs_with_names(type(event)):
         record[name] = _to_json(getattr(event, name))
     return record
 
@@ -342,7 +360,7 @@ def from_record(record: Any) -> AuditRecord:
     ts = record.get("ts")
     if type(ts) is not int or ts < 0:
         raise AuditSchemaError("field 'ts' must be whole seconds since the epoch", kind=cls.kind, field="ts")
-    names = [name for name, _ in field_specs(cls)]
+    names = [name for name, _, _ in _specs_with_names(cls)]
     if set(record) != {"schema", "kind", "ts", *names}:
         raise AuditSchemaError(
             f"a {cls.kind} record must have exactly the keys schema, kind, ts, " + ", ".join(names),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
 from audit.buckets import LATENCY_BUCKETS, TOKEN_BUCKETS
@@ -49,9 +49,14 @@ class Identifier:
 
     pattern: str
     description: str
+    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # ASCII: without it \d and friends would admit non-ASCII digits.
+        object.__setattr__(self, "regex", re.compile(self.pattern, re.ASCII))
 
     def check(self, value: Any, where: str) -> str:
-        if type(value) is not str or _compiled(self.pattern).fullmatch(value) is None:
+        if type(value) is not str or self.regex.fullmatch(value) is None:
             raise _reject(where, self.description)
         return value
 
@@ -115,7 +120,7 @@ class Choice:
 
 @dataclass(frozen=True, slots=True)
 class Sequence:
-    """A tuple of items of one spec, of bounded length, without repeats."""
+    """A tuple of items of one spec (identifiers or counts, kept as given), of bounded length, without repeats."""
 
     item: FieldSpec
     min_items: int
@@ -125,10 +130,12 @@ class Sequence:
     def check(self, value: Any, where: str) -> tuple[Any, ...]:
         if type(value) not in (tuple, list) or not self.min_items <= len(value) <= self.max_items:
             raise _reject(where, f"a sequence of {self.min_items} to {self.max_items} items")
-        items = tuple(self.item.check(item, where) for item in value)
-        if len(set(items)) != len(items):
+        for item in value:
+            if self.item.check(item, where) is not item:
+                raise _reject(where, "a sequence of items in canonical form")
+        if len(set(value)) != len(value):
             raise _reject(where, "a sequence without repeated items")
-        return items
+        return value if type(value) is tuple else tuple(value)
 
     def json_schema(self) -> dict[str, Any]:
         return {"type": "array", "items": self.item.json_schema(), "minItems": self.min_items,
@@ -147,16 +154,6 @@ class Nullable:
 
     def json_schema(self) -> dict[str, Any]:
         return {"anyOf": [self.inner.json_schema(), {"type": "null"}], "description": self.description}
-
-
-_PATTERNS: dict[str, re.Pattern[str]] = {}
-
-
-def _compiled(pattern: str) -> re.Pattern[str]:
-    compiled = _PATTERNS.get(pattern)
-    if compiled is None:
-        compiled = _PATTERNS[pattern] = re.compile(pattern, re.ASCII)
-    return compiled
 
 
 NODE_ID = Identifier("[0-9a-f]{16,64}", "a node identifier: lowercase hex, 16 to 64 characters")
