@@ -1,16 +1,184 @@
-"""Client-side subcommands of `veil`."""
+"""Client-side subcommands of `veil`: chat, up, proxy and demo.
+
+Heavy modules (the SDK, the fleet, uvicorn) are imported inside the handlers
+so that `veil --help` stays quick.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_GATEWAY = "http://127.0.0.1:8000"
+GATEWAY_ENV = "VEIL_GATEWAY"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    demo = subparsers.add_parser("demo", help="run the local demonstration")
+    _register_chat(subparsers)
+    _register_up(subparsers)
+    _register_proxy(subparsers)
+    demo = subparsers.add_parser("demo", help="start a local fleet, send encrypted requests, show what was verified")
+    demo.add_argument("--nodes", type=int, default=3, help="node processes to start")
+    demo.add_argument("--model", type=Path, default=None, help="model folder (default: the built-in tiny model)")
     demo.set_defaults(handler=_demo)
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from engine.cli import run_engine_demo
+def _register_chat(subparsers: argparse._SubParsersAction) -> None:
+    chat = subparsers.add_parser("chat", help="ask a question through a gateway, attested and end-to-end encrypted")
+    chat.add_argument("prompt", help="the message to send")
+    _add_gateway_arguments(chat)
+    chat.add_argument("--model", default=None, help="model id (default: the first one a verified node lists)")
+    chat.add_argument("--show-attestation", action="store_true", help="print what was verified about each candidate")
+    chat.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="print the answer as it comes")
+    chat.add_argument("--max-tokens", type=int, default=64)
+    chat.add_argument("--temperature", type=float, default=None)
+    chat.add_argument("--seed", type=int, default=None)
+    chat.set_defaults(handler=_chat)
 
-    return run_engine_demo()
+
+def _register_up(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser("up", help="run a local fleet: a gateway and N nodes on loopback (SIMULATED attestation)")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--gateway-port", type=int, default=8000)
+    up.add_argument("--model", type=Path, default=None, help="model folder (default: the built-in tiny model)")
+    up.add_argument("--workdir", type=Path, default=None, help="where logs and audit files go (default: a temporary folder)")
+    up.set_defaults(handler=_up)
+
+
+def _register_proxy(subparsers: argparse._SubParsersAction) -> None:
+    proxy = subparsers.add_parser("proxy", help="a local OpenAI-compatible server forwarding through the SDK")
+    proxy.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on")
+    _add_gateway_arguments(proxy)
+    proxy.set_defaults(handler=_proxy)
+
+
+def _add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gateway", default=os.environ.get(GATEWAY_ENV, DEFAULT_GATEWAY),
+                        help=f"gateway URL (default: ${GATEWAY_ENV} or {DEFAULT_GATEWAY})")
+    parser.add_argument("--policy", default="dev", help="policy to verify nodes with: strict, dev or a file")
+    parser.add_argument("--candidates", type=int, default=3, help="nodes to encrypt each request to (K)")
+
+
+# ----- veil chat ---------------------------------------------------------------------------------
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from client.errors import VeilClientError
+    from client.sdk import Client
+
+    try:
+        with Client(args.gateway, policy=args.policy, candidates=args.candidates) as client:
+            _warn_if_development(client.policy)
+            model = args.model or client.models.list().data[0].id
+            route = _ask(client, model, args)
+    except VeilClientError as error:
+        print(f"veil chat: {error}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as error:
+        print(f"veil chat: {error}", file=sys.stderr)
+        return 2
+    if args.show_attestation:
+        print(describe_route(route))
+    return 0
+
+
+def _ask(client: Any, model: str, args: argparse.Namespace) -> Any:
+    messages = [{"role": "user", "content": args.prompt}]
+    options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
+    if not args.stream:
+        answer = client.chat.completions.create(model=model, messages=messages, **options)
+        print(answer.choices[0].message.content)
+        return answer.route
+    with client.chat.completions.create(model=model, messages=messages, stream=True, **options) as stream:
+        for chunk in stream:
+            for choice in chunk.choices:
+                sys.stdout.write(choice.delta.content or "")
+                sys.stdout.flush()
+        sys.stdout.write("\n")
+        return stream.route
+
+
+def describe_route(route: Any) -> str:
+    """What was verified about each candidate, and which node served (no content, only identifiers)."""
+    lines = [f"verified under policy {route.policy_name!r}; served by node {(route.node_id or '?')[:16]}"]
+    for record in route.candidates:
+        mark = "served" if record.node_id == route.node_id else "candidate"
+        if record.verified is None:
+            lines.append(f"  node {record.node_id[:16]} ({mark}): REFUSED at {record.failed_check}: {record.failure}")
+            continue
+        node = record.verified
+        kind = "SIMULATED " if node.simulated else ""
+        lines.append(f"  node {record.node_id[:16]} ({mark}): {kind}{node.backend} evidence, capacity {record.capacity}")
+        lines += [f"    {'ok ' if c.passed else '-- '} {c.name}: {c.detail}" for c in node.checks]
+    return "\n".join(lines)
+
+
+def _warn_if_development(policy: Any) -> None:
+    if policy.attestation.allow_simulated:
+        print(f"WARNING: policy {policy.name!r} accepts SIMULATED attestation: nothing protects these nodes. "
+              "Development only.", file=sys.stderr)
+
+
+# ----- veil up -----------------------------------------------------------------------------------
+
+
+def _up(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from attestation.sim_root import sim_root_dir
+    from client.fleet import Fleet, FleetError, FleetSettings
+
+    # The default simulated root, so that `veil chat` in another shell trusts this fleet as is.
+    settings = FleetSettings(nodes=args.nodes, gateway_port=args.gateway_port, model_dir=args.model,
+                             workdir=args.workdir, sim_root_dir=sim_root_dir())
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    print(f"veil up: starting {args.nodes} node(s) and a gateway (SIMULATED attestation, development policy)",
+          file=sys.stderr)
+    try:
+        with Fleet(settings) as fleet:
+            print(fleet.gateway_url, flush=True)
+            print(f"veil up: ready; logs and audit files in {fleet.workdir}. Ctrl-C stops the fleet.", file=sys.stderr)
+            stopping.wait()
+    except KeyboardInterrupt:
+        pass
+    except FleetError as error:
+        print(f"veil up: {error}", file=sys.stderr)
+        return 1
+    print("veil up: stopped", file=sys.stderr)
+    return 0
+
+
+# ----- veil proxy --------------------------------------------------------------------------------
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from client.proxy import create_proxy_app
+    from client.sdk import Client
+
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        print("veil proxy: --listen must look like HOST:PORT, for example 127.0.0.1:8080", file=sys.stderr)
+        return 2
+    with Client(args.gateway, policy=args.policy, candidates=args.candidates) as client:
+        _warn_if_development(client.policy)
+        print(f"veil proxy: OpenAI-compatible API on http://{host}:{port}/v1, forwarding to {args.gateway}",
+              file=sys.stderr, flush=True)
+        uvicorn.run(create_proxy_app(client), host=host, port=int(port), access_log=False,
+                    server_header=False, date_header=False, log_level="warning")
+    return 0
+
+
+# ----- veil demo ---------------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from client.demo import run_demo
+
+    return run_demo(nodes=args.nodes, model_dir=args.model)

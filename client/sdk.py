@@ -270,10 +270,12 @@ def _body(**fields: Any) -> dict[str, Any]:
 
 
 def _messages(messages: Sequence[Any]) -> list[dict[str, str]]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise ValueError("messages must be a list of {role, content} messages")
     out = []
     for message in messages:
-        role = message["role"] if isinstance(message, dict) else message.role
-        content = message["content"] if isinstance(message, dict) else message.content
+        role = message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
+        content = message.get("content") if isinstance(message, dict) else getattr(message, "content", None)
         if not isinstance(role, str) or not isinstance(content, str):
             raise ValueError("each message needs a string role and string content")
         out.append({"role": role, "content": content})

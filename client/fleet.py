@@ -1,0 +1,268 @@
+"""A local fleet on loopback: one `veil gateway` and N `veil node` processes (`veil up`).
+
+For development, the demo, the end-to-end tests and the benchmark. Nodes run
+the built-in tiny model under SIMULATED attestation and the development
+policy: nothing protects them, and every entry point that starts a fleet says
+so. Each process writes its own stdout and stderr to files in the fleet's
+work folder, next to its audit file, so that tests can prove none of them
+holds anything of a request.
+
+The SDK modules never import the engine, the node or the gateway: processes
+are started as `python -m client ...`, and the tiny model is written by a
+`veil model init-tiny` subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
+from client.errors import VeilClientError
+
+DEFAULT_MODEL_DIR = Path(".veil/tiny-model")
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+_POLL_S = 0.05
+
+
+class FleetError(VeilClientError):
+    """A local fleet could not start or stop as asked."""
+
+
+@dataclass(slots=True)
+class FleetSettings:
+    """How to run a local fleet; every path defaults to a fresh temporary work folder."""
+
+    nodes: int = 3
+    gateway_port: int = 0
+    model_dir: Path | None = None  # default: .veil/tiny-model, written if missing
+    workdir: Path | None = None  # default: a temporary folder, removed on stop
+    sim_root_dir: Path | None = None  # default: <workdir>/sim-root
+    policy: str = "dev"
+    capacity: int = 8
+    kv_cache_gib: float = 0.125
+    key_rotation_s: float | None = None
+    key_grace_s: float | None = None
+    reattest_s: float | None = None
+    health_s: float | None = None
+    torch_threads: int | None = None  # per node; None keeps torch's default
+    start_timeout_s: float = 120.0
+    extra_node_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.nodes <= 32:
+            raise FleetError("a local fleet has 1 to 32 nodes")
+
+
+@dataclass(slots=True)
+class FleetProcess:
+    """One process of the fleet and where its output goes."""
+
+    name: str
+    popen: subprocess.Popen
+    stdout_path: Path
+    stderr_path: Path
+    port: int | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass(slots=True)
+class _Paths:
+    root: Path
+    logs: Path = field(init=False)
+    audit: Path = field(init=False)
+    run: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.logs, self.audit, self.run = self.root / "logs", self.root / "audit", self.root / "run"
+        for folder in (self.logs, self.audit, self.run):
+            folder.mkdir(parents=True, exist_ok=True)
+
+
+class Fleet:
+    """Start with `with Fleet(FleetSettings(nodes=3)) as fleet: Client(fleet.gateway_url, ...)`."""
+
+    def __init__(self, settings: FleetSettings | None = None) -> None:
+        self.settings = settings or FleetSettings()
+        self._owns_workdir = self.settings.workdir is None
+        root = self.settings.workdir or Path(tempfile.mkdtemp(prefix="veil-fleet-"))
+        self.paths = _Paths(root)
+        self.workdir = root
+        self.sim_root_dir = self.settings.sim_root_dir or root / "sim-root"
+        self.model_dir = self.settings.model_dir or DEFAULT_MODEL_DIR
+        self.nodes: list[FleetProcess] = []
+        self.gateway: FleetProcess | None = None
+
+    # ----- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> Fleet:
+        """Write the model if needed, start the nodes, then the gateway; return once all N are admitted."""
+        try:
+            load_or_create_sim_root(self.sim_root_dir)  # before the nodes, so they share one root
+            self._ensure_model()
+            self.nodes = [self._start_node(index) for index in range(self.settings.nodes)]
+            deadline = time.monotonic() + self.settings.start_timeout_s
+            for node in self.nodes:
+                node.port = self._wait_for_port(node, deadline)
+            self.gateway = self._start_gateway()
+            self.gateway.port = self._wait_for_port(self.gateway, deadline)
+            self.wait_for_pool(self.settings.nodes, deadline - time.monotonic())
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop the gateway, then the nodes (SIGTERM, then SIGKILL after `timeout_s`); remove a temporary work folder."""
+        processes = ([self.gateway] if self.gateway else []) + self.nodes
+        for process in processes:
+            if process.alive:
+                process.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in processes:
+            try:
+                process.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.popen.kill()
+                process.popen.wait()
+        if self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Fleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ----- what callers use -----------------------------------------------------------------
+
+    @property
+    def gateway_url(self) -> str:
+        if self.gateway is None or self.gateway.port is None:
+            raise FleetError("the fleet is not running; start it first")
+        return f"http://127.0.0.1:{self.gateway.port}"
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """Variables a client of this fleet needs: the simulated root its development policy trusts."""
+        return {ROOT_DIR_ENV: str(self.sim_root_dir)}
+
+    def audit_files(self) -> list[Path]:
+        return sorted(path for path in self.paths.audit.iterdir() if path.is_file())
+
+    def log_files(self) -> list[Path]:
+        return sorted(path for path in self.paths.logs.iterdir() if path.is_file())
+
+    def kill_node(self, index: int) -> None:
+        """SIGKILL one node (for failure tests): no clean shutdown, no goodbye."""
+        node = self.nodes[index]
+        node.popen.kill()
+        node.popen.wait()
+
+    def pool_size(self) -> int:
+        """How many nodes the gateway's pool holds now."""
+        response = httpx.get(f"{self.gateway_url}/v1/health", timeout=5.0)
+        response.raise_for_status()
+        return int(response.json()["nodes"])
+
+    def wait_for_pool(self, size: int, timeout_s: float = 30.0) -> None:
+        """Wait until the gateway's pool holds exactly `size` nodes."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            self._check_alive()
+            try:
+                if self.pool_size() == size:
+                    return
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise FleetError(f"the gateway's pool did not reach {size} node(s) in time; see {self.paths.logs}")
+            time.sleep(0.1)
+
+    # ----- starting processes ----------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ, **self.environment)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.settings.torch_threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.settings.torch_threads)
+        return env
+
+    def _ensure_model(self) -> None:
+        if (self.model_dir / "config.json").is_file():
+            return
+        result = subprocess.run(
+            [sys.executable, "-m", "client", "model", "init-tiny", str(self.model_dir)],
+            env=self._env(), capture_output=True, text=True, timeout=300,
+        )
+        if result.returncode != 0:
+            raise FleetError(f"could not write the tiny model to {self.model_dir}: {result.stderr.strip()[-500:]}")
+
+    def _spawn(self, name: str, arguments: list[str]) -> FleetProcess:
+        stdout_path, stderr_path = self.paths.logs / f"{name}.out", self.paths.logs / f"{name}.err"
+        with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "client", *arguments], stdout=stdout, stderr=stderr,
+                stdin=subprocess.DEVNULL, env=self._env(), cwd=self.workdir,
+            )
+        return FleetProcess(name, popen, stdout_path, stderr_path)
+
+    def _start_node(self, index: int) -> FleetProcess:
+        s = self.settings
+        arguments = [
+            "node", "--model", str(Path(self.model_dir).resolve()), "--policy", s.policy, "--attestation", "sim",
+            "--listen", "127.0.0.1:0", "--port-file", str(self.paths.run / f"node-{index}.port"),
+            "--capacity", str(s.capacity), "--kv-cache-gib", str(s.kv_cache_gib),
+            "--audit", f"file:{self.paths.audit / f'node-{index}.jsonl'}",
+        ]
+        arguments += _optional("--key-rotation-s", s.key_rotation_s) + _optional("--key-grace-s", s.key_grace_s)
+        return self._spawn(f"node-{index}", arguments + list(s.extra_node_args))
+
+    def _start_gateway(self) -> FleetProcess:
+        s = self.settings
+        arguments = [
+            "gateway", "--listen", f"127.0.0.1:{s.gateway_port}", "--policy", s.policy,
+            "--port-file", str(self.paths.run / "gateway.port"),
+            "--audit", f"file:{self.paths.audit / 'gateway.jsonl'}",
+        ]
+        for node in self.nodes:
+            arguments += ["--node", f"127.0.0.1:{node.port}"]
+        arguments += _optional("--reattest-s", s.reattest_s) + _optional("--health-s", s.health_s)
+        arguments += _optional("--key-grace-s", s.key_grace_s)
+        return self._spawn("gateway", arguments)
+
+    def _wait_for_port(self, process: FleetProcess, deadline: float) -> int:
+        port_file = self.paths.run / f"{process.name}.port"
+        while True:
+            if port_file.is_file():
+                text = port_file.read_text().strip()
+                if text.isdigit():
+                    return int(text)
+            if not process.alive:
+                raise FleetError(f"{process.name} exited with status {process.popen.returncode} while starting; "
+                                 f"its messages are in {process.stderr_path}")
+            if time.monotonic() > deadline:
+                raise FleetError(f"{process.name} did not start in time; its messages are in {process.stderr_path}")
+            time.sleep(_POLL_S)
+
+    def _check_alive(self) -> None:
+        if self.gateway is not None and not self.gateway.alive:
+            raise FleetError(f"the gateway exited with status {self.gateway.popen.returncode}; "
+                             f"its messages are in {self.gateway.stderr_path}")
+
+
+def _optional(flag: str, value: float | None) -> list[str]:
+    return [] if value is None else [flag, f"{value:g}"]

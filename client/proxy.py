@@ -1,0 +1,120 @@
+"""`veil proxy`: a local OpenAI-compatible server; every request goes out attested and encrypted.
+
+Point any OpenAI client at `http://127.0.0.1:8080/v1`: each call is forwarded
+through `Client`, which verifies the candidate nodes and encrypts end to end,
+so the proxy is the only place (on the user's own machine) where the plaintext
+exists outside the node. It keeps no access log and logs no content.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from client.errors import GatewayError, NodeError, NoVerifiedNodeError, VeilClientError
+from client.sdk import Client, Stream
+
+MAX_BODY_BYTES = 1 << 20
+_PARAMETERS = ("n", "temperature", "top_p", "max_tokens", "stop", "seed")
+
+
+def create_proxy_app(client: Client) -> FastAPI:
+    """The proxy's FastAPI app, forwarding through `client` (which the caller owns and closes)."""
+    app = FastAPI(title="Veil local proxy", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        body = await _json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        return await _forward(lambda: client.chat.completions.create(
+            model=body.get("model", ""), messages=body.get("messages", []), stream=body.get("stream") is True,
+            **_parameters(body)))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = await _json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        return await _forward(lambda: client.completions.create(
+            model=body.get("model", ""), prompt=body.get("prompt", ""), stream=body.get("stream") is True,
+            **_parameters(body)))
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return await _forward(client.models.list)
+
+    return app
+
+
+def _parameters(body: dict[str, Any]) -> dict[str, Any]:
+    return {name: body[name] for name in _PARAMETERS if body.get(name) is not None}
+
+
+async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        return _error(413, "too_large", f"the request body exceeds {MAX_BODY_BYTES} bytes")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return _error(400, "invalid_json", "the request body is not valid JSON")
+    if not isinstance(body, dict):
+        return _error(400, "invalid_request", "the request body must be a JSON object")
+    return body
+
+
+async def _forward(call: Any) -> Any:
+    try:
+        result = await run_in_threadpool(call)
+    except VeilClientError as error:
+        return _client_error(error)
+    except (ValueError, TypeError):
+        return _error(400, "invalid_request", "the request is malformed; check model, messages or prompt, and the sampling values")
+    if isinstance(result, Stream):
+        return StreamingResponse(_sse(result), media_type="text/event-stream", headers={"cache-control": "no-store"})
+    return JSONResponse(result.to_dict())
+
+
+def _sse(stream: Stream) -> Iterator[bytes]:
+    """OpenAI's event stream; a failure mid-stream ends it with an error event instead of [DONE]."""
+    try:
+        for chunk in stream:
+            yield f"data: {json.dumps(chunk.to_dict(), separators=(',', ':'))}\n\n".encode()
+    except VeilClientError as error:
+        payload = {"error": {"code": _code(error), "message": str(error), "type": "veil_error"}}
+        yield f"data: {json.dumps(payload)}\n\n".encode()
+        return
+    finally:
+        stream.close()
+    yield b"data: [DONE]\n\n"
+
+
+def _client_error(error: VeilClientError) -> JSONResponse:
+    if isinstance(error, NodeError):
+        return _error(error.status if 400 <= error.status <= 599 else 502, error.code, str(error))
+    if isinstance(error, NoVerifiedNodeError):
+        return _error(503, "no_verified_node", str(error))
+    if isinstance(error, GatewayError):
+        status = error.status if error.status in (400, 404, 413, 429, 503) else 502
+        response = _error(status, error.code, str(error))
+        if error.retry_after is not None:
+            response.headers["retry-after"] = f"{error.retry_after:g}"
+        return response
+    return _error(502, _code(error), str(error))
+
+
+def _code(error: VeilClientError) -> str:
+    return getattr(error, "code", None) or _CODES.get(type(error).__name__, "client_error")
+
+
+_CODES = {"StreamTruncatedError": "stream_truncated", "ResponseIntegrityError": "response_integrity"}
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, "type": "veil_error"}}, status_code=status)
