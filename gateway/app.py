@@ -1,0 +1,245 @@
+"""The gateway's FastAPI application: directory, anonymous relay and router, nothing else.
+
+It never decrypts, never logs a client's address, header or body, and never
+lets one reach a node: handlers read only the body (and, for the raw OHTTP
+route, its media type) and build the node call from that alone. Every error
+is a fixed code and sentence. The directory is rendered once per pool change
+and served byte for byte the same to every caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Depends, FastAPI, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
+
+from audit.sink import AuditSink, open_sink
+from gateway.audit import GatewayAuditor
+from gateway.auth import Admission, authorize_anonymously
+from gateway.backpressure import InFlightLimiter
+from gateway.directory import DirectoryCache
+from gateway.errors import (
+    GatewayError,
+    MalformedRequestError,
+    MethodNotAllowedError,
+    NoCandidateError,
+    NotFoundError,
+    OverloadedError,
+    RequestTooLargeError,
+    UnsupportedMediaTypeError,
+)
+from gateway.forwarding import Forwarder, RelayedAnswer
+from gateway.keeper import PoolKeeper
+from gateway.models import (
+    NODE_ID_PATTERN,
+    RESPONSE_MEDIA_TYPES,
+    Candidate,
+    Directory,
+    ErrorBody,
+    InferBody,
+    parse_infer_body,
+    parse_register_body,
+)
+from gateway.pool import NodePool
+from gateway.results import ResultSigner
+from gateway.settings import GatewaySettings
+from policy import resolve_policy
+
+NODE_ID_HEADER = "veil-node-id"
+_NODE_ID = re.compile(NODE_ID_PATTERN.strip("^$"), re.ASCII)
+_ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 502, 503)}
+
+
+@dataclass(slots=True)
+class GatewayRuntime:
+    """Everything the handlers share; one per application."""
+
+    settings: GatewaySettings
+    pool: NodePool
+    keeper: PoolKeeper
+    forwarder: Forwarder
+    directory: DirectoryCache
+    auditor: GatewayAuditor
+    signer: ResultSigner
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    audit_sink: AuditSink | None = None,
+    routing_rng: random.Random | None = None,
+) -> FastAPI:
+    """The gateway application for `settings` (raises PolicyError/AuditSinkError on bad configuration).
+
+    `audit_sink` replaces the sink named by `settings.audit`; `routing_rng`
+    replaces the operating system's randomness, for seeded tests only.
+    """
+    runtime = _build_runtime(settings, audit_sink, routing_rng)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await runtime.keeper.start()
+        try:
+            yield
+        finally:
+            await runtime.keeper.stop()
+            runtime.auditor.close()
+
+    app = FastAPI(title="Veil gateway", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.runtime = runtime
+    _install_error_handlers(app)
+    _install_routes(app, runtime)
+    return app
+
+
+def _build_runtime(settings: GatewaySettings, audit_sink: AuditSink | None,
+                   routing_rng: random.Random | None) -> GatewayRuntime:
+    policy = resolve_policy(settings.policy)
+    signer = ResultSigner()
+    auditor = GatewayAuditor(audit_sink or open_sink(settings.audit), signer.gateway_id)
+    pool = NodePool(policy, signer, key_grace_s=settings.key_grace_s)
+    keeper = PoolKeeper(settings, pool, auditor)
+    limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_node, settings.retry_after_s)
+    forwarder = Forwarder(keeper, limiter, auditor, settings.first_byte_timeout_s, routing_rng)
+    return GatewayRuntime(settings, pool, keeper, forwarder, DirectoryCache(pool), auditor, signer)
+
+
+def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
+    settings = runtime.settings
+
+    @app.get("/v1/nodes", response_model=Directory, summary="The attested directory, the same for every caller")
+    async def directory() -> Response:
+        return Response(runtime.directory.render(), media_type="application/json")
+
+    @app.get("/v1/health", summary="Liveness and the number of admitted nodes")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "nodes": len(runtime.pool)}
+
+    @app.post("/v1/infer", responses=_ERRORS, openapi_extra=_body_schema(InferBody),
+              summary="Forward one of the client's encapsulations to a uniformly chosen healthy candidate")
+    async def infer(request: Request, _: Admission = Depends(authorize_anonymously)) -> Response:
+        body = await read_bounded(request, settings.max_body_bytes)
+        candidates = parse_infer_body(body, settings.max_candidates)
+        return relay_response(await runtime.forwarder.open(candidates))
+
+    @app.post("/v1/nodes/{node_id}/ohttp", responses=_ERRORS,
+              summary="Forward a standard RFC 9458 or chunked OHTTP request to one node")
+    async def ohttp(request: Request, node_id: str = Path(max_length=64),
+                    _: Admission = Depends(authorize_anonymously)) -> Response:
+        media_type = _request_media_type(request)
+        if not _is_node_id(node_id):
+            raise NoCandidateError("that path does not name an admitted node; fetch /v1/nodes")
+        body = await read_bounded(request, settings.max_body_bytes)
+        if not body:
+            raise MalformedRequestError("the body must be the encapsulated OHTTP request")
+        return relay_response(await runtime.forwarder.open((Candidate(node_id, media_type, body),)))
+
+    if settings.allow_registration:
+        @app.post("/v1/nodes/register", summary="A node asks to be attested and admitted")
+        async def register(request: Request) -> dict[str, Any]:
+            address = parse_register_body(await read_bounded(request, 4096))
+            admission = await runtime.keeper.register(address)
+            return {"node_id": admission.entry.node_id}
+
+
+class RelayResponse(StreamingResponse):
+    """Streams a node's answer and always closes the route, even if the client is gone before the start."""
+
+    def __init__(self, answer: RelayedAnswer) -> None:
+        headers = {NODE_ID_HEADER: answer.route.node_id, "cache-control": "no-store"}
+        super().__init__(answer.chunks(), media_type=answer.route.response_media_type, headers=headers)
+        self._answer = answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._answer.close()
+
+
+def relay_response(answer: RelayedAnswer) -> RelayResponse:
+    return RelayResponse(answer)
+
+
+async def read_bounded(request: Request, max_bytes: int) -> bytes:
+    """The request body, refusing (413) anything over `max_bytes` before or while reading it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
+        raise RequestTooLargeError(f"the body must be at most {max_bytes} bytes")
+    parts: list[bytes] = []
+    received = 0
+    async for part in request.stream():
+        received += len(part)
+        if received > max_bytes:
+            raise RequestTooLargeError(f"the body must be at most {max_bytes} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _request_media_type(request: Request) -> str:
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type not in RESPONSE_MEDIA_TYPES:
+        raise UnsupportedMediaTypeError("the content type must be message/ohttp-req or message/ohttp-chunked-req")
+    return media_type
+
+
+def _is_node_id(text: str) -> bool:
+    return _NODE_ID.fullmatch(text) is not None
+
+
+def _body_schema(model: type[InferBody]) -> dict[str, Any]:
+    """The OpenAPI request body for a model read by hand (so that its size is bounded first)."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": _inline(schema, definitions)}}}}
+
+
+def _inline(node: Any, definitions: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        reference = node.get("$ref")
+        if isinstance(reference, str) and reference.startswith("#/$defs/"):
+            return _inline(definitions[reference.removeprefix("#/$defs/")], definitions)
+        return {key: _inline(value, definitions) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inline(item, definitions) for item in node]
+    return node
+
+
+def error_response(error: GatewayError) -> JSONResponse:
+    """The JSON answer for `error`: its fixed code and message, plus Retry-After when overloaded."""
+    headers = {"retry-after": str(error.retry_after_s)} if isinstance(error, OverloadedError) else None
+    body = {"error": {"code": error.code, "message": error.message}}
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_: Request, error: GatewayError) -> JSONResponse:
+        return error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, __: RequestValidationError) -> JSONResponse:
+        # FastAPI's default answer quotes the offending input; ours never does.
+        return error_response(MalformedRequestError("the request does not follow the gateway's REST API"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code == 405:
+            return error_response(MethodNotAllowedError("this path does not accept that method"))
+        if error.status_code == 404:
+            return error_response(NotFoundError("no such path on this gateway"))
+        return error_response(MalformedRequestError("the request does not follow the gateway's REST API"))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, __: Exception) -> JSONResponse:
+        failure = GatewayError("the gateway failed to handle the request; retry later")
+        return error_response(failure)

@@ -1,0 +1,56 @@
+"""`veil gateway`: run the anonymizing gateway (FastAPI on uvicorn) in front of attested nodes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.settings import GatewaySettings
+
+DEFAULTS = GatewaySettings()
+
+
+def register(subparsers: Any) -> None:
+    """Add `veil gateway` to the command line."""
+    parser = subparsers.add_parser(
+        "gateway",
+        help="run the anonymizing gateway in front of attested nodes",
+        description="Admit nodes whose evidence verifies under the policy, publish the attested directory, "
+                    "and relay encrypted requests to a uniformly chosen candidate. No access log is kept.",
+    )
+    parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT to serve on (port 0 picks a free one)")
+    parser.add_argument("--node", action="append", default=[], metavar="HOST:PORT",
+                        help="a node's gRPC address to admit (repeat for several)")
+    parser.add_argument("--policy", default="strict", help="dev, strict or a policy file (default: strict)")
+    parser.add_argument("--port-file", type=Path, help="write the chosen port here once serving")
+    parser.add_argument("--audit", default="none", help="audit sink: stdout, file:PATH or none (default: none)")
+    parser.add_argument("--reattest-s", type=float, default=DEFAULTS.reattest_s, help="re-attest admitted nodes this often")
+    parser.add_argument("--health-s", type=float, default=DEFAULTS.health_s, help="health-check nodes this often")
+    parser.add_argument("--key-grace-s", type=float, default=DEFAULTS.key_grace_s,
+                        help="keep routing a node's old id this long after it rotates its key")
+    parser.add_argument("--max-in-flight", type=int, default=DEFAULTS.max_in_flight, help="bound on requests in flight")
+    parser.add_argument("--max-in-flight-per-node", type=int, default=DEFAULTS.max_in_flight_per_node,
+                        help="bound on requests in flight to one node")
+    parser.add_argument("--allow-registration", action="store_true",
+                        help="let nodes ask to join through POST /v1/nodes/register (each is attested first)")
+    parser.set_defaults(handler=run_gateway)
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    """Build the settings and serve until SIGINT/SIGTERM; exit 2 on a bad configuration."""
+    from gateway.errors import GatewayError
+    from gateway.serve import GatewayStartError, serve
+
+    try:
+        settings = GatewaySettings(
+            nodes=tuple(args.node), policy=args.policy, listen=args.listen, port_file=args.port_file,
+            audit=args.audit, allow_registration=args.allow_registration, reattest_s=args.reattest_s,
+            health_s=args.health_s, key_grace_s=args.key_grace_s, max_in_flight=args.max_in_flight,
+            max_in_flight_per_node=args.max_in_flight_per_node,
+        )
+        return serve(settings)
+    except (GatewayStartError, GatewayError) as error:
+        print(f"veil gateway: cannot start: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,122 @@
+"""The gateway's exception hierarchy.
+
+Every error that reaches a caller becomes `{"error": {"code", "message"}}`
+with the status below. Messages are fixed sentences: they say what was wrong
+and what to do, and never repeat anything the caller sent (a node id, a
+header, a byte of ciphertext), so a response can never reflect its request.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base of every gateway error; `status` and `code` are what the caller sees."""
+
+    status: int = 500
+    code: str = "gateway_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class MalformedRequestError(GatewayError):
+    """The request body does not follow the gateway's REST API."""
+
+    status = 400
+    code = "malformed"
+
+
+class NoCandidateError(GatewayError):
+    """None of the request's candidates is an admitted, healthy node."""
+
+    status = 404
+    code = "no_candidate"
+
+
+class NotFoundError(GatewayError):
+    """The path names nothing this gateway serves."""
+
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowedError(GatewayError):
+    """The path exists, but not for this HTTP method."""
+
+    status = 405
+    code = "method_not_allowed"
+
+
+class RequestTooLargeError(GatewayError):
+    """The request body is over the gateway's size bound."""
+
+    status = 413
+    code = "too_large"
+
+
+class UnsupportedMediaTypeError(GatewayError):
+    """A forwarded OHTTP request does not declare an OHTTP request media type."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
+class NodeFailedError(GatewayError):
+    """Every node tried failed before sending its first byte."""
+
+    status = 502
+    code = "node_failed"
+
+
+class OverloadedError(GatewayError):
+    """The gateway or the chosen node is at its in-flight bound; retry after `retry_after_s`."""
+
+    status = 503
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RegistrationError(GatewayError):
+    """A node asked to register and could not be admitted."""
+
+    status = 422
+    code = "registration_failed"
+
+
+class AdmissionError(GatewayError):
+    """A node's evidence or answers did not let it join the pool (never shown to clients)."""
+
+    code = "admission_failed"
+
+    def __init__(self, message: str, *, check: str = "admission") -> None:
+        super().__init__(message)
+        self.check = check
+
+
+class NodeUnreachableError(GatewayError):
+    """A node did not answer a call (attestation, health or inference)."""
+
+    status = 502
+    code = "node_unreachable"
+
+
+class GatewaySettingsError(GatewayError):
+    """The gateway's configuration is invalid (a bad address, bound or policy)."""
+
+    code = "settings"
+
+
+class NodeRejectedError(NodeUnreachableError):
+    """The node could not decapsulate the request (wrong or retired key, bad ciphertext)."""
+
+    code = "node_rejected"
+
+
+class NodeBusyError(NodeUnreachableError):
+    """The node is at its own capacity and refused the request."""
+
+    code = "node_busy"

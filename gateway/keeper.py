@@ -1,0 +1,166 @@
+"""Keeps the pool true: admits nodes, re-attests them on a timer, health-checks and evicts them.
+
+Runs in the gateway's event loop. Each round (every `health_s`) it evicts
+expired evidence, health-checks every admitted node (evicting the silent and
+the draining, re-attesting at once a node whose id changed because it rotated
+its key), re-attests nodes whose timer is due, and retries admission of every
+known node that is not in the pool. Evidence is verified off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from audit.events import EvictionReason
+from gateway.audit import GatewayAuditor
+from gateway.errors import AdmissionError, NodeUnreachableError, RegistrationError
+from gateway.node_client import NodeClient
+from gateway.pool import Admission, Eviction, HealthVerdict, NodePool, eviction_reason
+from gateway.settings import GatewaySettings, parse_address
+
+_log = logging.getLogger("veil.gateway")
+MAX_KNOWN_NODES = 1024
+_VERDICT_REASONS = {HealthVerdict.UNREACHABLE: EvictionReason.UNREACHABLE, HealthVerdict.DRAINED: EvictionReason.DRAINED}
+
+
+class PoolKeeper:
+    """Owns the node channels and every change to the pool."""
+
+    def __init__(self, settings: GatewaySettings, pool: NodePool, auditor: GatewayAuditor) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.auditor = auditor
+        self._known: list[str] = list(dict.fromkeys(settings.nodes))
+        self._clients: dict[str, NodeClient] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._refusals: dict[str, str] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def client(self, address: str) -> NodeClient:
+        """The channel to `address` (created on first use)."""
+        client = self._clients.get(address)
+        if client is None:
+            client = self._clients[address] = NodeClient(address, max_request_bytes=self.settings.max_body_bytes)
+        return client
+
+    async def start(self) -> None:
+        """Try to admit the configured nodes (bounded wait), then run the upkeep loop."""
+        if self._known:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.run_round(), self.settings.startup_admission_s)
+        self._task = asyncio.create_task(self._loop(), name="veil-gateway-keeper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+    async def run_round(self) -> None:
+        """One upkeep round over every known node."""
+        for eviction in self.pool.expire():
+            self._record(eviction)
+        due = set(self.pool.reattestation_due(self.settings.reattest_s, margin_s=2 * self.settings.health_s))
+        await asyncio.gather(*(self._upkeep(address, address in due) for address in list(self._known)))
+
+    async def admit(self, address: str) -> Admission:
+        """Attest `address` with a fresh nonce and admit it, or raise (evicting it if it was admitted)."""
+        async with self._lock_for(address):
+            return await self._attest(address)
+
+    async def register(self, address: str) -> Admission:
+        """Admit a node that asked to join; remember it for upkeep only once it verified."""
+        parse_address(address)
+        if address not in self._known and len(self._known) >= MAX_KNOWN_NODES:
+            raise RegistrationError("this gateway knows as many nodes as it can keep; register later")
+        try:
+            admission = await self.admit(address)
+        except (AdmissionError, NodeUnreachableError):
+            raise RegistrationError("the node could not be attested and admitted; check its evidence and policy") from None
+        if address not in self._known:
+            self._known.append(address)
+        return admission
+
+    def report_failure(self, address: str) -> None:
+        """An inference failed at `address`: evict it until a fresh attestation readmits it."""
+        self._evict(address, EvictionReason.UNREACHABLE)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.health_s)
+            try:
+                await self.run_round()
+            except Exception:  # the loop must outlive any one round's surprise
+                _log.exception("veil gateway: pool upkeep round failed; retrying next round")
+
+    async def _upkeep(self, address: str, reattest_due: bool) -> None:
+        lock = self._lock_for(address)
+        if lock.locked():
+            return  # an admission is already under way there
+        async with lock:
+            if self.pool.entry_at(address) is None:
+                await self._try_attest(address)
+                return
+            verdict = await self._health(address)
+            if verdict in _VERDICT_REASONS:
+                self._evict(address, _VERDICT_REASONS[verdict])
+            elif verdict is HealthVerdict.KEY_ROTATED or reattest_due:
+                await self._try_attest(address)
+
+    async def _health(self, address: str) -> HealthVerdict:
+        try:
+            report = await self.client(address).health(self.settings.health_timeout_s)
+        except NodeUnreachableError:
+            report = None
+        return self.pool.judge_health(address, report)
+
+    async def _try_attest(self, address: str) -> None:
+        with contextlib.suppress(AdmissionError, NodeUnreachableError):
+            await self._attest(address)
+
+    async def _attest(self, address: str) -> Admission:
+        was_admitted = self.pool.entry_at(address) is not None
+        nonce = self.pool.challenge(address)
+        try:
+            answer = await self.client(address).attest(nonce, self.settings.attest_timeout_s)
+            admission = await asyncio.to_thread(self.pool.admit, address, answer.evidence, answer.capacity)
+        except AdmissionError as error:
+            self._refused(address, error, was_admitted)
+            raise
+        except NodeUnreachableError:
+            self._evict(address, EvictionReason.UNREACHABLE)
+            raise
+        self._refusals.pop(address, None)
+        if not was_admitted or admission.previous_id is not None:
+            self.auditor.admitted(admission)
+            _log.info("veil gateway: admitted node %s… at %s", admission.entry.node_id[:12], address)
+        return admission
+
+    def _refused(self, address: str, error: AdmissionError, was_admitted: bool) -> None:
+        if was_admitted:
+            self._evict(address, eviction_reason(error))
+        elif self._refusals.get(address) != error.message:
+            # Said once per reason, not every round, while the node keeps failing the same way.
+            self._refusals[address] = error.message
+            _log.warning("veil gateway: node at %s not admitted: %s", address, error.message)
+
+    def _evict(self, address: str, reason: EvictionReason) -> None:
+        eviction = self.pool.evict(address, reason)
+        if eviction is not None:
+            self._record(eviction)
+
+    def _record(self, eviction: Eviction) -> None:
+        self.auditor.evicted(eviction)
+        _log.warning("veil gateway: evicted node %s… at %s (%s)", eviction.node_id[:12], eviction.address,
+                     eviction.reason.value)
+
+    def _lock_for(self, address: str) -> asyncio.Lock:
+        lock = self._locks.get(address)
+        if lock is None:
+            lock = self._locks[address] = asyncio.Lock()
+        return lock

@@ -1,0 +1,121 @@
+"""The gateway's side of the node's gRPC service: Attest, Infer and Health, nothing else.
+
+Every call is built from the gateway's own values only — a nonce it drew, or
+the one candidate's media type and ciphertext — and carries no metadata: no
+client header, cookie, address or token ever reaches a node. The channel adds
+only gRPC's own fixed fields (content type, user agent `veil-gateway`, timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+
+from enclave.proto import node_pb2, node_pb2_grpc
+from gateway.errors import NodeBusyError, NodeRejectedError, NodeUnreachableError
+from gateway.pool import HealthReport
+
+_MiB = 1024 * 1024
+_NO_METADATA: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AttestAnswer:
+    """A node's evidence bundle (JSON text) and its capacity."""
+
+    evidence: str
+    capacity: int
+
+
+class NodeClient:
+    """One node's gRPC channel."""
+
+    def __init__(self, address: str, *, max_request_bytes: int) -> None:
+        self.address = address
+        options = [
+            ("grpc.primary_user_agent", "veil-gateway"),
+            ("grpc.enable_http_proxy", 0),  # never hand node traffic to a proxy from the environment
+            ("grpc.max_send_message_length", max_request_bytes + _MiB),
+            ("grpc.max_receive_message_length", 64 * _MiB),
+        ]
+        self._channel = grpc.aio.insecure_channel(address, options=options)
+        self._stub = node_pb2_grpc.NodeStub(self._channel)
+
+    async def attest(self, nonce: bytes, timeout_s: float) -> AttestAnswer:
+        """The node's evidence bound to `nonce`."""
+        try:
+            answer = await self._stub.Attest(node_pb2.AttestRequest(nonce=nonce), timeout=timeout_s, metadata=_NO_METADATA)
+        except grpc.aio.AioRpcError:
+            raise NodeUnreachableError("the node did not answer the attestation request") from None
+        return AttestAnswer(answer.evidence_bundle, answer.capacity)
+
+    async def health(self, timeout_s: float) -> HealthReport:
+        """The node's health answer."""
+        try:
+            answer = await self._stub.Health(node_pb2.HealthRequest(), timeout=timeout_s, metadata=_NO_METADATA)
+        except grpc.aio.AioRpcError:
+            raise NodeUnreachableError("the node did not answer the health check") from None
+        return HealthReport(answer.serving, answer.in_flight, answer.capacity, answer.node_id)
+
+    async def open_infer(self, media_type: str, encapsulated: bytes, first_byte_timeout_s: float) -> InferStream:
+        """Start `Node.Infer` and wait for its first bytes; raise before any byte is returned."""
+        request = node_pb2.InferRequest(media_type=media_type, encapsulated=encapsulated)
+        call = self._stub.Infer(request, metadata=_NO_METADATA)
+        stream = InferStream(call)
+        try:
+            await asyncio.wait_for(stream.read_first(), first_byte_timeout_s)
+        except TimeoutError:
+            call.cancel()
+            raise NodeUnreachableError("the node sent nothing before the first-byte deadline") from None
+        except BaseException:
+            call.cancel()
+            raise
+        return stream
+
+    async def close(self) -> None:
+        await self._channel.close(grace=None)
+
+
+class InferStream:
+    """The node's encrypted answer: its first bytes (already received), then the rest."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self._call = call
+        self.first = b""
+
+    async def read_first(self) -> None:
+        while not self.first:
+            chunk = await self._read()
+            if chunk is None:
+                raise NodeUnreachableError("the node ended its answer without sending anything")
+            self.first = chunk
+
+    async def rest(self) -> AsyncIterator[bytes]:
+        """The bytes after the first; a failure here simply ends the iteration with an error."""
+        while (chunk := await self._read()) is not None:
+            if chunk:
+                yield chunk
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    async def _read(self) -> bytes | None:
+        try:
+            message = await self._call.read()
+        except grpc.aio.AioRpcError as error:
+            raise _classify(error.code()) from None
+        if message is grpc.aio.EOF:
+            return None
+        return bytes(message.data)
+
+
+def _classify(code: grpc.StatusCode) -> NodeUnreachableError:
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return NodeRejectedError("the node could not decapsulate the request")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return NodeBusyError("the node is at its capacity")
+    return NodeUnreachableError("the node failed while answering")

@@ -1,0 +1,77 @@
+"""The gateway's configuration: one frozen dataclass, filled from the command line or by tests."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.errors import GatewaySettingsError
+
+_ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})", re.ASCII)
+MAX_CANDIDATES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """Everything `gateway.app.create_app` needs.
+
+    `nodes` are `host:port` addresses of node gRPC services to admit at start
+    and to keep re-admitting after an eviction. Bounds on in-flight requests
+    make overload an immediate 503 with `Retry-After`, never a queue.
+    """
+
+    nodes: tuple[str, ...] = ()
+    policy: str = "strict"
+    listen: str = "127.0.0.1:0"
+    port_file: Path | None = None
+    audit: str = "none"
+    allow_registration: bool = False
+    # Re-attest every admitted node this often, with a fresh nonce.
+    reattest_s: float = 60.0
+    # Health-check admitted nodes, and retry admission of absent ones, this often.
+    health_s: float = 2.0
+    # After a node rotates its key, its old id keeps routing to it this long
+    # (the node honours its previous key for the same grace period).
+    key_grace_s: float = 300.0
+    max_in_flight: int = 256
+    max_in_flight_per_node: int = 64
+    retry_after_s: int = 1
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_candidates: int = MAX_CANDIDATES
+    attest_timeout_s: float = 10.0
+    health_timeout_s: float = 2.0
+    # How long the first byte of an answer may take before the node counts as failed.
+    first_byte_timeout_s: float = 120.0
+    # How long startup waits for the configured nodes' first admission.
+    startup_admission_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        for address in self.nodes:
+            parse_address(address)
+        parse_address(self.listen)
+        _require_positive("reattest_s", self.reattest_s)
+        _require_positive("health_s", self.health_s)
+        _require_positive("attest_timeout_s", self.attest_timeout_s)
+        _require_positive("health_timeout_s", self.health_timeout_s)
+        _require_positive("first_byte_timeout_s", self.first_byte_timeout_s)
+        if self.key_grace_s < 0 or self.startup_admission_s < 0:
+            raise GatewaySettingsError("key_grace_s and startup_admission_s must not be negative")
+        for name in ("max_in_flight", "max_in_flight_per_node", "retry_after_s", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise GatewaySettingsError(f"{name} must be at least 1")
+        if not 1 <= self.max_candidates <= MAX_CANDIDATES:
+            raise GatewaySettingsError(f"max_candidates must be between 1 and {MAX_CANDIDATES}")
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split `host:port`, or raise GatewaySettingsError saying what form is expected."""
+    match = _ADDRESS.fullmatch(address)
+    if match is None or not 0 <= int(match["port"]) <= 65535:
+        raise GatewaySettingsError("a node or listen address must look like HOST:PORT (for example 127.0.0.1:7001)")
+    return match["host"].strip("[]"), int(match["port"])
+
+
+def _require_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise GatewaySettingsError(f"{name} must be a positive number of seconds")
