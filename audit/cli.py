@@ -45,8 +45,9 @@ def _register_routes(reports: Any) -> None:
     routes.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the report")
     routes.add_argument("--capacity", action="append", default=[], metavar="NODE=CAP",
                         help="capacity of a node (overrides node_admitted events); repeatable")
-    routes.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
-    routes.add_argument("--windows", type=int, default=10, help="time windows for the p-value plot (default 10)")
+    routes.add_argument("--alpha", type=_probability, default=0.01, help="significance level (default 0.01)")
+    routes.add_argument("--windows", type=_positive_int, default=10,
+                        help="time windows for the p-value plot (default 10)")
     routes.set_defaults(handler=_report_routes)
 
 
@@ -54,8 +55,24 @@ def _register_residue(reports: Any) -> None:
     residue = reports.add_parser("residue", help="residue report from node zeroing events")
     residue.add_argument("files", nargs="+", metavar="FILE", help="node audit JSON lines files")
     residue.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the report")
-    residue.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (default 16)")
+    residue.add_argument("--block-size", type=_positive_int, default=16, help="KV block size in tokens (default 16)")
     residue.set_defaults(handler=_report_residue)
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError("must be a number between 0 and 1, e.g. 0.01")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError("must be a whole number of at least 1")
+    return int(text)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -110,6 +127,8 @@ def _report_routes(args: argparse.Namespace) -> int:
         written = write_routes_report(report, args.out)
     except AuditError as error:
         return _fail(error)
+    except OSError as error:
+        return _fail(f"cannot write the report into {args.out} ({error.strerror})")
     except ImportError as error:
         return _missing_extra(error)
     print(f"routes report: {written.markdown} and {written.html} "
@@ -130,6 +149,8 @@ def _report_residue(args: argparse.Namespace) -> int:
         written = write_residue_report(report, args.out)
     except AuditError as error:
         return _fail(error)
+    except OSError as error:
+        return _fail(f"cannot write the report into {args.out} ({error.strerror})")
     except ImportError as error:
         return _missing_extra(error)
     print(f"residue report: {written.markdown} and {written.html} "
@@ -137,7 +158,7 @@ def _report_residue(args: argparse.Namespace) -> int:
     return EXIT_OK if written.passed else EXIT_RED_LINE
 
 
-def _fail(error: Exception) -> int:
+def _fail(error: Exception | str) -> int:
     print(f"veil audit: {error}", file=sys.stderr)
     return EXIT_BAD_INPUT
 

@@ -76,3 +76,30 @@ def test_capacity_arguments_are_validated():
 def test_bare_audit_command_prints_usage(capsys):
     assert veil_audit([]) == 2
     assert "summary" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["report", "routes", "x.jsonl", "--out", "d", "--alpha", "1.5"],
+    ["report", "routes", "x.jsonl", "--out", "d", "--windows", "0"],
+    ["report", "residue", "x.jsonl", "--out", "d", "--block-size", "-4"],
+    ["report", "residue", "x.jsonl"],  # --out is required
+])
+def test_report_options_are_checked(argv, capsys):
+    with pytest.raises(SystemExit) as exited:
+        veil_audit(argv)
+    assert exited.value.code == 2
+
+
+def test_an_unwritable_report_directory_exits_2(tmp_path, capsys):
+    write_events(tmp_path / "a.jsonl", [BlocksZeroed(NODE_A, step=1, blocks=1, residue_blocks=0)])
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    assert veil_audit(["report", "residue", str(tmp_path / "a.jsonl"), "--out", str(blocker)]) == 2
+    assert "cannot write the report" in capsys.readouterr().err
+
+
+def test_the_veil_command_line_includes_audit():
+    from client.cli import build_parser
+
+    args = build_parser().parse_args(["audit", "report", "routes", "g.jsonl", "--out", "r", "--capacity", f"{NODE_A}=3"])
+    assert args.handler.__module__ == "audit.cli" and args.capacity == [f"{NODE_A}=3"]

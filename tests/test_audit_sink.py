@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import stat
 import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import pytest
 
