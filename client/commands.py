@@ -101,8 +101,11 @@ def _ask(client: Any, model: str, args: argparse.Namespace) -> Any:
         return stream.route
 
 
-def describe_route(route: Any) -> str:
-    """What was verified about each candidate, and which node served (no content, only identifiers)."""
+def describe_route(route: Any, compact: bool = False) -> str:
+    """What was verified about each candidate, and which node served (no content, only identifiers).
+
+    `compact` lists every check of the serving node only, one line for each other candidate.
+    """
     lines = [f"verified under policy {route.policy_name!r}; served by node {(route.node_id or '?')[:16]}"]
     for record in route.candidates:
         mark = "served" if record.node_id == route.node_id else "candidate"
@@ -111,7 +114,10 @@ def describe_route(route: Any) -> str:
             continue
         node = record.verified
         kind = "SIMULATED " if node.simulated else ""
-        lines.append(f"  node {record.node_id[:16]} ({mark}): {kind}{node.backend} evidence, capacity {record.capacity}")
+        lines.append(f"  node {record.node_id[:16]} ({mark}): {kind}{node.backend} evidence, capacity {record.capacity}"
+                     + (f", all {len(node.checks)} checks passed" if compact and mark == "candidate" else ""))
+        if compact and mark == "candidate":
+            continue
         lines += [f"    {'ok ' if c.passed else '-- '} {c.name}: {c.detail}" for c in node.checks]
     return "\n".join(lines)
 

@@ -74,7 +74,7 @@ def _requests(client: Client) -> None:
         print(f"\n  served by node {stream.route.node_id[:16]} "
               f"(chosen by the gateway among {_verified(stream.route)} verified candidate(s))\n")
     print("what the client verified itself for chat #1 (never trusting the gateway):")
-    print(describe_route(first_route))
+    print(describe_route(first_route, compact=True))
 
 
 def _show(label: str, prompt: str, text: str, route: object) -> None:

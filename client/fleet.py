@@ -57,6 +57,8 @@ class FleetSettings:
     torch_threads: int | None = None  # per node; None keeps torch's default
     start_timeout_s: float = 120.0
     extra_node_args: tuple[str, ...] = ()
+    # More node addresses for the gateway to admit (nodes started elsewhere); not waited for.
+    extra_gateway_nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 32:
@@ -84,10 +86,12 @@ class _Paths:
     logs: Path = field(init=False)
     audit: Path = field(init=False)
     run: Path = field(init=False)
+    tmp: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.logs, self.audit, self.run = self.root / "logs", self.root / "audit", self.root / "run"
-        for folder in (self.logs, self.audit, self.run):
+        self.tmp = self.root / "tmp"  # every process's TMPDIR, so that tests can inspect what lands there
+        for folder in (self.logs, self.audit, self.run, self.tmp):
             folder.mkdir(parents=True, exist_ok=True)
 
 
@@ -118,7 +122,7 @@ class Fleet:
                 node.port = self._wait_for_port(node, deadline)
             self.gateway = self._start_gateway()
             self.gateway.port = self._wait_for_port(self.gateway, deadline)
-            self.wait_for_pool(self.settings.nodes, deadline - time.monotonic())
+            self.wait_for_pool(self.settings.nodes, deadline - time.monotonic(), at_least=True)
         except BaseException:
             self.stop()
             raise
@@ -171,19 +175,28 @@ class Fleet:
         node.popen.kill()
         node.popen.wait()
 
+    def node_index(self, node_id: str) -> int:
+        """Which node process announced `node_id` when it started (from its audit file)."""
+        for index in range(len(self.nodes)):
+            path = self.paths.audit / f"node-{index}.jsonl"
+            if path.is_file() and f'"node_id":"{node_id}"' in path.read_text(encoding="ascii").replace(" ", ""):
+                return index
+        raise FleetError("no node of this fleet announced that node id")
+
     def pool_size(self) -> int:
         """How many nodes the gateway's pool holds now."""
         response = httpx.get(f"{self.gateway_url}/v1/health", timeout=5.0)
         response.raise_for_status()
         return int(response.json()["nodes"])
 
-    def wait_for_pool(self, size: int, timeout_s: float = 30.0) -> None:
-        """Wait until the gateway's pool holds exactly `size` nodes."""
+    def wait_for_pool(self, size: int, timeout_s: float = 30.0, at_least: bool = False) -> None:
+        """Wait until the gateway's pool holds exactly `size` nodes (or at least `size`)."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
         while True:
             self._check_alive()
             try:
-                if self.pool_size() == size:
+                pool = self.pool_size()
+                if pool == size or (at_least and pool > size):
                     return
             except (httpx.HTTPError, KeyError, ValueError):
                 pass
@@ -197,6 +210,7 @@ class Fleet:
         env = dict(os.environ, **self.environment)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
+        env["TMPDIR"] = str(self.paths.tmp)
         if self.settings.torch_threads is not None:
             env["OMP_NUM_THREADS"] = str(self.settings.torch_threads)
         return env
@@ -238,8 +252,8 @@ class Fleet:
             "--port-file", str(self.paths.run / "gateway.port"),
             "--audit", f"file:{self.paths.audit / 'gateway.jsonl'}",
         ]
-        for node in self.nodes:
-            arguments += ["--node", f"127.0.0.1:{node.port}"]
+        for address in [f"127.0.0.1:{node.port}" for node in self.nodes] + list(s.extra_gateway_nodes):
+            arguments += ["--node", address]
         arguments += _optional("--reattest-s", s.reattest_s) + _optional("--health-s", s.health_s)
         arguments += _optional("--key-grace-s", s.key_grace_s)
         return self._spawn("gateway", arguments)
