@@ -104,15 +104,18 @@ class Choice:
 
     enum_type: type[enum.Enum]
     description: str
+    by_value: dict[str, enum.Enum] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_value", {member.value: member for member in self.enum_type})
 
     def check(self, value: Any, where: str) -> enum.Enum:
         if type(value) is self.enum_type:
             return value
-        if type(value) is str:
-            for member in self.enum_type:
-                if member.value == value:
-                    return member
-        raise _reject(where, f"a member of {self.enum_type.__name__}")
+        member = self.by_value.get(value) if type(value) is str else None
+        if member is None:
+            raise _reject(where, f"a member of {self.enum_type.__name__}")
+        return member
 
     def json_schema(self) -> dict[str, Any]:
         return {"enum": [member.value for member in self.enum_type], "description": self.description}
