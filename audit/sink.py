@@ -124,6 +124,7 @@ class JsonLinesSink:
         self._dropped_total = 0
         self._dropped_reported = 0
         self._closed = False
+        self._unflushed = False  # touched by the writer thread only
         self._writer = threading.Thread(target=self._write_loop, name="veil-audit-writer", daemon=True)
         self._writer.start()
         # Interpreter exit without close() would otherwise lose up to a second of events.
@@ -199,6 +200,7 @@ class JsonLinesSink:
         line = _COMPACT_JSON.encode(record_of_validated(event, now)) + "\n"
         try:
             self._stream.write(line)
+            self._unflushed = True
         except (OSError, ValueError):
             # A failing disk or a closed stream must not kill the writer: the
             # event is lost, and counted like any other drop.
@@ -206,6 +208,9 @@ class JsonLinesSink:
 
     def _flush_stream(self) -> None:
         self._report_drops()
+        if not self._unflushed:
+            return  # an idle sink does not fsync every second
+        self._unflushed = False
         try:
             self._stream.flush()
             if self._owns_stream:
