@@ -26,7 +26,7 @@ def request(node_id: str, prompt_tokens: int, status: str = "ok") -> RequestFini
 
 
 def healthy_node(node_id: str) -> list:
-    # Two requests of 40 and 100 prompt tokens: at least 2 + 4 = 6 blocks of 16 (bucket lower bounds 16 and 64).
+    # Two requests of 40 and 100 prompt tokens: at least 1 + 4 = 5 blocks of 16 (bucket lower bounds 16 and 64).
     return [NodeStarted(node_id, POLICY, "0.1.0", "sim"),
             request(node_id, 40), BlocksZeroed(node_id, step=3, blocks=3, residue_blocks=0),
             request(node_id, 100), BlocksZeroed(node_id, step=9, blocks=7, residue_blocks=0),
