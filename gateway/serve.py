@@ -51,7 +51,7 @@ def serve(settings: GatewaySettings) -> int:
     if app.state.runtime.pool.policy.is_development:
         print(f"veil gateway: WARNING policy {app.state.runtime.pool.policy.name!r} admits nodes with SIMULATED "
               "attestation; nothing protects user data on them. Development only.", file=sys.stderr)
-    sock = _bind(settings.listen)
+    sock = bind_listener(settings.listen)
     server = uvicorn.Server(uvicorn.Config(app, **uvicorn_config_options()))
     return asyncio.run(_serve(server, sock, settings.port_file))
 
@@ -71,10 +71,13 @@ async def _serve(server: object, sock: socket.socket, port_file: Path | None) ->
     return 0
 
 
-def _bind(listen: str) -> socket.socket:
+def bind_listener(listen: str) -> socket.socket:
+    """A listening TCP socket on `listen` (HOST:PORT; port 0 picks a free one)."""
     host, port = parse_address(listen)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (accepted
+    # sockets inherit it), and without it every response waits ~40 ms on a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +30,7 @@ from attestation.verifier import node_id_for
 from audit.sink import MemorySink
 from enclave.proto import node_pb2, node_pb2_grpc
 from gateway.app import create_app
-from gateway.serve import uvicorn_config_options
+from gateway.serve import bind_listener, uvicorn_config_options
 from gateway.settings import GatewaySettings
 from ohttp.keys import KeyPair, generate_key_pair
 from policy import shipped_policy
@@ -164,8 +163,7 @@ class LiveGateway:
         self.audit = MemorySink()
         self.app = create_app(settings, audit_sink=self.audit, routing_rng=rng)
         self.runtime = self.app.state.runtime
-        self._socket = socket.socket()
-        self._socket.bind(("127.0.0.1", 0))
+        self._socket = bind_listener("127.0.0.1:0")
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(self.app, **uvicorn_config_options()))
