@@ -195,3 +195,13 @@ def tiny_engine(**config) -> LLMEngine:
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
     return tiny_model_dir()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """These models are tiny: extra intra-op threads only add synchronisation, and on a busy two-core
+    machine they oversubscribe it and make every step several times slower. Restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine
-from tests.engine_models import (
+from tests.engine_models import (  # noqa: F401 (fixtures)
+    one_torch_thread,
     REFERENCE_NAMES,
     build_hf_model,
     greedy,
