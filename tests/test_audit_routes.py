@@ -194,3 +194,17 @@ def test_decisions_that_reached_no_node_are_counted_but_not_tested(tmp_path):
     assert written.passed == (not report.rejected)
     for image in written.images:
         assert_png(image)
+
+
+def test_skewed_candidate_draws_are_told_apart_from_a_biased_gateway(tmp_path):
+    """Clients drawing candidates one weighted draw at a time without replacement over-include small
+    nodes; an honest gateway's uniform pick then misses C/ΣC, and the report says where the skew is."""
+    rng = np.random.default_rng(6)
+    share = CAPACITIES / CAPACITIES.sum()
+    candidates = np.array([rng.choice(NODES, CANDIDATES, replace=False, p=share) for _ in range(30_000)])
+    chosen = candidates[np.arange(len(candidates)), rng.integers(0, CANDIDATES, len(candidates))]
+    report = build_routes_report([AuditRecord(0, event) for event in route_events(candidates, chosen)])
+    assert report.rejected and report.capacity.p_value < 0.01
+    assert report.candidates.p_value > 0.01
+    markdown = write_routes_report(report, tmp_path).markdown.read_text()
+    assert "comes from how candidates are drawn" in markdown

@@ -128,6 +128,10 @@ def _verdict(doc: Document, report: RoutesReport) -> None:
     if report.rejected:
         doc.verdict(f"Routing deviates from capacity-weighted uniform choice (p < {report.alpha}): "
                     "some nodes receive more requests than their capacity entitles them to.", passed=False)
+        if report.candidates is not None and report.candidates.p_value >= report.alpha:
+            doc.warning("The gateways' picks are uniform among the candidates they were given, so the deviation "
+                        "comes from how candidates are drawn: each node must be a candidate with probability "
+                        "K·C/ΣC for a uniform pick among K to give it exactly C/ΣC.")
     else:
         doc.verdict(f"Routing is consistent with capacity-weighted uniform choice (no test rejects at "
                     f"alpha = {report.alpha}).", passed=True)
