@@ -1,0 +1,127 @@
+"""The SDK sends nothing to a node it has not verified: checked against a real HTTP server that
+lists real simulated evidence and counts every byte posted to its infer endpoint."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request, Response
+
+from attestation.backends.sim import SimBackend
+from attestation.measurement import Measurement
+from attestation.sim_root import ROOT_DIR_ENV
+from attestation.verifier import node_id_for
+from client.errors import GatewayError, NoVerifiedNodeError
+from client.sdk import Client
+from ohttp import generate_key_pair
+from policy import shipped_policy
+
+
+@dataclass
+class StandIn:
+    """A gateway stand-in: a fixed directory, and a record of what reached /v1/infer."""
+
+    directory: dict
+    infer_bodies: list[bytes] = field(default_factory=list)
+    url: str = ""
+
+
+def _node(root: Path) -> dict:
+    config = generate_key_pair(1).config.encode()
+    measurement = Measurement(secrets.token_bytes(32), shipped_policy("dev").digest, secrets.token_bytes(32))
+    bundle = SimBackend(root).collect(config, measurement, secrets.token_bytes(32))
+    return {"node_id": node_id_for(config, measurement), "key_config": base64.b64encode(config).decode(),
+            "evidence": bundle.to_json(), "capacity": 4, "attestation_result": ""}
+
+
+def _app(stand_in: StandIn) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/v1/nodes")
+    def nodes() -> dict:
+        return stand_in.directory
+
+    @app.post("/v1/infer")
+    async def infer(request: Request) -> Response:
+        stand_in.infer_bodies.append(await request.body())
+        return Response('{"error": {"code": "overloaded", "message": "busy"}}', status_code=503,
+                        media_type="application/json", headers={"retry-after": "2"})
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIn]:
+    root = tmp_path_factory.mktemp("refusal")
+    trusted, untrusted = _node(root / "trusted-root"), _node(root / "other-root")
+    server_state = StandIn({"version": 1, "nodes": [trusted, untrusted], "policy_digest": ""})
+    server = uvicorn.Server(uvicorn.Config(_app(server_state), host="127.0.0.1", port=0, log_level="warning",
+                                           access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    server_state.url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    previous = os.environ.get(ROOT_DIR_ENV)
+    os.environ[ROOT_DIR_ENV] = str(root / "trusted-root")
+    try:
+        yield server_state
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        if previous is None:
+            os.environ.pop(ROOT_DIR_ENV, None)
+        else:
+            os.environ[ROOT_DIR_ENV] = previous
+
+
+def _ask(client: Client) -> None:
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "secret question"}])
+
+
+def test_nothing_is_sent_when_no_candidate_verifies(stand_in: StandIn) -> None:
+    before = len(stand_in.infer_bodies)
+    with Client(stand_in.url, policy="strict") as client, pytest.raises(NoVerifiedNodeError) as caught:
+        _ask(client)
+    assert len(stand_in.infer_bodies) == before
+    failures = caught.value.failures
+    assert len(failures) == 2 and {f.check for f in failures} == {"simulated"}
+    assert "secret question" not in str(caught.value) and "nothing was sent" in str(caught.value)
+
+
+def test_only_verified_candidates_are_encrypted_to(stand_in: StandIn) -> None:
+    trusted, untrusted = (node["node_id"] for node in stand_in.directory["nodes"])
+    before = len(stand_in.infer_bodies)
+    with Client(stand_in.url, policy="dev") as client, pytest.raises(GatewayError) as caught:
+        _ask(client)
+    assert caught.value.status == 503 and caught.value.code == "overloaded" and caught.value.retry_after == 2.0
+    [body] = stand_in.infer_bodies[before:]
+    candidates = json.loads(body)["candidates"]
+    assert [c["node_id"] for c in candidates] == [trusted]
+    assert untrusted not in body.decode()
+    assert b"secret question" not in body
+
+
+def test_a_directory_that_lies_about_node_ids_is_refused(stand_in: StandIn) -> None:
+    original = stand_in.directory
+    swapped = [dict(node) for node in original["nodes"]]
+    swapped[0]["node_id"], swapped[1]["node_id"] = swapped[1]["node_id"], swapped[0]["node_id"]
+    stand_in.directory = {**original, "nodes": swapped}
+    before = len(stand_in.infer_bodies)
+    try:
+        with Client(stand_in.url, policy="dev") as client, pytest.raises(NoVerifiedNodeError) as caught:
+            _ask(client)
+    finally:
+        stand_in.directory = original
+    assert len(stand_in.infer_bodies) == before
+    assert {f.check for f in caught.value.failures} == {"directory", "chain"}
