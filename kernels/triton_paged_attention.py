@@ -43,6 +43,19 @@ def _load_tile(cache_ptr, table_row_ptr, positions, in_range, kv_head, dims, num
     return tl.load(cache_ptr + offsets[:, None] + dims[None, :], mask=mask, other=0.0)
 
 
+# Reductions go through tl.reduce with Triton's own combine functions rather than tl.max / tl.sum (and
+# tl.full replaces tl.zeros): the same code when compiled, and the interpreter then runs them even when
+# `triton` itself was imported before TRITON_INTERPRET was set (as importing transformers' models does).
+@triton.jit
+def _max(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, tl.standard._elementwise_max)
+
+
+@triton.jit
+def _sum(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, tl.standard._sum_combine)
+
+
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """a @ b accumulated in float32. UPCAST multiplies in float32: the interpreter cannot multiply bfloat16."""
@@ -80,8 +93,8 @@ def _decode_kernel(
 
     table_row_ptr = block_tables_ptr + seq.to(tl.int64) * table_stride
     running_max = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-    running_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, DIM_PAD], dtype=tl.float32)
+    running_sum = tl.full([GROUP_PAD], 0.0, dtype=tl.float32)
+    acc = tl.full([GROUP_PAD, DIM_PAD], 0.0, dtype=tl.float32)
     for tile_start in range(start, end, TILE):
         positions = tile_start + tl.arange(0, TILE)
         in_range = positions < end
@@ -89,10 +102,10 @@ def _decode_kernel(
                        BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
         scores = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale_log2
         scores = tl.where(in_range[None, :], scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        new_max = tl.maximum(running_max, _max(scores, 1))
         probs = tl.exp2(scores - new_max[:, None])
         rescale = tl.exp2(running_max - new_max)
-        running_sum = running_sum * rescale + tl.sum(probs, axis=1)
+        running_sum = running_sum * rescale + _sum(probs, 1)
         v = _load_tile(v_cache_ptr, table_row_ptr, positions, in_range, kv_head, dims, num_blocks,
                        BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
         acc = acc * rescale[:, None] + _dot(probs.to(v.dtype), v, PRECISION, UPCAST)
@@ -124,10 +137,10 @@ def _merge_kernel(
     present = splits < NUM_SPLITS
     maxes = tl.load(part_max_ptr + part_rows, mask=present, other=float("-inf"))
     sums = tl.load(part_sum_ptr + part_rows, mask=present, other=0.0)
-    weights = tl.exp2(maxes - tl.max(maxes, axis=0))  # empty partitions have max -inf: weight 0
+    weights = tl.exp2(maxes - _max(maxes, 0))  # empty partitions have max -inf: weight 0
     mask = present[:, None] & (dims[None, :] < HEAD_DIM)
     partial = tl.load(part_out_ptr + part_rows[:, None] * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
-    out = tl.sum(partial * weights[:, None], axis=0) / tl.sum(sums * weights, axis=0)
+    out = _sum(partial * weights[:, None], 0) / _sum(sums * weights, 0)
     out_offsets = token.to(tl.int64) * out_token_stride + head * out_head_stride + dims
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
@@ -165,8 +178,8 @@ def _prefill_kernel(
     kv_end = tl.minimum(context_len, context_len - q_len + (query_tile + 1) * QUERY_TILE)
     table_row_ptr = block_tables_ptr + seq.to(tl.int64) * table_stride
     running_max = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    running_sum = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, DIM_PAD], dtype=tl.float32)
+    running_sum = tl.full([ROWS], 0.0, dtype=tl.float32)
+    acc = tl.full([ROWS, DIM_PAD], 0.0, dtype=tl.float32)
     for tile_start in range(0, kv_end, TILE):
         positions = tile_start + tl.arange(0, TILE)
         in_range = positions < kv_end
@@ -175,10 +188,10 @@ def _prefill_kernel(
         scores = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale_log2
         visible = in_range[None, :] & (positions[None, :] <= q_positions[:, None])
         scores = tl.where(visible, scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        new_max = tl.maximum(running_max, _max(scores, 1))
         probs = tl.exp2(scores - new_max[:, None])
         rescale = tl.exp2(running_max - new_max)
-        running_sum = running_sum * rescale + tl.sum(probs, axis=1)
+        running_sum = running_sum * rescale + _sum(probs, 1)
         v = _load_tile(v_cache_ptr, table_row_ptr, positions, in_range, kv_head, dims, num_blocks,
                        BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
         acc = acc * rescale[:, None] + _dot(probs.to(v.dtype), v, PRECISION, UPCAST)

@@ -28,10 +28,10 @@ def _zero_blocks_kernel(
     # An id outside the cache writes nothing: its limit is 0 (a scalar-vs-block compare, not a scalar mask).
     limit = tl.where((block_id >= 0) & (block_id < num_blocks), block_words, 0)
     base = (cache.to(tl.int64) * num_blocks + block_id) * block_words
-    for chunk in range(tl.program_id(1), tl.cdiv(block_words, CHUNK), tl.num_programs(1)):
+    for chunk in range(tl.program_id(1), (block_words + CHUNK - 1) // CHUNK, tl.num_programs(1)):
         offsets = chunk * CHUNK + tl.arange(0, CHUNK)
         mask = offsets < limit
-        tl.store(cache_ptr + base + offsets, tl.zeros([CHUNK], dtype=cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + base + offsets, tl.full([CHUNK], 0, dtype=cache_ptr.dtype.element_ty), mask=mask)
 
 
 def zero_blocks(kv_cache: Tensor, block_ids: Tensor) -> None:
