@@ -1,7 +1,7 @@
 """Serving the gateway application with uvicorn: no access log, no server or date header.
 
 `serve` binds the listening socket itself (so that port 0 yields a known
-port), writes the port file atomically once uvicorn is serving, and returns
+port), writes the port file atomically once uvicorn is serving, and returns 0
 when SIGINT or SIGTERM has stopped the server cleanly.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -53,7 +54,15 @@ def serve(settings: GatewaySettings) -> int:
               "attestation; nothing protects user data on them. Development only.", file=sys.stderr)
     sock = bind_listener(settings.listen)
     server = uvicorn.Server(uvicorn.Config(app, **uvicorn_config_options()))
+    # uvicorn stops cleanly on SIGINT/SIGTERM and then re-raises the signal to the handler it
+    # found; this one makes that a normal exit (status 0) instead of death by signal.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, _stopped_by_signal)
     return asyncio.run(_serve(server, sock, settings.port_file))
+
+
+def _stopped_by_signal(signum: int, frame: object) -> None:
+    """The server has already shut down when this runs; nothing is left to do."""
 
 
 async def _serve(server: object, sock: socket.socket, port_file: Path | None) -> int:
