@@ -15,7 +15,13 @@ import logging
 
 from audit.events import EvictionReason
 from gateway.audit import GatewayAuditor
-from gateway.errors import AdmissionError, NodeUnreachableError, RegistrationError
+from gateway.errors import (
+    AdmissionError,
+    GatewaySettingsError,
+    MalformedRequestError,
+    NodeUnreachableError,
+    RegistrationError,
+)
 from gateway.node_client import NodeClient
 from gateway.pool import Admission, Eviction, HealthVerdict, NodePool, eviction_reason
 from gateway.settings import GatewaySettings, parse_address
@@ -75,7 +81,10 @@ class PoolKeeper:
 
     async def register(self, address: str) -> Admission:
         """Admit a node that asked to join; remember it for upkeep only once it verified."""
-        parse_address(address)
+        try:
+            parse_address(address)
+        except GatewaySettingsError:
+            raise MalformedRequestError("a node registers with {\"address\": \"HOST:PORT\"}") from None
         if address not in self._known and len(self._known) >= MAX_KNOWN_NODES:
             raise RegistrationError("this gateway knows as many nodes as it can keep; register later")
         try:

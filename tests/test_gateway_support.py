@@ -103,14 +103,16 @@ class RecordingNode(node_pb2_grpc.NodeServicer):
         self.serving = True
         self.received: list[Received] = []
         self.attest_calls: list[tuple[tuple[str, str], ...]] = []
+        self.nonces: list[bytes] = []
         self.entered = threading.Semaphore(0)
-        self._evidence_for = evidence_for or evidence.evidence
+        self.evidence_for = evidence_for or evidence.evidence
         self._lock = threading.Lock()
 
     def Attest(self, request, context):
         with self._lock:
             self.attest_calls.append(tuple((item.key, str(item.value)) for item in context.invocation_metadata()))
-        return node_pb2.AttestResponse(evidence_bundle=self._evidence_for(bytes(request.nonce)), capacity=self.capacity)
+            self.nonces.append(bytes(request.nonce))
+        return node_pb2.AttestResponse(evidence_bundle=self.evidence_for(bytes(request.nonce)), capacity=self.capacity)
 
     def Health(self, request, context):
         return node_pb2.HealthResponse(serving=self.serving, in_flight=0, capacity=self.capacity,
