@@ -17,27 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Path, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import Response
 
 from audit.sink import AuditSink, open_sink
 from gateway.audit import GatewayAuditor
 from gateway.auth import Admission, authorize_anonymously
 from gateway.backpressure import InFlightLimiter
 from gateway.directory import DirectoryCache
-from gateway.errors import (
-    GatewayError,
-    MalformedRequestError,
-    MethodNotAllowedError,
-    NoCandidateError,
-    NotFoundError,
-    OverloadedError,
-    RequestTooLargeError,
-    UnsupportedMediaTypeError,
-)
-from gateway.forwarding import Forwarder, RelayedAnswer
+from gateway.errors import MalformedRequestError, NoCandidateError, UnsupportedMediaTypeError
+from gateway.forwarding import Forwarder
 from gateway.keeper import PoolKeeper
 from gateway.models import (
     NODE_ID_PATTERN,
@@ -50,11 +38,11 @@ from gateway.models import (
     parse_register_body,
 )
 from gateway.pool import NodePool
+from gateway.responses import install_error_handlers, read_bounded, relay_response
 from gateway.results import ResultSigner
 from gateway.settings import GatewaySettings
 from policy import resolve_policy
 
-NODE_ID_HEADER = "veil-node-id"
 _NODE_ID = re.compile(NODE_ID_PATTERN.strip("^$"), re.ASCII)
 _ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 502, 503)}
 
@@ -96,7 +84,7 @@ def create_app(
 
     app = FastAPI(title="Veil gateway", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.runtime = runtime
-    _install_error_handlers(app)
+    install_error_handlers(app)
     _install_routes(app, runtime)
     return app
 
@@ -151,40 +139,6 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
             return {"node_id": admission.entry.node_id}
 
 
-class RelayResponse(StreamingResponse):
-    """Streams a node's answer and always closes the route, even if the client is gone before the start."""
-
-    def __init__(self, answer: RelayedAnswer) -> None:
-        headers = {NODE_ID_HEADER: answer.route.node_id, "cache-control": "no-store"}
-        super().__init__(answer.chunks(), media_type=answer.route.response_media_type, headers=headers)
-        self._answer = answer
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._answer.close()
-
-
-def relay_response(answer: RelayedAnswer) -> RelayResponse:
-    return RelayResponse(answer)
-
-
-async def read_bounded(request: Request, max_bytes: int) -> bytes:
-    """The request body, refusing (413) anything over `max_bytes` before or while reading it."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
-        raise RequestTooLargeError(f"the body must be at most {max_bytes} bytes")
-    parts: list[bytes] = []
-    received = 0
-    async for part in request.stream():
-        received += len(part)
-        if received > max_bytes:
-            raise RequestTooLargeError(f"the body must be at most {max_bytes} bytes")
-        parts.append(part)
-    return b"".join(parts)
-
-
 def _request_media_type(request: Request) -> str:
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type not in RESPONSE_MEDIA_TYPES:
@@ -214,32 +168,3 @@ def _inline(node: Any, definitions: dict[str, Any]) -> Any:
     return node
 
 
-def error_response(error: GatewayError) -> JSONResponse:
-    """The JSON answer for `error`: its fixed code and message, plus Retry-After when overloaded."""
-    headers = {"retry-after": str(error.retry_after_s)} if isinstance(error, OverloadedError) else None
-    body = {"error": {"code": error.code, "message": error.message}}
-    return JSONResponse(body, status_code=error.status, headers=headers)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(GatewayError)
-    async def gateway_error(_: Request, error: GatewayError) -> JSONResponse:
-        return error_response(error)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, __: RequestValidationError) -> JSONResponse:
-        # FastAPI's default answer quotes the offending input; ours never does.
-        return error_response(MalformedRequestError("the request does not follow the gateway's REST API"))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
-        if error.status_code == 405:
-            return error_response(MethodNotAllowedError("this path does not accept that method"))
-        if error.status_code == 404:
-            return error_response(NotFoundError("no such path on this gateway"))
-        return error_response(MalformedRequestError("the request does not follow the gateway's REST API"))
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, __: Exception) -> JSONResponse:
-        failure = GatewayError("the gateway failed to handle the request; retry later")
-        return error_response(failure)

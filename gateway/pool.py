@@ -105,6 +105,7 @@ class NodePool:
         self._clock = clock
         self._lock = threading.Lock()
         self._by_address: dict[str, PoolEntry] = {}
+        self._address_of: dict[str, str] = {}
         self._aliases: dict[str, _Alias] = {}
         self._pending_nonces: dict[str, bytes] = {}
         self._version = 0
@@ -149,6 +150,7 @@ class NodePool:
             entry = self._by_address.pop(address, None)
             if entry is None:
                 return None
+            del self._address_of[entry.node_id]
             self._drop_aliases_of(address)
             self._version += 1
         return Eviction(entry.node_id, address, reason)
@@ -164,9 +166,9 @@ class NodePool:
     def lookup(self, node_id: str) -> PoolEntry | None:
         """The admitted node answering to `node_id`, directly or through a live alias."""
         with self._lock:
-            for entry in self._by_address.values():
-                if entry.node_id == node_id:
-                    return entry
+            address = self._address_of.get(node_id)
+            if address is not None:
+                return self._by_address[address]
             alias = self._aliases.get(node_id)
             if alias is None or alias.until <= self._clock():
                 return None
@@ -205,16 +207,18 @@ class NodePool:
         return HealthVerdict.HEALTHY
 
     def _install(self, entry: PoolEntry, now: float) -> Admission:
-        for other in self._by_address.values():
-            if other.node_id == entry.node_id and other.address != entry.address:
-                raise AdmissionError("another address already serves this node id; a node is admitted once", check="identity")
+        if self._address_of.get(entry.node_id, entry.address) != entry.address:
+            raise AdmissionError("another address already serves this node id; a node is admitted once", check="identity")
         previous = self._by_address.get(entry.address)
+        if previous is not None:
+            del self._address_of[previous.node_id]
         previous_id = previous.node_id if previous is not None and previous.node_id != entry.node_id else None
         if previous_id is not None:
             # The node honours its previous key for the grace period: keep routing the old id to it.
             self._aliases[previous_id] = _Alias(entry.address, now + self._key_grace_s)
         self._aliases.pop(entry.node_id, None)
         self._by_address[entry.address] = entry
+        self._address_of[entry.node_id] = entry.address
         self._version += 1  # fresh evidence and a fresh signed result: the directory changed
         return Admission(entry, previous_id)
 

@@ -190,6 +190,19 @@ def test_a_node_dying_mid_stream_ends_that_stream_and_is_evicted(gateway, nodes)
     gateway.wait_for(lambda: any(r.outcome is RouteOutcome.NODE_ERROR and r.chosen == dying.node_id for r in routes(gateway)))
 
 
+def test_a_client_leaving_mid_stream_cancels_the_node_call_and_frees_its_slots(gateway, nodes) -> None:
+    streaming = nodes[0]
+    streaming.servicer.behaviour.mode = "hold_after_first"
+    before = streaming.servicer.cancelled
+    with client(gateway.url) as http:
+        with http.stream("POST", "/v1/infer", json={"candidates": [candidate(streaming.node_id, b"first")]}) as answer:
+            assert next(answer.iter_raw()) == b"first"
+    gateway.wait_for(lambda: streaming.servicer.cancelled == before + 1)
+    limiter = gateway.runtime.forwarder.limiter
+    gateway.wait_for(lambda: limiter.in_flight == 0 and limiter.node_in_flight(streaming.address) == 0)
+    assert gateway.runtime.pool.lookup(streaming.node_id) is not None  # leaving is not the node's failure
+
+
 def test_busy_nodes_fail_over_and_all_busy_is_503_with_retry_after(gateway, nodes) -> None:
     nodes[0].servicer.behaviour.mode = "busy"
     with client(gateway.url) as http:

@@ -87,7 +87,8 @@ class Received:
 
 @dataclass
 class Behaviour:
-    """How the recording node answers Infer: `echo`, `fail`, `busy`, `reject`, `die_mid_stream` or `hold`."""
+    """How the recording node answers Infer: `echo`, `fail`, `busy`, `reject`, `die_mid_stream`, `hold`
+    (before the first chunk, until released) or `hold_after_first` (until the call is cancelled)."""
 
     mode: str = "echo"
     release: threading.Event = field(default_factory=threading.Event)
@@ -104,6 +105,7 @@ class RecordingNode(node_pb2_grpc.NodeServicer):
         self.received: list[Received] = []
         self.attest_calls: list[tuple[tuple[str, str], ...]] = []
         self.nonces: list[bytes] = []
+        self.cancelled = 0
         self.entered = threading.Semaphore(0)
         self.evidence_for = evidence_for or evidence.evidence
         self._lock = threading.Lock()
@@ -134,6 +136,13 @@ class RecordingNode(node_pb2_grpc.NodeServicer):
         if mode == "hold":
             self.behaviour.release.wait(10)
         yield node_pb2.InferChunk(data=bytes(request.encapsulated))
+        if mode == "hold_after_first":
+            gone = threading.Event()
+            context.add_callback(gone.set)
+            if gone.wait(10):
+                with self._lock:
+                    self.cancelled += 1
+                return
         if mode == "die_mid_stream":
             context.abort(grpc.StatusCode.INTERNAL, "died")
         yield node_pb2.InferChunk(data=b"|" + self.evidence.node_id.encode())
