@@ -14,9 +14,13 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings, parse_address
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 class GatewayStartError(Exception):
@@ -65,9 +69,9 @@ def _stopped_by_signal(signum: int, frame: object) -> None:
     """The server has already shut down when this runs; nothing is left to do."""
 
 
-async def _serve(server: object, sock: socket.socket, port_file: Path | None) -> int:
-    task = asyncio.create_task(server.serve(sockets=[sock]))  # type: ignore[attr-defined]
-    while not server.started and not task.done():  # type: ignore[attr-defined]
+async def _serve(server: uvicorn.Server, sock: socket.socket, port_file: Path | None) -> int:
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
         await asyncio.sleep(0.02)
     if task.done():
         await task
