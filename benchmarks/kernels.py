@@ -54,10 +54,17 @@ GPU_SHAPES = (Shape(64, 2048), Shape(8, 16384))
 CPU_SHAPES = (Shape(4, 256, num_heads=8, num_kv_heads=2, head_dim=64), Shape(1, 1024, num_heads=8, num_kv_heads=2, head_dim=64))
 
 
-def timed(fn: Callable[[], object], device: torch.device, iters: int) -> float:
-    """Mean seconds per call over `iters` back-to-back calls, after two warm-up calls."""
+def timed(fn: Callable[[], object], device: torch.device, iters: int, rounds: int = 3) -> float:
+    """Seconds per call: the best of `rounds` means over `iters` back-to-back calls, after two warm-up calls.
+
+    The best round is the one least disturbed by other work on the machine.
+    """
     fn()
     fn()
+    return min(_mean_seconds(fn, device, iters) for _ in range(rounds))
+
+
+def _mean_seconds(fn: Callable[[], object], device: torch.device, iters: int) -> float:
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()

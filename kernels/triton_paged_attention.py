@@ -26,7 +26,8 @@ from torch import Tensor
 # tests) smaller tiles and partitions make small contexts exercise the multi-tile and split-K paths.
 GPU_TILE, CPU_TILE = 64, 16
 GPU_MIN_PARTITION, CPU_MIN_PARTITION = 512, 16
-CPU_TARGET_PROGRAMS = 16
+CPU_COMPUTE_UNITS = 4  # the interpreter's stand-in for a GPU's streaming multiprocessors
+MAX_SPLITS = 64
 PREFILL_ROWS = 64  # query rows (new tokens x heads of a group) per prefill program
 LOG2_E = 1.4426950408889634
 
@@ -203,22 +204,43 @@ def _prefill_kernel(
 
 
 def decode_plan(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device) -> tuple[int, int]:
-    """(num_splits, partition_size) for decode: enough programs to fill the device, partitions >= a minimum.
+    """(num_splits, partition_size) for decode over contexts of at most max_context tokens.
 
-    max_context is the block tables' capacity, an upper bound known on the host without a device sync;
-    partitions past a sequence's context exit at once.
+    max_context is the block tables' capacity, an upper bound known on the host without a device sync (so
+    the plan, like the grid, depends on shapes only and decode can be captured in a CUDA graph); partitions
+    past a sequence's context exit at once.
     """
     tile, min_partition = (GPU_TILE, GPU_MIN_PARTITION) if device.type == "cuda" else (CPU_TILE, CPU_MIN_PARTITION)
-    wanted = triton.cdiv(_target_programs(device), max(1, num_seqs * num_kv_heads))
-    splits = max(1, min(wanted, triton.cdiv(max_context, min_partition)))
+    most = max(1, min(MAX_SPLITS, triton.cdiv(max_context, min_partition)))
+    splits = balanced_splits(max(1, num_seqs * num_kv_heads), _compute_units(device), most)
     partition = triton.cdiv(triton.cdiv(max_context, splits), tile) * tile
     return triton.cdiv(max_context, partition), partition
 
 
-def _target_programs(device: torch.device) -> int:
+def balanced_splits(programs_per_split: int, units: int, most: int) -> int:
+    """The fewest splits giving every compute unit at least two programs, spread within 10% of evenly.
+
+    Decode is bandwidth-bound and its programs are of equal length, so the unit with the most programs
+    sets the time: with p programs on u units, work is balanced to (p / u) / ceil(p / u). If no split count
+    up to `most` fills the device, take the best-balanced one that does, else the most parallel one.
+    """
+    best, best_balance = most, 0.0
+    for splits in range(1, most + 1):
+        programs = programs_per_split * splits
+        if programs < 2 * units:
+            continue
+        balance = (programs / units) / -(-programs // units)
+        if balance >= 0.9:
+            return splits
+        if balance > best_balance:
+            best, best_balance = splits, balance
+    return best
+
+
+def _compute_units(device: torch.device) -> int:
     if device.type != "cuda":
-        return CPU_TARGET_PROGRAMS
-    return 4 * _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
+        return CPU_COMPUTE_UNITS
+    return _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.cache

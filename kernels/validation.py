@@ -12,7 +12,7 @@ since an out-of-range id must be refused before anything is zeroed (one host syn
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -23,9 +23,10 @@ CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SLOT_DTYPES = (torch.int32, torch.int64)
 
 
-def _require(condition: bool, message: str) -> None:
+def _require(condition: bool, message: str | Callable[[], str]) -> None:
+    """Raise KernelInputError unless condition holds; a callable message is only formatted on failure."""
     if not condition:
-        raise KernelInputError(message)
+        raise KernelInputError(message() if callable(message) else message)
 
 
 def _shape(tensor: Tensor) -> str:
@@ -36,7 +37,7 @@ def _same_device(names_and_tensors: dict[str, Tensor]) -> None:
     devices = {name: tensor.device for name, tensor in names_and_tensors.items()}
     _require(
         len(set(devices.values())) == 1,
-        "all tensors must be on one device; got "
+        lambda: "all tensors must be on one device; got "
         + ", ".join(f"{name} on {device}" for name, device in devices.items())
         + ": move them to the cache's device",
     )
@@ -44,34 +45,34 @@ def _same_device(names_and_tensors: dict[str, Tensor]) -> None:
 
 def check_cache_pair(k_cache: Tensor, v_cache: Tensor) -> None:
     """k_cache and v_cache: contiguous [num_blocks, block_size, num_kv_heads, head_dim], same shape and dtype."""
-    _require(k_cache.dim() == 4, f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got {_shape(k_cache)}")
-    _require(v_cache.shape == k_cache.shape, f"v_cache shape {_shape(v_cache)} differs from k_cache {_shape(k_cache)}")
-    _require(k_cache.dtype in CACHE_DTYPES, f"cache dtype must be float16, bfloat16 or float32, got {k_cache.dtype}")
-    _require(v_cache.dtype == k_cache.dtype, f"v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
+    _require(k_cache.dim() == 4, lambda: f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got {_shape(k_cache)}")
+    _require(v_cache.shape == k_cache.shape, lambda: f"v_cache shape {_shape(v_cache)} differs from k_cache {_shape(k_cache)}")
+    _require(k_cache.dtype in CACHE_DTYPES, lambda: f"cache dtype must be float16, bfloat16 or float32, got {k_cache.dtype}")
+    _require(v_cache.dtype == k_cache.dtype, lambda: f"v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
     _require(
         k_cache.is_contiguous() and v_cache.is_contiguous(),
         "k_cache and v_cache must be contiguous (views of one layer of the engine's KV tensor)",
     )
-    _require(k_cache.shape[0] > 0 and k_cache.shape[1] > 0, f"cache has no slots: {_shape(k_cache)}")
+    _require(k_cache.shape[0] > 0 and k_cache.shape[1] > 0, lambda: f"cache has no slots: {_shape(k_cache)}")
 
 
 def check_store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Validate `store_kv`'s arguments (see `kernels.dispatch.store_kv`)."""
     check_cache_pair(k_cache, v_cache)
-    _require(key.dim() == 3, f"key must be [num_tokens, num_kv_heads, head_dim], got {_shape(key)}")
-    _require(value.shape == key.shape, f"value shape {_shape(value)} differs from key {_shape(key)}")
+    _require(key.dim() == 3, lambda: f"key must be [num_tokens, num_kv_heads, head_dim], got {_shape(key)}")
+    _require(value.shape == key.shape, lambda: f"value shape {_shape(value)} differs from key {_shape(key)}")
     _require(
         key.shape[1:] == k_cache.shape[2:],
-        f"key heads/head_dim {_shape(key)} do not match the cache {_shape(k_cache)}",
+        lambda: f"key heads/head_dim {_shape(key)} do not match the cache {_shape(k_cache)}",
     )
     _require(
         key.dtype == k_cache.dtype and value.dtype == k_cache.dtype,
-        f"key/value dtypes {key.dtype}/{value.dtype} must equal the cache dtype {k_cache.dtype}",
+        lambda: f"key/value dtypes {key.dtype}/{value.dtype} must equal the cache dtype {k_cache.dtype}",
     )
-    _require(slot_mapping.dtype in SLOT_DTYPES, f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
+    _require(slot_mapping.dtype in SLOT_DTYPES, lambda: f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
     _require(
         slot_mapping.dim() == 1 and slot_mapping.shape[0] == key.shape[0],
-        f"slot_mapping must be [num_tokens={key.shape[0]}], got {_shape(slot_mapping)}",
+        lambda: f"slot_mapping must be [num_tokens={key.shape[0]}], got {_shape(slot_mapping)}",
     )
     _same_device({"key": key, "value": value, "k_cache": k_cache, "v_cache": v_cache, "slot_mapping": slot_mapping})
     if slot_mapping.device.type == "cpu" and slot_mapping.numel() > 0:
@@ -79,7 +80,7 @@ def check_store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor,
         low, high = (int(bound) for bound in torch.aminmax(slot_mapping))
         _require(
             low >= -1 and high < num_slots,
-            f"slot_mapping holds slots outside [-1, {num_slots}) for a cache of {k_cache.shape[0]} blocks "
+            lambda: f"slot_mapping holds slots outside [-1, {num_slots}) for a cache of {k_cache.shape[0]} blocks "
             f"of {k_cache.shape[1]}: slot = block_id * block_size + offset, -1 to skip",
         )
 
@@ -95,21 +96,21 @@ def check_paged_attention(
 ) -> None:
     """Validate `paged_attention`'s arguments (see `kernels.dispatch.paged_attention`)."""
     check_cache_pair(k_cache, v_cache)
-    _require(query.dim() == 3, f"query must be [num_q_tokens, num_heads, head_dim], got {_shape(query)}")
-    _require(query.dtype == k_cache.dtype, f"query dtype {query.dtype} must equal the cache dtype {k_cache.dtype}")
+    _require(query.dim() == 3, lambda: f"query must be [num_q_tokens, num_heads, head_dim], got {_shape(query)}")
+    _require(query.dtype == k_cache.dtype, lambda: f"query dtype {query.dtype} must equal the cache dtype {k_cache.dtype}")
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = k_cache.shape[2]
-    _require(head_dim == k_cache.shape[3], f"query head_dim {head_dim} differs from the cache's {k_cache.shape[3]}")
+    _require(head_dim == k_cache.shape[3], lambda: f"query head_dim {head_dim} differs from the cache's {k_cache.shape[3]}")
     _require(
         num_heads > 0 and num_heads % num_kv_heads == 0,
-        f"num_heads {num_heads} must be a positive multiple of num_kv_heads {num_kv_heads}",
+        lambda: f"num_heads {num_heads} must be a positive multiple of num_kv_heads {num_kv_heads}",
     )
     for name, tensor, rank in (("block_tables", block_tables, 2), ("context_lens", context_lens, 1), ("cu_seqlens_q", cu_seqlens_q, 1)):
-        _require(tensor.dtype == torch.int32, f"{name} must be int32, got {tensor.dtype}")
-        _require(tensor.dim() == rank, f"{name} must have {rank} dimension(s), got {_shape(tensor)}")
+        _require(tensor.dtype == torch.int32, lambda: f"{name} must be int32, got {tensor.dtype}")
+        _require(tensor.dim() == rank, lambda: f"{name} must have {rank} dimension(s), got {_shape(tensor)}")
     num_seqs = context_lens.shape[0]
-    _require(block_tables.shape[0] == num_seqs, f"block_tables has {block_tables.shape[0]} rows for {num_seqs} sequences")
-    _require(cu_seqlens_q.shape[0] == num_seqs + 1, f"cu_seqlens_q must be [num_seqs + 1 = {num_seqs + 1}], got {_shape(cu_seqlens_q)}")
+    _require(block_tables.shape[0] == num_seqs, lambda: f"block_tables has {block_tables.shape[0]} rows for {num_seqs} sequences")
+    _require(cu_seqlens_q.shape[0] == num_seqs + 1, lambda: f"cu_seqlens_q must be [num_seqs + 1 = {num_seqs + 1}], got {_shape(cu_seqlens_q)}")
     _require(isinstance(max_seqlen_q, int) and max_seqlen_q >= 0, "max_seqlen_q must be a non-negative int")
     _same_device({"query": query, "k_cache": k_cache, "block_tables": block_tables,
                   "context_lens": context_lens, "cu_seqlens_q": cu_seqlens_q})
@@ -124,24 +125,24 @@ def _check_sequence_values(
     num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
     offsets, contexts = cu_seqlens_q.tolist(), context_lens.tolist()
     _require(offsets[0] == 0 and offsets[-1] == num_q_tokens,
-             f"cu_seqlens_q must start at 0 and end at num_q_tokens = {num_q_tokens}")
+             lambda: f"cu_seqlens_q must start at 0 and end at num_q_tokens = {num_q_tokens}")
     q_lens = [end - start for start, end in zip(offsets, offsets[1:])]
     if not q_lens:
         return
     _require(min(q_lens) >= 0, "cu_seqlens_q must be non-decreasing")
-    _require(max(q_lens) <= max_seqlen_q, f"a sequence has more new tokens than max_seqlen_q = {max_seqlen_q}")
+    _require(max(q_lens) <= max_seqlen_q, lambda: f"a sequence has more new tokens than max_seqlen_q = {max_seqlen_q}")
     _require(all(context >= q_len for context, q_len in zip(contexts, q_lens)),
              "context_lens must count the new tokens too (context_len >= new tokens of the sequence)")
     capacity = block_tables.shape[1] * block_size
     _require(max(contexts) <= capacity,
-             f"a context is longer than block_tables can address ({block_tables.shape[1]} blocks of {block_size})")
+             lambda: f"a context is longer than block_tables can address ({block_tables.shape[1]} blocks of {block_size})")
     widest = -(-max(contexts) // block_size)
     used_blocks = torch.tensor([-(-context // block_size) for context in contexts])
     used = block_tables[:, :widest][torch.arange(widest)[None, :] < used_blocks[:, None]]
     if used.numel() > 0:
         low, high = (int(bound) for bound in torch.aminmax(used))
         _require(low >= 0 and high < num_blocks,
-                 f"block_tables holds block ids outside [0, {num_blocks}) within a sequence's context")
+                 lambda: f"block_tables holds block ids outside [0, {num_blocks}) within a sequence's context")
 
 
 def as_block_id_tensor(block_ids: Tensor | Sequence[int]) -> Tensor:
@@ -149,8 +150,8 @@ def as_block_id_tensor(block_ids: Tensor | Sequence[int]) -> Tensor:
     if not isinstance(block_ids, Tensor):
         _require(all(isinstance(block_id, int) for block_id in block_ids), "block_ids must be ints")
         return torch.tensor(list(block_ids), dtype=torch.int64)
-    _require(block_ids.dtype in SLOT_DTYPES, f"block_ids must be int32 or int64, got {block_ids.dtype}")
-    _require(block_ids.dim() == 1, f"block_ids must be 1-D, got {_shape(block_ids)}")
+    _require(block_ids.dtype in SLOT_DTYPES, lambda: f"block_ids must be int32 or int64, got {block_ids.dtype}")
+    _require(block_ids.dim() == 1, lambda: f"block_ids must be 1-D, got {_shape(block_ids)}")
     return block_ids.to(torch.int64)
 
 
@@ -158,9 +159,9 @@ def check_kv_tensor(kv_cache: Tensor) -> None:
     """The engine's whole KV tensor: contiguous [num_caches, num_blocks, block_size, num_kv_heads, head_dim]."""
     _require(
         kv_cache.dim() == 5,
-        f"kv_cache must be [num_caches, num_blocks, block_size, num_kv_heads, head_dim], got {_shape(kv_cache)}",
+        lambda: f"kv_cache must be [num_caches, num_blocks, block_size, num_kv_heads, head_dim], got {_shape(kv_cache)}",
     )
-    _require(kv_cache.dtype in CACHE_DTYPES, f"kv_cache dtype must be float16, bfloat16 or float32, got {kv_cache.dtype}")
+    _require(kv_cache.dtype in CACHE_DTYPES, lambda: f"kv_cache dtype must be float16, bfloat16 or float32, got {kv_cache.dtype}")
     _require(kv_cache.is_contiguous(), "kv_cache must be contiguous (the engine's single KV tensor)")
 
 
@@ -170,4 +171,4 @@ def check_block_ids(kv_cache: Tensor, block_ids: Tensor) -> None:
         return
     num_blocks = kv_cache.shape[1]
     low, high = (int(bound) for bound in torch.aminmax(block_ids))
-    _require(low >= 0 and high < num_blocks, f"block ids must lie in [0, {num_blocks}); some do not: nothing was zeroed")
+    _require(low >= 0 and high < num_blocks, lambda: f"block ids must lie in [0, {num_blocks}); some do not: nothing was zeroed")

@@ -89,13 +89,17 @@ def test_issue_head_dims_match_reference(head_dim: int, group: int, contexts: li
 
 
 def test_decode_plan_splits_long_contexts_and_keeps_one_partition_when_the_grid_is_full() -> None:
-    from kernels.triton_paged_attention import CPU_TARGET_PROGRAMS, decode_plan
+    from kernels.triton_paged_attention import CPU_COMPUTE_UNITS, balanced_splits, decode_plan
 
     cpu = torch.device("cpu")
     splits, partition = decode_plan(num_seqs=1, num_kv_heads=1, max_context=48, device=cpu)
     assert splits == 3 and partition == 16
-    assert decode_plan(num_seqs=CPU_TARGET_PROGRAMS, num_kv_heads=1, max_context=48, device=cpu) == (1, 48)
+    assert decode_plan(num_seqs=2 * CPU_COMPUTE_UNITS, num_kv_heads=1, max_context=48, device=cpu) == (1, 48)
     assert decode_plan(num_seqs=1, num_kv_heads=1, max_context=5, device=cpu) == (1, 16)
+    # An H100 SXM has 132 multiprocessors; Llama-3-8B has 8 KV heads.
+    assert balanced_splits(64 * 8, units=132, most=4) == 1  # batch 64: 512 programs, 3.9 per unit
+    assert balanced_splits(8 * 8, units=132, most=32) == 6  # batch 8: 384 programs, 2.9 per unit
+    assert balanced_splits(1, units=132, most=32) == 32  # one sequence cannot fill the device: most parallel
 
 
 @pytest.mark.parametrize("num_seqs", [1, 16])  # 1: split-K with a merge (on a CPU), 16: one partition
