@@ -269,6 +269,10 @@ def paged_attention(
         return out
     if query.stride(-1) != 1:
         query = query.contiguous()
+    # The kernels index these by pointer + position: unit strides are required (a no-op when already so,
+    # which keeps CUDA-graph captured buffers in place).
+    block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
+    context_lens, cu_seqlens_q = context_lens.contiguous(), cu_seqlens_q.contiguous()
     run = _decode if max_seqlen_q == 1 else _prefill
     run(query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, max_seqlen_q, scale, out)
     return out

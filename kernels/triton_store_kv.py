@@ -38,6 +38,7 @@ def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
     num_tokens, num_kv_heads, head_dim = key.shape
     key = key if key.stride(-1) == 1 else key.contiguous()
     value = value if value.stride(-1) == 1 else value.contiguous()
+    slot_mapping = slot_mapping.contiguous()  # read as pointer + token
     _store_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping,
         k_cache.shape[0] * k_cache.shape[1],

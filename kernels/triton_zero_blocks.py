@@ -41,6 +41,7 @@ def zero_blocks(kv_cache: Tensor, block_ids: Tensor) -> None:
     word_dtype = torch.int32 if block_bytes % 4 == 0 else torch.int16
     words = kv_cache.view(-1).view(word_dtype)
     block_words = block_bytes // words.element_size()
+    block_ids = block_ids.contiguous()  # read as pointer + index
     num_ids = block_ids.shape[0]
     chunks = min(triton.cdiv(block_words, CHUNK_WORDS), MAX_GRID_Y)
     _zero_blocks_kernel[(num_caches * num_ids, chunks)](

@@ -163,3 +163,16 @@ def test_zero_blocks_handles_blocks_of_an_odd_number_of_half_words() -> None:
         kernels.zero_blocks(kv_cache, [1, 2])
     assert torch.count_nonzero(kv_cache[:, 1:3].view(torch.int16)) == 0
     assert torch.equal(kv_cache[:, [0, 3]].view(torch.int16), before[:, [0, 3]].view(torch.int16))
+
+
+def test_strided_index_tensors_are_read_by_position() -> None:
+    batch = build_paged_batch([20, 9, 33], [1, 1, 1], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
+                              device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(9))
+    wide_tables = torch.full((3, 2 * batch.block_tables.shape[1]), -7, dtype=torch.int32, device=DEVICE)
+    wide_tables[:, ::2] = batch.block_tables
+    spread_lens = torch.stack([batch.context_lens, torch.zeros_like(batch.context_lens)], dim=1)[:, 0]
+    strided = PagedBatch(batch.query, batch.k_cache, batch.v_cache, wide_tables[:, ::2], spread_lens,
+                         batch.cu_seqlens_q, batch.max_seqlen_q, batch.scale)
+    assert strided.block_tables.stride(1) == 2 and strided.context_lens.stride(0) == 2
+    torch.testing.assert_close(_triton_attention(strided), reference.paged_attention(*batch.args()),
+                               atol=1e-4, rtol=1e-4)
