@@ -48,7 +48,7 @@ def attention_batches(draw: st.DrawFn, decode: bool) -> PagedBatch:
     block_size = draw(st.sampled_from([8, 16, 32]))
     num_seqs = draw(st.integers(1, 3))
     exact = st.sampled_from([multiple for multiple in (block_size, 2 * block_size, 3 * block_size) if multiple <= 48])
-    contexts = draw(st.lists(st.one_of(st.integers(1, 40), exact), min_size=num_seqs, max_size=num_seqs))
+    contexts = draw(st.lists(st.one_of(st.just(1), st.integers(1, 40), exact), min_size=num_seqs, max_size=num_seqs))
     query_lens = [1] * num_seqs if decode else [draw(st.integers(0, context)) for context in contexts]
     num_kv_heads = draw(st.sampled_from([1, 2]))
     return build_paged_batch(
