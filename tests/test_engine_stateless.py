@@ -192,3 +192,40 @@ def test_everything_freed_in_a_step_is_zeroed_in_one_call():
     # One call zeroed every block of all six requests: each wrote its prompt and 4 of its 5 tokens.
     assert manager.scrub_calls == 1
     assert manager.blocks_scrubbed == sum(manager.blocks_for(len(p) + 4) for p in prompts)
+
+
+def test_n_samples_under_preemption_match_an_uncrowded_run():
+    """Samples forked from shared blocks survive preemption by recompute with the same seeded tokens."""
+    prompts = random_prompts(3, 6, 14, seed=19)
+    params = [
+        SamplingParams(max_tokens=10, temperature=1.0, n=3, seed=21, ignore_eos=True),
+        greedy(12),
+        SamplingParams(max_tokens=8, temperature=0.8, n=2, seed=22, ignore_eos=True),
+    ]
+    roomy = tiny_engine(num_blocks=128, block_size=4).generate(prompts, params)
+    crowded_engine = tiny_engine(num_blocks=12, block_size=4, max_num_batched_tokens=8)
+    crowded = crowded_engine.generate(prompts, params)
+    assert crowded_engine.scheduler.num_preemptions > 0
+    for got, want in zip(crowded, roomy):
+        assert [o.token_ids for o in got.outputs] == [o.token_ids for o in want.outputs]
+    assert crowded_engine.residue_check() == []
+    assert crowded_engine.block_manager.num_free_blocks == 12
+
+
+def test_kv_pool_is_sized_from_the_cpu_budget():
+    engine = tiny_engine(kv_cache_gib=0.001, block_size=8)
+    block_bytes = engine.runner.block_bytes()
+    mc = engine.model_config
+    assert block_bytes == 2 * mc.num_hidden_layers * 8 * mc.num_key_value_heads * mc.head_dim * 4
+    assert engine.runner.num_blocks == int(0.001 * (1 << 30)) // block_bytes
+    assert engine.block_manager.num_blocks == engine.runner.num_blocks
+    assert tuple(engine.runner.kv_cache.shape) == (
+        2 * mc.num_hidden_layers, engine.runner.num_blocks, 8, mc.num_key_value_heads, mc.head_dim
+    )
+
+
+def test_a_budget_that_holds_no_block_is_an_engine_error():
+    from engine import EngineError
+
+    with pytest.raises(EngineError):
+        tiny_engine(kv_cache_gib=1e-9)
