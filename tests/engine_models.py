@@ -194,7 +194,14 @@ def tiny_engine(**config) -> LLMEngine:
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
+    """The built-in tiny model's folder, written once per run."""
     return tiny_model_dir()
+
+
+@pytest.fixture(scope="session")
+def reference_models() -> dict[str, ReferenceModel]:
+    """The three `transformers` reference models, each built and saved once per run."""
+    return {name: reference_model(name) for name in REFERENCE_NAMES}
 
 
 @pytest.fixture(autouse=True, scope="module")

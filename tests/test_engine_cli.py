@@ -12,7 +12,7 @@ from engine import SamplingParams
 from engine.tiny import write_tiny_model
 from engine.tokenizer import ChatMessage
 from tests.conftest import REPO_ROOT
-from tests.engine_models import greedy, one_torch_thread, tiny_engine, tiny_model_dir  # noqa: F401 (fixtures)
+from tests.engine_models import greedy, one_torch_thread, tiny_dir, tiny_engine, tiny_model_dir  # noqa: F401 (fixtures)
 
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 PROMPT = "Hello, world!"
@@ -26,14 +26,14 @@ def veil(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_init_tiny_writes_a_deterministic_model(tmp_path):
+def test_init_tiny_writes_a_deterministic_model(tmp_path, tiny_dir):
     folder = tmp_path / "tiny"
     result = veil("model", "init-tiny", str(folder), "--seed", "0")
     assert result.returncode == 0, result.stderr
     assert str(folder) in result.stdout
     # Another process, same seed: the same bytes as the tests' own tiny model, file for file.
     for name in MODEL_FILES:
-        assert (folder / name).read_bytes() == (tiny_model_dir() / name).read_bytes(), name
+        assert (folder / name).read_bytes() == (tiny_dir / name).read_bytes(), name
     other = write_tiny_model(tmp_path / "other", seed=1)
     assert (folder / "model.safetensors").read_bytes() != (other / "model.safetensors").read_bytes()
     assert (folder / "tokenizer.json").read_bytes() == (other / "tokenizer.json").read_bytes()

@@ -23,7 +23,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     prefill_logits,
     random_lengths,
     random_prompts,
-    reference_model,
+    reference_models,
     save_with_tokenizer,
 )
 
@@ -81,9 +81,9 @@ def batch() -> tuple[list[list[int]], list[int]]:
 
 
 @pytest.mark.parametrize("name", REFERENCE_NAMES)
-def test_greedy_tokens_match_transformers_under_batching_chunking_and_preemption(name, batch):
+def test_greedy_tokens_match_transformers_under_batching_chunking_and_preemption(name, batch, reference_models):
     prompts, max_tokens = batch
-    reference = reference_model(name)
+    reference = reference_models[name]
     expected = [hf_greedy(reference.model, p, n) for p, n in zip(prompts, max_tokens)]
 
     engine = LLMEngine(reference.folder, SMALL_POOL)
@@ -103,9 +103,9 @@ def test_greedy_tokens_match_transformers_under_batching_chunking_and_preemption
 
 
 @pytest.mark.parametrize("name", REFERENCE_NAMES)
-def test_prefill_logits_match_transformers(name, batch):
+def test_prefill_logits_match_transformers(name, batch, reference_models):
     prompts, _ = batch
-    reference = reference_model(name)
+    reference = reference_models[name]
     engine = LLMEngine(reference.folder, EngineConfig(num_blocks=256, block_size=4))
     chosen = prompts[:6]
     for prompt, logits in zip(chosen, prefill_logits(engine, chosen)):
@@ -114,20 +114,20 @@ def test_prefill_logits_match_transformers(name, batch):
 
 
 @pytest.mark.parametrize("name", REFERENCE_NAMES)
-def test_chunked_prefill_logits_match_transformers(name, batch):
+def test_chunked_prefill_logits_match_transformers(name, batch, reference_models):
     """Chunks of 5 tokens attend to earlier chunks through the paged cache, across block boundaries."""
     prompts, _ = batch
-    reference = reference_model(name)
+    reference = reference_models[name]
     engine = LLMEngine(reference.folder, EngineConfig(num_blocks=256, block_size=4))
     chosen = [p for p in prompts if len(p) > 12][:4]
     for prompt, logits in zip(chosen, prefill_logits(engine, chosen, chunk=5)):
         torch.testing.assert_close(logits, hf_logits(reference.model, prompt), atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
 
 
-def test_logits_tolerance_is_tight_enough_to_catch_a_wrong_weight(batch):
+def test_logits_tolerance_is_tight_enough_to_catch_a_wrong_weight(batch, reference_models):
     """The tolerance above is meaningful: one perturbed norm weight breaks it."""
     prompts, _ = batch
-    reference = reference_model("llama")
+    reference = reference_models["llama"]
     engine = LLMEngine(reference.folder, EngineConfig(num_blocks=64, block_size=4))
     with torch.no_grad():
         engine.runner.model.model.norm.weight[0] += 0.01
@@ -147,9 +147,9 @@ def test_bf16_checkpoint_loads_in_bf16_and_generates(tmp_path, batch):
     assert engine.residue_check() == []
 
 
-def test_fp32_checkpoint_can_be_served_in_bf16(batch):
+def test_fp32_checkpoint_can_be_served_in_bf16(batch, reference_models):
     prompts, _ = batch
-    reference = reference_model("qwen2")
+    reference = reference_models["qwen2"]
     engine = LLMEngine(reference.folder, EngineConfig(num_blocks=64, block_size=4, dtype="bfloat16"))
     assert all(p.dtype == torch.bfloat16 for p in engine.runner.model.parameters())
     # bf16 rounds the weights, so the first tokens are compared loosely: most positions agree with fp32.
@@ -158,9 +158,9 @@ def test_fp32_checkpoint_can_be_served_in_bf16(batch):
     assert agree >= 0.8
 
 
-def test_sharded_checkpoint_gives_the_same_greedy_tokens(tmp_path, batch):
+def test_sharded_checkpoint_gives_the_same_greedy_tokens(tmp_path, batch, reference_models):
     prompts, _ = batch
-    reference = reference_model("qwen3")
+    reference = reference_models["qwen3"]
     folder = save_with_tokenizer(reference.model, tmp_path / "sharded", max_shard_size="100KB")
     shards = sorted(folder.glob("*.safetensors"))
     assert (folder / "model.safetensors.index.json").is_file()

@@ -14,7 +14,6 @@ from engine.sampler import filter_probs
 from tests.engine_models import (  # noqa: F401 (fixtures)
     greedy,
     one_torch_thread,
-    output_tokens,
     prefill_logits,
     random_prompts,
     tiny_engine,
