@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import pytest
 import torch
 
-from engine import EngineConfig, FinishReason, LLMEngine, SamplingParams, UnknownRequestError
+from engine import EngineConfig, FinishReason, LLMEngine, RequestRejected, SamplingParams, UnknownRequestError
 from engine.sequence import Sequence
 from tests.engine_models import (  # noqa: F401 (fixtures)
     greedy,
@@ -131,12 +134,13 @@ def test_n_samples_share_the_prompt_blocks_and_copy_the_partial_one():
     assert engine.residue_check() == []
 
 
-def test_abort_mid_generation_frees_and_zeroes_before_returning():
+@pytest.mark.parametrize("n", [1, 3])
+def test_abort_mid_generation_frees_and_zeroes_before_returning(n):
     engine = tiny_engine(num_blocks=32, block_size=4)
     prompts = random_prompts(2, 9, 9, seed=16)
     expected_other = output_tokens(tiny_engine(num_blocks=32, block_size=4), [prompts[1]], greedy(10))[0]
 
-    victim = engine.add_request(prompts[0], SamplingParams(max_tokens=40, n=3, seed=1, ignore_eos=True))
+    victim = engine.add_request(prompts[0], SamplingParams(max_tokens=40, n=n, seed=1, ignore_eos=True))
     other = engine.add_request(prompts[1], greedy(10))
     deltas = [d for _ in range(3) for d in engine.step()]
     blocks = request_blocks(engine, victim)
@@ -150,7 +154,7 @@ def test_abort_mid_generation_frees_and_zeroes_before_returning():
 
     deltas += list(engine.stream())
     victim_final = [d for d in deltas if d.request_id == victim and d.finish_reason is not None]
-    assert sorted(d.index for d in victim_final) == [0, 1, 2]
+    assert sorted(d.index for d in victim_final) == list(range(n))
     assert all(d.finish_reason is FinishReason.ABORT for d in victim_final)
     assert [t for d in deltas if d.request_id == other for t in d.token_ids] == expected_other
     assert engine.residue_check() == []
@@ -229,3 +233,51 @@ def test_a_budget_that_holds_no_block_is_an_engine_error():
 
     with pytest.raises(EngineError):
         tiny_engine(kv_cache_gib=1e-9)
+
+
+class FileOpenRecorder:
+    """A process-wide audit hook (hooks cannot be removed) that records file opens only while armed."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.opened: list[tuple[str, object, object]] = []
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple) -> None:
+        if self.armed and event == "open":
+            self.opened.append((str(args[0]), args[1], args[2]))
+
+
+_file_opens = FileOpenRecorder()
+
+
+def test_serving_prints_logs_and_writes_nothing(capfd, caplog):
+    engine = tiny_engine(num_blocks=16, block_size=4)
+    caplog.set_level(logging.DEBUG)
+    _file_opens.opened.clear()
+    _file_opens.armed = True
+    try:
+        engine.generate(["CANARY-serving-2718"], SamplingParams(max_tokens=6, seed=1, stop=("zz",), logprobs=1))
+        request = engine.add_request("CANARY-abort-2718", greedy(20))
+        engine.step()
+        engine.abort(request)
+        list(engine.stream())
+        with pytest.raises(RequestRejected):
+            engine.add_request("", greedy(2048))
+    finally:
+        _file_opens.armed = False
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == ""
+    assert caplog.records == []
+    assert _file_opens.opened == [], "the engine opened files while serving"
+
+
+def test_file_open_recorder_sees_a_write(tmp_path):
+    """The check above can fail: an open while armed is recorded."""
+    _file_opens.opened.clear()
+    _file_opens.armed = True
+    try:
+        (tmp_path / "written").write_text("x")
+    finally:
+        _file_opens.armed = False
+    assert [path for path, _, _ in _file_opens.opened] == [str(tmp_path / "written")]
