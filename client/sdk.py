@@ -127,15 +127,20 @@ class Client:
         """Send one inner request and return the node's decrypted JSON answer with its route."""
         for attempt in (0, 1):
             sealed, route = self._prepare(method, path, body, streaming=False)
-            response = self._post(sealed, stream=False)
+            response = self._post(sealed)
             if response.is_success or not self._should_retry(response, attempt):
                 break
-        self._raise_for_gateway(response)
+        if not response.is_success:
+            self._raise_for_gateway(response)
         target = _served(sealed, response)
         try:
-            inner = target.open_whole(response.content)
-        except OHTTPError:
-            raise ResponseIntegrityError(target.node_id, "the node's answer did not authenticate") from None
+            inner = target.open_whole(response.read())
+        except (OHTTPError, httpx.TransportError):
+            # A whole answer that does not authenticate was cut (the node failed after its first
+            # byte) or altered; either way its authenticated end never arrived.
+            raise StreamTruncatedError(target.node_id) from None
+        finally:
+            response.close()
         if inner.status != 200:
             raise NodeError(inner.status, wire.error_code(inner.content), target.node_id)
         try:
@@ -147,12 +152,10 @@ class Client:
         """Send one streamed inner request; return an iterator of event payloads, the route and a closer."""
         for attempt in (0, 1):
             sealed, route = self._prepare("POST", path, body, streaming=True)
-            response = self._post(sealed, stream=True)
+            response = self._post(sealed)
             if response.is_success or not self._should_retry(response, attempt):
                 break
         if not response.is_success:
-            response.read()
-            response.close()
             self._raise_for_gateway(response)
         try:
             target = _served(sealed, response)
@@ -174,14 +177,15 @@ class Client:
         sealed = [wire.seal(r.node_id, r.verified.key_config, inner, streaming) for r in verified]
         return sealed, route
 
-    def _post(self, sealed: Sequence[wire.SealedRequest], stream: bool) -> httpx.Response:
+    def _post(self, sealed: Sequence[wire.SealedRequest]) -> httpx.Response:
+        """POST the candidates; the answer's body is left to read (it may be a stream)."""
         payload = {"candidates": [
             {"node_id": s.node_id, "media_type": s.media_type, "encapsulated": base64.b64encode(s.encapsulated).decode()}
             for s in sealed
         ]}
         try:
             request = self._http.build_request("POST", INFER_PATH, json=payload)
-            return self._http.send(request, stream=stream)
+            return self._http.send(request, stream=True)
         except httpx.HTTPError as error:
             raise GatewayError(0, "unreachable", f"the gateway could not be reached ({type(error).__name__}); "
                                "check that it runs and send again") from None
@@ -194,10 +198,11 @@ class Client:
         return True
 
     def _raise_for_gateway(self, response: httpx.Response) -> None:
-        if response.is_success:
-            return
+        try:
+            code = _gateway_code(response)
+        finally:
+            response.close()
         retry_after = _retry_after(response)
-        code = _gateway_code(response)
         hint = f"retry after {retry_after:g} s" if retry_after is not None else "see the error code"
         raise GatewayError(response.status_code, code, f"the request was not served; {hint}", retry_after)
 
@@ -245,7 +250,7 @@ def _nothing_verified(records: Sequence[CandidateRecord]) -> NoVerifiedNodeError
 def _gateway_code(response: httpx.Response) -> str:
     try:
         if not response.is_stream_consumed:
-            response.read()
+            response.read()  # an error body: a few hundred bytes of JSON
         error = response.json().get("error")
     except (ValueError, AttributeError, httpx.HTTPError):
         return "unknown"
