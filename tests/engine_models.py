@@ -36,7 +36,16 @@ class ReferenceModel:
 
 
 def _hf_classes(name: str):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     return {
         # Grouped-query attention: 4 query heads share 2 KV heads.
@@ -45,10 +54,21 @@ def _hf_classes(name: str):
         "qwen2": (Qwen2ForCausalLM, Qwen2Config, {"tie_word_embeddings": True}),
         # Qwen3 normalises q and k per head; head_dim is set explicitly and differs from hidden / heads.
         "qwen3": (Qwen3ForCausalLM, Qwen3Config, {"head_dim": 32}),
+        "mistral": (MistralForCausalLM, MistralConfig, {"sliding_window": None}),
+        # Llama 3 frequency scaling, with an original context short enough that it changes most frequencies.
+        "llama3-rope": (LlamaForCausalLM, LlamaConfig, {"rope_scaling": LLAMA3_ROPE, "rope_theta": 500000.0}),
     }[name]
 
 
-REFERENCE_NAMES = ("llama", "qwen2", "qwen3")
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+REFERENCE_NAMES = ("llama", "qwen2", "qwen3")  # the three the generate parity runs on
+MORE_REFERENCE_NAMES = ("mistral", "llama3-rope")  # logits parity only
 
 
 @cache

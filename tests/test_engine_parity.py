@@ -14,7 +14,9 @@ import torch
 from engine import EngineConfig, LLMEngine
 from tests.engine_models import (  # noqa: F401 (fixtures)
     one_torch_thread,
+    MORE_REFERENCE_NAMES,
     REFERENCE_NAMES,
+    reference_model,
     build_hf_model,
     greedy,
     hf_greedy,
@@ -111,6 +113,20 @@ def test_prefill_logits_match_transformers(name, batch, reference_models):
     for prompt, logits in zip(chosen, prefill_logits(engine, chosen)):
         torch.testing.assert_close(logits, hf_logits(reference.model, prompt), atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
     assert engine.residue_check() == []
+
+
+@pytest.mark.parametrize("name", MORE_REFERENCE_NAMES)
+def test_more_families_prefill_logits_match_transformers(name, batch):
+    """Mistral, and Llama 3 frequency scaling (read from the saved config's rope parameters)."""
+    prompts, _ = batch
+    reference = reference_model(name)
+    engine = LLMEngine(reference.folder, EngineConfig(num_blocks=256, block_size=4))
+    assert engine.model_config.family == name.split("-")[0].replace("llama3", "llama")
+    if name == "llama3-rope":
+        assert engine.model_config.rope_scaling.rope_type == "llama3"
+    chosen = prompts[:4]
+    for prompt, logits in zip(chosen, prefill_logits(engine, chosen, chunk=7)):
+        torch.testing.assert_close(logits, hf_logits(reference.model, prompt), atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
 
 
 @pytest.mark.parametrize("name", REFERENCE_NAMES)
