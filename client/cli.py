@@ -53,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(handler(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`veil ... | head`): stop quietly, as other command-line tools do.
+        sys.stderr.close()
+        return 141
 
 
 if __name__ == "__main__":

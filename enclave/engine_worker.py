@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from engine import EngineError, LLMEngine, SamplingParams, StreamDelta
+from engine import EngineError, LLMEngine, SamplingParams, StreamDelta, UnknownRequestError
 
 _IDLE_WAIT_S = 0.05
 
@@ -99,7 +99,10 @@ class EngineWorker:
         def abort_now() -> None:
             handle = self._handles.pop(request_id, None)
             if handle is not None:
-                self.engine.abort(request_id)
+                try:
+                    self.engine.abort(request_id)
+                except UnknownRequestError:
+                    pass  # it finished in the meantime
 
         self._send(abort_now)
 
@@ -121,13 +124,28 @@ class EngineWorker:
                 self._wake.wait(_IDLE_WAIT_S)
                 self._wake.clear()
                 continue
-            for delta in self.engine.step():
+            try:
+                deltas = self.engine.step()
+            except Exception:  # noqa: BLE001 - one broken step must not take the node down silently
+                self._fail_all()
+                continue
+            for delta in deltas:
                 self._deliver(delta)
             step += 1
             if self._on_step is not None:
                 self._on_step(self.engine, step)
         for handle in list(self._handles.values()):
             handle.queue.put(None)
+
+    def _fail_all(self) -> None:
+        """Fails every request in flight with a generic error and frees (and zeroes) what it held."""
+        for request_id, handle in list(self._handles.items()):
+            handle.queue.put(Failure(EngineError("the engine failed while serving this request")))
+            try:
+                self.engine.abort(request_id)
+            except EngineError:
+                pass
+        self._handles.clear()
 
     def _drain_commands(self) -> None:
         while True:

@@ -26,7 +26,8 @@ class BlockManager:
         self.pending_copies: list[tuple[int, int]] = []  # (source, destination) for copy-on-write
         self.scrub_calls = 0
         self.blocks_scrubbed = 0
-        self.recently_scrubbed: list[int] = []  # ids zeroed since the audit last took them
+        # Ids zeroed since an observer last took them; kept only once someone asks (the node's audit).
+        self.recently_scrubbed: list[int] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -76,12 +77,13 @@ class BlockManager:
         self._free.extend(freed)
         self.scrub_calls += 1
         self.blocks_scrubbed += len(freed)
-        self.recently_scrubbed += freed
+        if self.recently_scrubbed is not None:
+            self.recently_scrubbed += freed
         return len(freed)
 
     def take_recently_scrubbed(self) -> list[int]:
         """The blocks zeroed since the previous call, for a residue check of exactly those."""
-        taken, self.recently_scrubbed = self.recently_scrubbed, []
+        taken, self.recently_scrubbed = self.recently_scrubbed or [], []
         return taken
 
     def _blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:

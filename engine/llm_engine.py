@@ -35,6 +35,7 @@ class Request:
     arrival_time: float
     first_token_time: float | None = None
     finished: set[int] = field(default_factory=set)
+    emitted_final: set[int] = field(default_factory=set)  # samples whose last delta has gone out
 
 
 class LLMEngine:
@@ -62,6 +63,8 @@ class LLMEngine:
         """Queues a request and returns its id; raises RequestRejected (only this request fails)."""
         params = params or SamplingParams()
         request_id = self._new_request_id(request_id)
+        if isinstance(prompt, str) and not prompt:
+            raise RequestRejected("empty_prompt", "the prompt is empty")
         params.validate(self.model_config.vocab_size)
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         max_tokens = self._check_fits(prompt_ids, params)
@@ -265,6 +268,9 @@ class LLMEngine:
         return deltas
 
     def _delta(self, seq: Sequence) -> StreamDelta | None:
+        request = self._requests.get(seq.request_id)
+        if request is None or seq.sample_index in request.emitted_final:
+            return None
         visible = seq.output_text if seq.is_finished else _holdback(seq.output_text, seq.params.stop)
         text = visible[seq.emitted_text_len :]
         tokens = tuple(seq.output_token_ids[seq.emitted_token_count :])
@@ -273,14 +279,17 @@ class LLMEngine:
             return None
         seq.emitted_text_len = len(visible)
         seq.emitted_token_count = len(seq.output_token_ids)
-        metrics = self._release_if_done(seq) if seq.is_finished else None
+        metrics = None
+        if seq.is_finished:
+            request.emitted_final.add(seq.sample_index)
+            metrics = self._release_if_done(request)
         return StreamDelta(seq.request_id, seq.sample_index, text, tokens, seq.finish_reason, logprobs, metrics)
 
-    def _release_if_done(self, seq: Sequence) -> RequestMetrics | None:
-        request = self._requests[seq.request_id]
-        if len(request.finished) < request.params.n or any(s.forks_pending for s in request.sequences):
+    def _release_if_done(self, request: Request) -> RequestMetrics | None:
+        """Forgets the request once every sample's last delta is out; that delta carries the metrics."""
+        if any(s.forks_pending for s in request.sequences) or len(request.emitted_final) < len(request.sequences):
             return None
-        del self._requests[seq.request_id]
+        del self._requests[request.request_id]
         return RequestMetrics(
             prompt_tokens=request.num_prompt_tokens,
             output_tokens=sum(len(s.output_token_ids) for s in request.sequences),

@@ -8,6 +8,7 @@ import torch
 
 import kernels
 from engine.config import EngineConfig
+from engine.errors import EngineError
 from engine.loader import load_model
 from engine.models.layers import AttentionMetadata
 from engine.scheduler import ScheduledChunk
@@ -33,7 +34,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.num_blocks = config.num_blocks or self._blocks_in_budget(config)
         if self.num_blocks < 1:
-            raise ValueError("the KV budget holds no block; raise kv_cache_gib or gpu_memory_utilization")
+            raise EngineError("the KV budget holds no block; raise kv_cache_gib or gpu_memory_utilization")
         mc = self.model_config
         # One tensor for every layer's K and V: index 2*i is layer i's K, 2*i+1 its V. Allocated as zeros,
         # so blocks that were never used pass the residue check too.

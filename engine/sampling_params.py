@@ -34,20 +34,35 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self, vocab_size: int) -> None:
-        """Raises RequestRejected naming the first setting out of range."""
+        """Raises RequestRejected naming the first setting of the wrong type or out of range."""
+        # Each check is a thunk so a type check guards the range check after it.
         checks = (
-            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
-            (0.0 <= self.temperature <= 100.0, "temperature must be between 0 and 100"),
-            (isinstance(self.top_k, int) and self.top_k >= 0, "top_k must be an integer >= 0"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
-            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
-            (isinstance(self.n, int) and 1 <= self.n <= MAX_SAMPLES, f"n must be between 1 and {MAX_SAMPLES}"),
-            (self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63), "seed must be in [0, 2^63)"),
-            (len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings"),
-            (all(0 < len(s) <= MAX_STOP_STRING_LENGTH for s in self.stop), "stop strings must be 1-256 characters"),
-            (all(0 <= t < vocab_size for t in self.stop_token_ids), "stop_token_ids must be valid token ids"),
-            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, f"logprobs must be between 0 and {MAX_LOGPROBS}"),
+            (lambda: _is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
+            (lambda: _is_number(self.temperature) and 0.0 <= self.temperature <= 100.0,
+             "temperature must be a number between 0 and 100"),
+            (lambda: _is_int(self.top_k) and self.top_k >= 0, "top_k must be an integer >= 0"),
+            (lambda: _is_number(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p must be a number in (0, 1]"),
+            (lambda: _is_number(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p must be a number in [0, 1]"),
+            (lambda: _is_int(self.n) and 1 <= self.n <= MAX_SAMPLES, f"n must be an integer between 1 and {MAX_SAMPLES}"),
+            (lambda: self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63), "seed must be an integer in [0, 2^63)"),
+            (lambda: isinstance(self.stop, (tuple, list)) and all(isinstance(s, str) for s in self.stop),
+             "stop must be a list of strings"),
+            (lambda: len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings"),
+            (lambda: all(0 < len(s) <= MAX_STOP_STRING_LENGTH for s in self.stop), "stop strings must be 1-256 characters"),
+            (lambda: isinstance(self.stop_token_ids, (tuple, list))
+             and all(_is_int(t) and 0 <= t < vocab_size for t in self.stop_token_ids),
+             "stop_token_ids must be valid token ids"),
+            (lambda: self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+             f"logprobs must be an integer between 0 and {MAX_LOGPROBS}"),
         )
         for ok, message in checks:
-            if not ok:
+            if not ok():
                 raise RequestRejected("invalid_sampling", message)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -42,13 +42,16 @@ class TinyPreset:
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
-    vocab_size: int
+    vocab_size: int | None  # None: exactly the tokenizer's vocabulary, so every id decodes to text
     max_position_embeddings: int
 
 
+# The trainer stops below this when the fixed text runs out of merges.
+TOKENIZER_VOCAB = 1024
+
 PRESETS: dict[str, TinyPreset] = {
     # A few hundred thousand parameters: the demo and the tests.
-    "tiny": TinyPreset(64, 172, 2, 4, 2, 768, 2048),
+    "tiny": TinyPreset(64, 172, 2, 4, 2, None, 2048),
     # About 46M parameters: the engine throughput benchmark.
     "bench": TinyPreset(512, 1536, 12, 8, 4, 8192, 2048),
 }
@@ -72,7 +75,7 @@ def build_tokenizer(vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def random_weights(preset: TinyPreset, seed: int) -> dict[str, torch.Tensor]:
+def random_weights(preset: TinyPreset, vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     head_dim = preset.hidden_size // preset.num_attention_heads
     kv_width = preset.num_key_value_heads * head_dim
@@ -81,7 +84,7 @@ def random_weights(preset: TinyPreset, seed: int) -> dict[str, torch.Tensor]:
         # 1/sqrt(fan_in) keeps activations at unit scale, so greedy choices are decisive, not ties.
         return torch.randn(out_features, in_features, generator=generator) / in_features**0.5
 
-    weights = {"model.embed_tokens.weight": torch.randn(preset.vocab_size, preset.hidden_size, generator=generator)}
+    weights = {"model.embed_tokens.weight": torch.randn(vocab_size, preset.hidden_size, generator=generator)}
     for layer in range(preset.num_hidden_layers):
         prefix = f"model.layers.{layer}."
         weights |= {
@@ -96,7 +99,7 @@ def random_weights(preset: TinyPreset, seed: int) -> dict[str, torch.Tensor]:
             prefix + "post_attention_layernorm.weight": torch.ones(preset.hidden_size),
         }
     weights["model.norm.weight"] = torch.ones(preset.hidden_size)
-    weights["lm_head.weight"] = linear(preset.vocab_size, preset.hidden_size)
+    weights["lm_head.weight"] = linear(vocab_size, preset.hidden_size)
     return weights
 
 
@@ -107,24 +110,26 @@ def write_tiny_model(folder: str | Path, preset: str = "tiny", seed: int = 0) ->
     spec = PRESETS[preset]
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(min(spec.vocab_size, 1024))
+    tokenizer = build_tokenizer(TOKENIZER_VOCAB)
     tokenizer.save(str(folder / "tokenizer.json"))
+    vocab_size = spec.vocab_size or tokenizer.get_vocab_size()
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-    _write_json(folder / "config.json", _config(spec, ids))
+    _write_json(folder / "config.json", _config(spec, vocab_size, ids))
     _write_json(folder / "generation_config.json", {"bos_token_id": ids[BOS], "eos_token_id": [ids[EOS], ids[EOT]]})
     _write_json(
         folder / "tokenizer_config.json",
         {"bos_token": BOS, "eos_token": EOT, "chat_template": CHAT_TEMPLATE, "model_max_length": spec.max_position_embeddings},
     )
-    save_file(random_weights(spec, seed), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(random_weights(spec, vocab_size, seed), str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 
 
-def _config(spec: TinyPreset, ids: dict[str, int]) -> dict:
+def _config(spec: TinyPreset, vocab_size: int, ids: dict[str, int]) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         **asdict(spec),
+        "vocab_size": vocab_size,
         "head_dim": spec.hidden_size // spec.num_attention_heads,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,

@@ -20,9 +20,10 @@ import torch
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.scheduler import ScheduledChunk
 from engine.sequence import Sequence
-from engine.tiny import write_tiny_model
+from engine.tiny import TOKENIZER_VOCAB, build_tokenizer, write_tiny_model
 
-VOCAB_SIZE = 768  # the tiny model's vocabulary, shared by every reference model here
+# The tiny model's vocabulary (exactly its tokenizer's), shared by every reference model here.
+VOCAB_SIZE = build_tokenizer(TOKENIZER_VOCAB).get_vocab_size()
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 

@@ -31,7 +31,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
 )
 
 CANARY_TEXT = "CANARY-zebra-7781"
-CANARY_ID = 613  # an in-vocabulary id that is no size or limit the messages could name
+CANARY_ID = 413  # an in-vocabulary id that is no size or limit the messages could name
 POOL = EngineConfig(num_blocks=16, block_size=4)  # 64 token slots
 CONTEXT = 2048  # the tiny model's max_position_embeddings
 

@@ -73,7 +73,7 @@ def test_generate_error_is_one_line_without_the_prompt(tmp_path, capsys):
 def test_generate_rejected_request_exits_cleanly(capsys):
     assert main(["generate", "--model", str(tiny_model_dir()), PROMPT, "--top-p", "0", "--kv-cache-gib", "0.01"]) == 1
     captured = capsys.readouterr()
-    assert captured.err == "veil generate: top_p must be in (0, 1]\n"
+    assert captured.err == "veil generate: top_p must be a number in (0, 1]\n"
     assert PROMPT not in captured.err + captured.out
 
 

@@ -114,20 +114,28 @@ def test_eos_from_generation_config_stops_unless_ignored(tmp_path):
     assert sampled_tokens(engine, PROMPTS[3], greedy(20)) == full  # ignore_eos
 
 
-def _stop_string_case(engine: LLMEngine) -> tuple[str, str, str]:
-    """A greedy output text, a stop string taken from its middle (spanning tokens), and the text before it."""
-    text = engine.generate(["The quick brown fox"], greedy(24))[0].outputs[0].text
-    for start in range(4, len(text) - 6):
-        stop = text[start : start + 6]
-        if "\ufffd" not in text[: start + 6] and text.find(stop) == start:
-            return text, stop, text[:start]
-    raise AssertionError("the greedy text has no usable stop string")
+STOP_PROMPTS = ("The quick brown fox", "Once upon a time", "Hello, world!", "Privacy is the product", "Veil answers")
+
+
+def _stop_string_case(engine: LLMEngine) -> tuple[str, str, str, str]:
+    """A prompt, its greedy output text, a stop string from the text's middle (spanning tokens), the text before it.
+
+    Random weights often emit lone bytes of multi-byte characters, so the first prompt whose text has a
+    clean stretch is used.
+    """
+    for prompt in STOP_PROMPTS:
+        text = engine.generate([prompt], greedy(24))[0].outputs[0].text
+        for start in range(4, len(text) - 6):
+            stop = text[start : start + 6]
+            if "\ufffd" not in text[: start + 6] and text.find(stop) == start:
+                return prompt, text, stop, text[:start]
+    raise AssertionError("no greedy text has a usable stop string")
 
 
 def test_stop_string_truncates_the_text_and_ends_with_reason_stop():
     engine = tiny_engine(num_blocks=64, block_size=4)
-    full_text, stop, before = _stop_string_case(engine)
-    output = engine.generate(["The quick brown fox"], greedy(24, stop=(stop, "never appears \u2603")))[0].outputs[0]
+    prompt, full_text, stop, before = _stop_string_case(engine)
+    output = engine.generate([prompt], greedy(24, stop=(stop, "never appears \u2603")))[0].outputs[0]
     assert output.text == before
     assert output.finish_reason is FinishReason.STOP
     assert len(output.token_ids) < 24
@@ -136,8 +144,8 @@ def test_stop_string_truncates_the_text_and_ends_with_reason_stop():
 
 def test_streamed_text_never_contains_the_stop_string():
     engine = tiny_engine(num_blocks=64, block_size=4)
-    _, stop, before = _stop_string_case(engine)
-    engine.add_request("The quick brown fox", greedy(24, stop=(stop,)))
+    prompt, _, stop, before = _stop_string_case(engine)
+    engine.add_request(prompt, greedy(24, stop=(stop,)))
     streamed = ""
     reasons = []
     for delta in engine.stream():

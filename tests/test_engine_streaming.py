@@ -99,6 +99,6 @@ def test_reprs_show_no_text_or_token_ids():
     for shown in (repr(delta), repr(output)):
         assert "CANARY" not in shown and "6131" not in shown
     engine = tiny_engine(num_blocks=64, block_size=4)
-    engine.add_request([613, 614, 615], greedy(2))
+    engine.add_request([413, 414, 415], greedy(2))
     engine.step()
-    assert all("613" not in repr(seq) for seq in engine.scheduler.running)
+    assert all("413" not in repr(seq) for seq in engine.scheduler.running)

@@ -1,0 +1,139 @@
+"""Engine throughput: Veil's continuous batching vs `transformers.generate` on the same model and requests.
+
+Workload: 64 requests, prompt lengths 32-512 and output lengths 16-256 (seeded), greedy, on the
+built-in ~46M-parameter random-weight Llama. Three runs in one process, same requests:
+  1. transformers.generate in static, left-padded batches (each batch runs to its longest output);
+  2. Veil with zero-on-free (the only way a node runs);
+  3. Veil with zeroing skipped, to price it.
+Prints output tokens/s for each and the ratios.
+
+    python benchmarks/engine_throughput.py [--requests 64] [--hf-batch-size 16] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+def make_workload(requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int) -> Workload:
+    rng = random.Random(1234)
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(*prompt_range))] for _ in range(requests)]
+    output_lens = [rng.randint(*output_range) for _ in range(requests)]
+    return Workload(prompts, output_lens)
+
+
+def run_veil(model_dir: str, workload: Workload, skip_zeroing: bool) -> tuple[float, int]:
+    from engine import EngineConfig, LLMEngine, SamplingParams
+
+    engine = LLMEngine(
+        model_dir,
+        EngineConfig(kv_cache_gib=2.0, max_num_seqs=64, max_num_batched_tokens=2048, unsafe_skip_zeroing=skip_zeroing),
+    )
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in workload.output_lens]
+    engine.generate([workload.prompts[0]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    started = time.perf_counter()
+    outputs = engine.generate(workload.prompts, params)
+    elapsed = time.perf_counter() - started
+    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    assert produced == workload.output_tokens, "every request must produce exactly its max_tokens"
+    return elapsed, engine.block_manager.blocks_scrubbed
+
+
+def run_transformers(model_dir: str, workload: Workload, batch_size: int) -> float:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.generation_config.pad_token_id = 0
+    started = time.perf_counter()
+    for begin in range(0, len(workload.prompts), batch_size):
+        prompts = workload.prompts[begin : begin + batch_size]
+        longest_output = max(workload.output_lens[begin : begin + batch_size])
+        input_ids, attention_mask = _left_pad(prompts)
+        with torch.inference_mode():
+            model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=longest_output,
+                min_new_tokens=longest_output,
+                do_sample=False,
+            )
+    return time.perf_counter() - started
+
+
+def _left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--hf-batch-size", type=int, default=16, help="static batch size for transformers.generate")
+    parser.add_argument("--quick", action="store_true", help="tiny model and short requests (a smoke run)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from engine.tiny import PRESETS, write_tiny_model
+
+    preset = "tiny" if args.quick else "bench"
+    prompt_range, output_range = ((4, 32), (2, 16)) if args.quick else ((32, 512), (16, 256))
+    with tempfile.TemporaryDirectory(prefix="veil-bench-") as model_dir:
+        write_tiny_model(model_dir, preset=preset)
+        params_m = sum(p.numel() for p in _param_shapes(model_dir)) / 1e6
+        vocab_size = PRESETS[preset].vocab_size or _config_vocab(model_dir)
+        workload = make_workload(args.requests, prompt_range, output_range, vocab_size)
+        print(f"model: built-in '{preset}' Llama, {params_m:.1f}M parameters, fp32, {torch.get_num_threads()} CPU threads")
+        print(f"workload: {args.requests} requests, prompts {prompt_range}, outputs {output_range}, "
+              f"{workload.output_tokens} output tokens, greedy")
+        hf_seconds = run_transformers(model_dir, workload, args.hf_batch_size)
+        veil_seconds, zeroed = run_veil(model_dir, workload, skip_zeroing=False)
+        unsafe_seconds, _ = run_veil(model_dir, workload, skip_zeroing=True)
+
+    tokens = workload.output_tokens
+    hf_rate, veil_rate, unsafe_rate = tokens / hf_seconds, tokens / veil_seconds, tokens / unsafe_seconds
+    print(f"transformers.generate (static batches of {args.hf_batch_size}): {hf_rate:9.1f} output tokens/s ({hf_seconds:.1f} s)")
+    print(f"veil, zero-on-free:                          {veil_rate:9.1f} output tokens/s ({veil_seconds:.1f} s, {zeroed} blocks zeroed)")
+    print(f"veil, zeroing skipped:                       {unsafe_rate:9.1f} output tokens/s ({unsafe_seconds:.1f} s)")
+    print(f"ratio veil / transformers: {veil_rate / hf_rate:.2f}x  (target >= 2x)")
+    print(f"cost of zero-on-free: {100 * (1 - veil_rate / unsafe_rate):+.2f}% of throughput  (target < 2%)")
+
+
+def _config_vocab(model_dir: str) -> int:
+    import json
+
+    with open(f"{model_dir}/config.json") as config:
+        return int(json.load(config)["vocab_size"])
+
+
+def _param_shapes(model_dir: str):
+    from safetensors import safe_open
+
+    with safe_open(f"{model_dir}/model.safetensors", "pt") as f:
+        return [f.get_tensor(name) for name in f.keys()]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The enclave node in-process: a real gRPC server on loopback, simulated attestation, the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from attestation.bundle import EvidenceBundle
+from attestation.verifier import verify
+from enclave.errors import SelfCheckError
+from enclave.node import NodeServer
+from enclave.proto import node_pb2, node_pb2_grpc
+from enclave.service import NOT_DECAPSULATED
+from enclave.settings import NodeSettings
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.tiny import write_tiny_model
+from engine.tokenizer import ChatMessage
+from ohttp import ChunkedRequestSealer, ClientRequest, bhttp
+from ohttp.bhttp_stream import StreamingResponseDecoder
+from ohttp.keys import KeyConfig
+from policy import shipped_policy
+
+CANARY = "CANARY-7f3a9c-PURPLE-GIRAFFE"
+
+
+@pytest.fixture(scope="module")
+def sim_root(tmp_path_factory: pytest.TempPathFactory):
+    previous = os.environ.get("VEIL_SIM_ROOT_DIR")
+    os.environ["VEIL_SIM_ROOT_DIR"] = str(tmp_path_factory.mktemp("sim-root"))
+    yield
+    if previous is None:
+        os.environ.pop("VEIL_SIM_ROOT_DIR", None)
+    else:
+        os.environ["VEIL_SIM_ROOT_DIR"] = previous
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def node(sim_root, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    audit_path = tmp_path_factory.mktemp("audit") / "node.jsonl"
+    settings = NodeSettings(
+        model=model_dir, policy="dev", attestation="sim", capacity=2, audit=f"file:{audit_path}",
+        key_rotation_s=0, key_grace_s=3600, kv_cache_gib=0.05, model_name="tiny",
+    )
+    server = NodeServer(settings)
+    server.start()
+    server.audit_path = audit_path
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(node: NodeServer):
+    channel = grpc.insecure_channel(f"127.0.0.1:{node.port}")
+    yield node_pb2_grpc.NodeStub(channel)
+    channel.close()
+
+
+def attest(stub) -> KeyConfig:
+    nonce = os.urandom(32)
+    reply = stub.Attest(node_pb2.AttestRequest(nonce=nonce))
+    verified = verify(EvidenceBundle.from_json(reply.evidence_bundle), shipped_policy("dev"), expected_nonce=nonce)
+    return KeyConfig.decode(verified.key_config)
+
+
+def inner_request(path: str, body: dict | bytes | None, method: bytes = b"POST") -> bytes:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
+    request = bhttp.Request(method, b"https", b"veil.node", path.encode(), [(b"content-type", b"application/json")], content)
+    return bhttp.encode_request(request)
+
+
+def call_whole(stub, config: KeyConfig, plaintext: bytes) -> bhttp.Response:
+    encapsulated, context = ClientRequest.encapsulate(config, plaintext)
+    reply = stub.Infer(node_pb2.InferRequest(media_type="message/ohttp-req", encapsulated=encapsulated))
+    return bhttp.decode_response(context.open_response(b"".join(chunk.data for chunk in reply)))
+
+
+def call_streaming(stub, config: KeyConfig, plaintext: bytes) -> tuple[int, list[bytes], int]:
+    sealer = ChunkedRequestSealer(config)
+    encapsulated = sealer.seal_chunk(plaintext, final=True)
+    opener, decoder = sealer.response_opener(), StreamingResponseDecoder()
+    events, grpc_messages = [], 0
+    for chunk in stub.Infer(node_pb2.InferRequest(media_type="message/ohttp-chunked-req", encapsulated=encapsulated)):
+        grpc_messages += 1
+        for piece in opener.feed(chunk.data):
+            events += decoder.feed(piece)
+    opener.finish()
+    decoder.finish()
+    return decoder.head.status, events, grpc_messages
+
+
+def chat_body(max_tokens: int = 12, seed: int = 6, **extra) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": f"say {CANARY}"}], "max_tokens": max_tokens,
+            "temperature": 0.8, "seed": seed, **extra}
+
+
+def expected_text(model_dir: Path, body: dict) -> str:
+    engine = LLMEngine(model_dir, EngineConfig(kv_cache_gib=0.02))
+    prompt = engine.tokenizer.encode_chat([ChatMessage(m["role"], m["content"]) for m in body["messages"]])
+    params = SamplingParams(max_tokens=body["max_tokens"], temperature=body["temperature"], seed=body["seed"])
+    return engine.generate([prompt], params)[0].outputs[0].text
+
+
+def test_attest_binds_the_nonce_and_the_current_key(stub):
+    nonce = os.urandom(32)
+    reply = stub.Attest(node_pb2.AttestRequest(nonce=nonce))
+    bundle = EvidenceBundle.from_json(reply.evidence_bundle)
+    verify(bundle, shipped_policy("dev"), expected_nonce=nonce)
+    with pytest.raises(Exception):
+        verify(bundle, shipped_policy("dev"), expected_nonce=os.urandom(32))
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Attest(node_pb2.AttestRequest(nonce=b"short"))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_whole_and_streamed_answers_equal_the_engine_output(stub, model_dir):
+    config = attest(stub)
+    body = chat_body()
+    want = expected_text(model_dir, body)
+    assert want  # this seed makes the tiny model speak rather than stop at once
+    response = call_whole(stub, config, inner_request("/v1/chat/completions", body))
+    assert response.status == 200
+    answer = json.loads(response.content)
+    assert answer["choices"][0]["message"]["content"] == want
+    assert answer["usage"]["completion_tokens"] == 12
+
+    status, events, messages = call_streaming(stub, config, inner_request("/v1/chat/completions", {**body, "stream": True}))
+    assert status == 200 and events[-1] == b"data: [DONE]\n\n"
+    chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == want
+    assert messages >= 3  # head, per-delta chunks, end: streamed, not buffered
+
+
+def test_text_completions_and_model_listing(stub):
+    config = attest(stub)
+    models = call_whole(stub, config, inner_request("/v1/models", None, method=b"GET"))
+    assert json.loads(models.content)["data"][0]["id"] == "tiny"
+    reply = call_whole(stub, config, inner_request("/v1/completions", {"prompt": "Once upon", "max_tokens": 5, "n": 2, "seed": 1}))
+    choices = json.loads(reply.content)["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        ("/v1/chat/completions", b"{not json " + CANARY.encode(), 400, "invalid_json"),
+        ("/v1/chat/completions", {"model": "other-" + CANARY, "messages": [{"role": "user", "content": "x"}]}, 404, "model_not_found"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": CANARY}], "temperature": -1}, 400, "invalid_sampling"),
+        ("/v1/completions", {"prompt": CANARY * 400, "max_tokens": 8}, 400, "prompt_too_long"),
+        ("/v1/completions", {"prompt": ""}, 400, "empty_prompt"),
+        ("/v1/nowhere", {}, 404, "not_found"),
+    ],
+)
+def test_errors_after_decapsulation_travel_encrypted_and_echo_nothing(stub, path, body, status, code):
+    config = attest(stub)
+    response = call_whole(stub, config, inner_request(path, body))
+    assert response.status == status
+    error = json.loads(response.content)["error"]
+    assert error["code"] == code
+    assert CANARY not in response.content.decode()
+
+
+@pytest.mark.parametrize("mangle", ["garbage", "flip", "unknown_key", "media_type"])
+def test_errors_before_decapsulation_are_generic(stub, mangle):
+    config = attest(stub)
+    encapsulated, _ = ClientRequest.encapsulate(config, inner_request("/v1/models", None, method=b"GET"))
+    media_type = "message/ohttp-req"
+    if mangle == "garbage":
+        encapsulated = CANARY.encode()
+    elif mangle == "flip":
+        encapsulated = encapsulated[:-1] + bytes([encapsulated[-1] ^ 1])
+    elif mangle == "unknown_key":
+        encapsulated = bytes([(encapsulated[0] + 7) % 256]) + encapsulated[1:]
+    else:
+        media_type = "text/plain"
+    with pytest.raises(grpc.RpcError) as error:
+        list(stub.Infer(node_pb2.InferRequest(media_type=media_type, encapsulated=encapsulated)))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == NOT_DECAPSULATED
+    # ... and the node keeps serving.
+    assert call_whole(stub, config, inner_request("/v1/models", None, method=b"GET")).status == 200
+
+
+def test_previous_key_is_honoured_for_the_grace_period(node, stub):
+    old_config = attest(stub)
+    old_id = node.node_id
+    node.rotate_key()
+    assert node.node_id != old_id and attest(stub) != old_config
+    assert call_whole(stub, old_config, inner_request("/v1/models", None, method=b"GET")).status == 200
+    node.keys.grace_s = 0
+    node.keys._previous_expires_at = 0.0  # the grace period is over
+    node.keys.expire_previous()
+    encapsulated, _ = ClientRequest.encapsulate(old_config, inner_request("/v1/models", None, method=b"GET"))
+    with pytest.raises(grpc.RpcError) as error:
+        list(stub.Infer(node_pb2.InferRequest(media_type="message/ohttp-req", encapsulated=encapsulated)))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_over_capacity_is_refused_not_queued(node, stub):
+    config = attest(stub)
+    body = inner_request("/v1/completions", {"prompt": "hold", "max_tokens": 200, "stream": True, "seed": 2})
+    held = []
+    for _ in range(node.service.capacity):
+        sealer = ChunkedRequestSealer(config)
+        stream = stub.Infer(node_pb2.InferRequest(media_type="message/ohttp-chunked-req",
+                                                  encapsulated=sealer.seal_chunk(body, final=True)))
+        next(stream)  # the node has started answering: the slot is taken
+        held.append(stream)
+    with pytest.raises(grpc.RpcError) as error:
+        call_whole(stub, config, inner_request("/v1/models", None, method=b"GET"))
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    for stream in held:
+        stream.cancel()
+    threading.Event().wait(0.5)
+    assert call_whole(stub, config, inner_request("/v1/models", None, method=b"GET")).status == 200
+
+
+def test_audit_holds_typed_events_only_and_zero_residue(node, stub):
+    config = attest(stub)
+    call_whole(stub, config, inner_request("/v1/chat/completions", chat_body(max_tokens=20)))
+    node.audit.flush()
+    text = node.audit_path.read_text()
+    assert CANARY not in text
+    events = [json.loads(line) for line in text.splitlines()]
+    kinds = {e["kind"] for e in events}
+    assert {"node_started", "evidence_refreshed", "request_finished", "blocks_zeroed"} <= kinds
+    zeroed = [e for e in events if e["kind"] == "blocks_zeroed"]
+    assert sum(e["blocks"] for e in zeroed) > 0 and all(e["residue_blocks"] == 0 for e in zeroed)
+    assert node.worker.call(lambda engine: engine.residue_check()) == []
+
+
+def test_self_check_refuses_simulation_under_strict(sim_root, model_dir):
+    with pytest.raises(SelfCheckError, match="simulated"):
+        NodeServer(NodeSettings(model=model_dir, policy="strict", attestation="sim"))
+
+
+def test_self_check_refuses_a_kv_pool_over_the_policy_budget(sim_root, model_dir):
+    with pytest.raises(SelfCheckError, match="budget"):
+        NodeServer(NodeSettings(model=model_dir, policy="dev", attestation="sim", kv_cache_gib=1000))
