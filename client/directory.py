@@ -2,9 +2,9 @@
 
 The directory is the same for every caller, so fetching it reveals nothing
 about a request. Candidates are drawn by the client, never by the gateway:
-K distinct nodes, each draw proportional to capacity among those not drawn
-yet, from the operating system's randomness (`secrets.SystemRandom`), so
-nobody can predict or steer which nodes a given request may reach.
+K distinct nodes, each included with probability proportional to its capacity,
+from the operating system's randomness (`secrets.SystemRandom`), so nobody can
+predict or steer which nodes a given request may reach (see `sample_candidates`).
 """
 
 from __future__ import annotations
@@ -76,29 +76,56 @@ def _entry(node: Any) -> DirectoryEntry:
 def sample_candidates(
     entries: Sequence[DirectoryEntry], k: int, rng: Random | None = None
 ) -> list[DirectoryEntry]:
-    """Up to `k` distinct entries, each draw weighted by capacity among the entries left.
+    """Up to `k` distinct entries, each included with probability k * capacity / total capacity.
 
-    Nodes with zero capacity are never drawn. `rng` defaults to the system's
-    cryptographic randomness; tests pass a seeded `random.Random`.
+    The gateway then picks uniformly among the candidates, so a node serves a request with probability
+    (k * C_i / sum C) / k = C_i / sum C: exactly its capacity share, the bound an attacker holding
+    nodes cannot beat. Drawing one weighted node after another would not do this: it includes small
+    nodes too often. Here inclusion is exact, by systematic sampling over a random order with integer
+    arithmetic. A node whose share exceeds 1/k is always included (probability 1 is the most it can
+    have), and the remaining slots are shared by the others in proportion to their capacity.
+    Nodes with zero capacity are never drawn. `rng` defaults to the system's cryptographic randomness;
+    tests pass a seeded `random.Random`.
     """
     if k < 1:
         raise ValueError("at least one candidate is needed")
     rng = rng or secrets.SystemRandom()
     pool = [entry for entry in entries if entry.capacity > 0]
+    rng.shuffle(pool)  # a random order, so which nodes end up together is itself random
+    certain, rest, slots = _split_certain(pool, min(k, len(pool)))
+    return certain + _systematic(rest, slots, rng)
+
+
+def _split_certain(pool: list[DirectoryEntry], slots: int) -> tuple[list, list, int]:
+    """Takes out the nodes whose inclusion probability would reach 1, until none would."""
+    certain: list[DirectoryEntry] = []
+    rest = list(pool)
+    while slots and rest:
+        total = sum(entry.capacity for entry in rest)
+        over = [entry for entry in rest if slots * entry.capacity >= total]
+        if not over:
+            break
+        certain += over[:slots]
+        slots -= len(over[:slots])
+        rest = [entry for entry in rest if entry not in over]
+    return certain, rest, slots
+
+
+def _systematic(rest: list[DirectoryEntry], slots: int, rng: Random) -> list[DirectoryEntry]:
+    """`slots` entries of `rest`, entry i with probability slots * C_i / sum C (< 1 for each here)."""
+    if not slots or not rest:
+        return []
+    total = sum(entry.capacity for entry in rest)
+    # Entry i owns [slots * (C_0 + ... + C_{i-1}), slots * (C_0 + ... + C_i)); the points are u + j * total.
+    start = rng.randrange(total)
+    points = [start + j * total for j in range(slots)]
     chosen: list[DirectoryEntry] = []
-    while pool and len(chosen) < k:
-        index = _weighted_index([entry.capacity for entry in pool], rng)
-        chosen.append(pool.pop(index))
+    upper = 0
+    for entry in rest:
+        lower, upper = upper, upper + slots * entry.capacity
+        if any(lower <= point < upper for point in points):
+            chosen.append(entry)
     return chosen
-
-
-def _weighted_index(weights: list[int], rng: Random) -> int:
-    point = rng.randrange(sum(weights))  # integer draw: exact proportions, no float rounding
-    for index, weight in enumerate(weights):
-        if point < weight:
-            return index
-        point -= weight
-    raise AssertionError("unreachable: the point lies below the total weight")
 
 
 class DirectoryCache:

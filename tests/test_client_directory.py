@@ -56,30 +56,38 @@ def test_candidates_are_distinct_have_capacity_and_fill_k(capacities: list[int],
     assert len(chosen) == min(k, sum(1 for c in capacities if c > 0))
 
 
-def test_first_draws_follow_capacity_shares() -> None:
-    capacities = [1, 2, 3, 6]
+def _binomial_bound(draws: int, p: float) -> float:
+    # five standard deviations of a binomial count: fails only if the probabilities are wrong
+    return 5 * (draws * p * (1 - p)) ** 0.5
+
+
+def test_each_node_is_included_with_k_times_its_capacity_share() -> None:
+    capacities = [1, 2, 3, 4, 6]
+    k, draws, total = 2, 24_000, sum(capacities)
     rng = random.Random(1234)
-    draws = 24_000
-    first = Counter(sample_candidates(_entries(capacities), 2, rng)[0].node_id for _ in range(draws))
-    total = sum(capacities)
+    included = Counter(e.node_id for _ in range(draws) for e in sample_candidates(_entries(capacities), k, rng))
     for index, capacity in enumerate(capacities):
-        expected = draws * capacity / total
-        # five standard deviations of a binomial count: fails only if the weighting is wrong
-        sigma = (draws * capacity / total * (1 - capacity / total)) ** 0.5
-        assert abs(first[f"node-{index}"] - expected) < 5 * sigma
+        p = k * capacity / total
+        assert abs(included[f"node-{index}"] - draws * p) < _binomial_bound(draws, p)
 
 
-def test_second_draws_are_weighted_among_the_rest() -> None:
-    # With capacities 1 and 3 besides a node taking the first draw, the second draw's share
-    # must follow the remaining capacity: P(second = node-2 | first = node-0) = 3 / 4.
-    rng = random.Random(99)
-    seconds = Counter()
-    for _ in range(20_000):
-        first, second = sample_candidates(_entries([4, 1, 3]), 2, rng)
-        if first.node_id == "node-0":
-            seconds[second.node_id] += 1
-    share = seconds["node-2"] / sum(seconds.values())
-    assert abs(share - 0.75) < 0.02
+def test_a_uniform_pick_among_candidates_lands_on_each_node_with_its_capacity_share() -> None:
+    # The non-targetability bound: the gateway picks uniformly among the client's candidates,
+    # so the route must reach node i with probability C_i / sum C, small nodes included.
+    capacities = [1, 1, 2, 3, 5, 8, 9]  # no node above 1/k of the total
+    draws, total = 30_000, sum(capacities)
+    rng = random.Random(7)
+    served = Counter(rng.choice(sample_candidates(_entries(capacities), 3, rng)).node_id for _ in range(draws))
+    for index, capacity in enumerate(capacities):
+        p = capacity / total
+        assert abs(served[f"node-{index}"] - draws * p) < _binomial_bound(draws, p)
+
+
+def test_a_node_above_one_kth_of_capacity_is_always_a_candidate() -> None:
+    rng = random.Random(3)
+    for _ in range(500):
+        chosen = sample_candidates(_entries([10, 1, 1, 1, 1]), 3, rng)
+        assert "node-0" in {e.node_id for e in chosen} and len(chosen) == 3
 
 
 def test_zero_capacity_is_never_drawn_and_k_must_be_positive() -> None:
