@@ -49,16 +49,13 @@ def document() -> str:
 
 def sections(level: int) -> dict[str, str]:
     """Heading text (without a leading number) -> the text up to the next heading of that level or above."""
-    marks = "#" * level
-    pattern = re.compile(rf"^{marks} (?:\d+\.\s+)?(.+)$", re.MULTILINE)
-    found = list(pattern.finditer(document()))
+    heading = re.compile(rf"^{'#' * level} (?:\d+\.\s+)?(.+)$", re.MULTILINE)
+    same_or_higher = re.compile(rf"^#{{1,{level}}} ", re.MULTILINE)
+    text = document()
     result = {}
-    for index, match in enumerate(found):
-        end = len(document())
-        following = re.compile(rf"^#{{1,{level}}} ", re.MULTILINE).search(document(), match.end())
-        if following is not None:
-            end = following.start()
-        result[match.group(1).strip()] = document()[match.end():end]
+    for match in heading.finditer(text):
+        following = same_or_higher.search(text, match.end())
+        result[match.group(1).strip()] = text[match.end():following.start() if following else len(text)]
     return result
 
 
