@@ -111,12 +111,13 @@ class ModelRunner:
         self.kv_cache.index_copy_(1, destinations, self.kv_cache.index_select(1, sources))
 
     def zero_blocks(self, block_ids: list[int]) -> None:
-        kernels.zero_blocks(self.kv_cache, torch.tensor(block_ids, dtype=torch.int64, device=self.device))
+        # Host ids: the range check needs no device round trip.
+        kernels.zero_blocks(self.kv_cache, block_ids)
 
     def find_residue(self, block_ids: list[int]) -> list[int]:
         if not block_ids:
             return []
-        return kernels.find_residue(self.kv_cache, torch.tensor(block_ids, dtype=torch.int64, device=self.device))
+        return kernels.find_residue(self.kv_cache, block_ids)
 
 
 def _dtype(name: str) -> torch.dtype:
