@@ -67,6 +67,8 @@ class InnerApi:
             return error_response(ApiError(400, error.reason, str(error)))
         except EngineError:
             return error_response(ApiError(500, "engine_error", "the engine failed this request"))
+        except Exception:  # noqa: BLE001 - an unforeseen bug answers inside the encryption, saying nothing
+            return error_response(ApiError(500, "engine_error", "the node failed this request"))
 
     def _route(self, request: Request) -> InnerResponse:
         path = request.path.split(b"?", 1)[0]
@@ -95,7 +97,9 @@ class InnerApi:
     def _completions(self, request: Request) -> InnerResponse:
         body = self._json_body(request)
         prompt = body.get("prompt")
-        if not isinstance(prompt, str) and not (
+        if isinstance(prompt, str):
+            _check_unicode(prompt)
+        elif not (
             isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         ):
             raise ApiError(400, "invalid_request", "'prompt' must be a string or a list of token ids")
@@ -106,7 +110,7 @@ class InnerApi:
             raise ApiError(413, "too_large", f"the request body exceeds {MAX_BODY_BYTES} bytes")
         try:
             body = json.loads(request.content)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # also nesting too deep, integers too long, bad UTF-8
             raise ApiError(400, "invalid_json", "the request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_request", "the request body must be a JSON object")
@@ -135,8 +139,7 @@ class InnerApi:
         return InnerResponse(200, json.dumps(shape.whole(output)).encode(), metrics=output.metrics)
 
     def _sampling_params(self, body: dict) -> SamplingParams:
-        stop = body.get("stop")
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        stops = _stop_strings(body.get("stop"))
         fields = {
             "max_tokens": _number(body, "max_tokens", int, DEFAULT_MAX_TOKENS),
             "temperature": _number(body, "temperature", float, 1.0),
@@ -144,11 +147,32 @@ class InnerApi:
             "n": _number(body, "n", int, 1),
             "seed": _number(body, "seed", int, None),
         }
-        if not all(isinstance(s, str) for s in stops):
-            raise ApiError(400, "invalid_request", "'stop' must be a string or a list of strings")
         if fields["max_tokens"] is not None and fields["max_tokens"] > self.max_tokens_limit:
             raise ApiError(400, "invalid_request", f"'max_tokens' may be at most {self.max_tokens_limit} on this node")
         return SamplingParams(stop=stops, **fields)
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stops: tuple = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(stop)
+    else:
+        raise ApiError(400, "invalid_request", "'stop' must be a string or a list of strings")
+    for text in stops:
+        _check_unicode(text)
+    return stops
+
+
+def _check_unicode(text: str) -> str:
+    """JSON can carry lone surrogates, which are not text; the tokenizer must never see them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "invalid_request", "text must be valid Unicode (no lone surrogates)") from None
+    return text
 
 
 def _number(body: dict, name: str, kind: type, default):
@@ -167,7 +191,7 @@ def _messages(raw: object) -> list[ChatMessage]:
     for entry in raw:
         if not isinstance(entry, dict) or not isinstance(entry.get("role"), str):
             raise ApiError(400, "invalid_request", "each message needs a 'role' and a 'content'")
-        messages.append(ChatMessage(entry["role"], _text_content(entry.get("content"))))
+        messages.append(ChatMessage(_check_unicode(entry["role"]), _check_unicode(_text_content(entry.get("content")))))
     return messages
 
 

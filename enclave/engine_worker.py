@@ -90,6 +90,9 @@ class EngineWorker:
             except EngineError as error:
                 handle.queue.put(Failure(error))
                 return
+            except Exception:  # noqa: BLE001 - no request may end the engine thread
+                handle.queue.put(Failure(EngineError("the engine refused this request")))
+                return
             self._handles[request_id] = handle
 
         self._send(add)
@@ -109,8 +112,18 @@ class EngineWorker:
     def call(self, function: Callable[[LLMEngine], object]) -> object:
         """Runs `function(engine)` on the engine thread and returns its result (for checks and stats)."""
         result: queue.Queue = queue.Queue(maxsize=1)
-        self._send(lambda: result.put(function(self.engine)))
-        return result.get(timeout=30)
+
+        def run() -> None:
+            try:
+                result.put((True, function(self.engine)))
+            except Exception as error:  # noqa: BLE001 - handed back to the caller's thread
+                result.put((False, error))
+
+        self._send(run)
+        ok, value = result.get(timeout=30)
+        if not ok:
+            raise value
+        return value
 
     def _send(self, command: Callable[[], None]) -> None:
         self._commands.put(command)
@@ -153,7 +166,10 @@ class EngineWorker:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            command()
+            try:
+                command()
+            except Exception:  # noqa: BLE001 - commands answer their callers themselves; the loop must live
+                continue
 
     def _deliver(self, delta: StreamDelta) -> None:
         handle = self._handles.get(delta.request_id)

@@ -36,7 +36,10 @@ class Tokenizer:
         return self._tokenizer.get_vocab_size()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        except (TypeError, ValueError):  # e.g. lone surrogates: not text the tokenizer can read
+            raise RequestRejected("invalid_text", "the text is not valid Unicode") from None
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
