@@ -28,6 +28,7 @@ from gateway.errors import MalformedRequestError, NoCandidateError, UnsupportedM
 from gateway.forwarding import Forwarder
 from gateway.keeper import PoolKeeper
 from gateway.models import (
+    MAX_ENCAPSULATED_BYTES,
     NODE_ID_PATTERN,
     RESPONSE_MEDIA_TYPES,
     Candidate,
@@ -126,7 +127,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
         media_type = _request_media_type(request)
         if not _is_node_id(node_id):
             raise NoCandidateError("that path does not name an admitted node; fetch /v1/nodes")
-        body = await read_bounded(request, settings.max_body_bytes)
+        body = await read_bounded(request, min(settings.max_body_bytes, MAX_ENCAPSULATED_BYTES))
         if not body:
             raise MalformedRequestError("the body must be the encapsulated OHTTP request")
         return relay_response(await runtime.forwarder.open((Candidate(node_id, media_type, body),)))

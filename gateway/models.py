@@ -9,10 +9,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import MalformedRequestError
+from gateway.errors import MalformedRequestError, RequestTooLargeError
 from ohttp.media_types import OHTTP_CHUNKED_REQUEST, OHTTP_CHUNKED_RESPONSE, OHTTP_REQUEST, OHTTP_RESPONSE
 
 NODE_ID_PATTERN = r"^[0-9a-f]{16,64}$"
+# A node refuses any longer encapsulation (enclave.service.MAX_ENCAPSULATED_BYTES), and gRPC refuses a
+# message over its bound as RESOURCE_EXHAUSTED, which reads as "busy"; so the gateway answers 413 itself.
+MAX_ENCAPSULATED_BYTES = 2 << 20
 RESPONSE_MEDIA_TYPES: dict[str, str] = {OHTTP_REQUEST: OHTTP_RESPONSE, OHTTP_CHUNKED_REQUEST: OHTTP_CHUNKED_RESPONSE}
 RequestMediaType = Literal["message/ohttp-req", "message/ohttp-chunked-req"]
 
@@ -91,6 +94,8 @@ def parse_infer_body(body: bytes, max_candidates: int) -> tuple[Candidate, ...]:
     if len(parsed.candidates) > max_candidates:
         raise MalformedRequestError(f"at most {max_candidates} candidates are accepted per request")
     candidates = tuple(Candidate(c.node_id, c.media_type, _b64decode(c.encapsulated)) for c in parsed.candidates)
+    if any(len(candidate.encapsulated) > MAX_ENCAPSULATED_BYTES for candidate in candidates):
+        raise RequestTooLargeError(f"each encapsulated request must be at most {MAX_ENCAPSULATED_BYTES} bytes")
     if len({candidate.node_id for candidate in candidates}) != len(candidates):
         raise MalformedRequestError("each candidate must name a different node")
     return candidates

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import (
@@ -54,11 +55,15 @@ async def read_bounded(request: Request, max_bytes: int) -> bytes:
         raise RequestTooLargeError(f"the body must be at most {max_bytes} bytes")
     parts: list[bytes] = []
     received = 0
-    async for part in request.stream():
-        received += len(part)
-        if received > max_bytes:
-            raise RequestTooLargeError(f"the body must be at most {max_bytes} bytes")
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            received += len(part)
+            if received > max_bytes:
+                raise RequestTooLargeError(f"the body must be at most {max_bytes} bytes")
+            parts.append(part)
+    except ClientDisconnect:
+        # The body ended before its declared length: an ordinary bad request, not a server failure.
+        raise MalformedRequestError("the request body ended early; send the whole body") from None
     return b"".join(parts)
 
 

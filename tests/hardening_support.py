@@ -92,6 +92,23 @@ def assert_error_shape(content: bytes) -> dict:
     return error
 
 
+mutations = st.one_of(
+    st.tuples(st.just("truncate"), st.floats(0, 1, exclude_max=True)),
+    st.tuples(st.just("flip"), st.floats(0, 1, exclude_max=True), st.integers(0, 7)),
+    st.tuples(st.just("insert"), st.floats(0, 1), with_canary(16)),
+)
+
+
+def mutate(data: bytes, mutation: tuple) -> bytes:
+    """`data` cut short, with one bit flipped, or with canary bytes spliced in, as `mutation` says."""
+    position = int(mutation[1] * len(data))
+    if mutation[0] == "truncate":
+        return data[:position]
+    if mutation[0] == "flip":
+        return data[:position] + bytes([data[position] ^ (1 << mutation[2])]) + data[position + 1:]
+    return data[:position] + mutation[2] + data[position:]
+
+
 class Heartbeat:
     """Every `every` fuzz cases, one well-formed request must still get the right answer."""
 

@@ -47,6 +47,8 @@ from tests.hardening_support import (
     chat_text,
     fuzz_settings,
     infer,
+    mutate,
+    mutations,
     inner_request,
     models_request,
     node_stub,
@@ -183,22 +185,6 @@ def test_whole_and_chunked_encapsulations_declared_as_each_other_are_refused(stu
     whole, chunked = seal_whole(config, models_request()), seal_chunked(config, models_request())
     assert_generic_refusal(infer(stub, OHTTP_CHUNKED_REQUEST, whole.encapsulated))
     assert_generic_refusal(infer(stub, OHTTP_REQUEST, chunked.encapsulated))
-
-
-mutations = st.one_of(
-    st.tuples(st.just("truncate"), st.floats(0, 1, exclude_max=True)),
-    st.tuples(st.just("flip"), st.floats(0, 1, exclude_max=True), st.integers(0, 7)),
-    st.tuples(st.just("insert"), st.floats(0, 1), with_canary(16)),
-)
-
-
-def mutate(data: bytes, mutation: tuple) -> bytes:
-    position = int(mutation[1] * len(data))
-    if mutation[0] == "truncate":
-        return data[:position]
-    if mutation[0] == "flip":
-        return data[:position] + bytes([data[position] ^ (1 << mutation[2])]) + data[position + 1:]
-    return data[:position] + mutation[2] + data[position:]
 
 
 @fuzz_settings()
