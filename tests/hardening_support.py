@@ -22,7 +22,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,8 @@ from enclave.node import NodeServer
 from enclave.proto import node_pb2, node_pb2_grpc
 from enclave.service import NOT_DECAPSULATED
 from enclave.settings import NodeSettings
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.tokenizer import ChatMessage
 from ohttp import ChunkedRequestSealer, ClientContext, ClientRequest, OHTTPError, bhttp
 from ohttp.bhttp_stream import StreamingResponseDecoder
 from ohttp.keys import KeyConfig
@@ -303,10 +305,23 @@ def assert_encrypted_answer(response: bhttp.Response, *, allow_ok: bool = True) 
 
 
 def chat_text(response: bhttp.Response) -> str:
+    """The text of a whole chat answer."""
     assert response.status == 200
     return json.loads(response.content)["choices"][0]["message"]["content"]
 
 
-def drain(iterator: Iterator[object]) -> None:
-    for _ in iterator:
-        pass
+def streamed_text(response: bhttp.Response) -> str:
+    """The text of a streamed chat answer (server-sent events ending in [DONE])."""
+    assert response.status == 200
+    events = response.content.split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""]
+    chunks = [json.loads(event.removeprefix(b"data: ")) for event in events[:-2]]
+    return "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
+
+
+def reference_text(model_dir: Path, body: dict) -> str:
+    """What the engine itself answers to the chat request `body` (a seeded one): the correct answer."""
+    engine = LLMEngine(model_dir, EngineConfig(kv_cache_gib=0.02))
+    prompt = engine.tokenizer.encode_chat([ChatMessage(m["role"], m["content"]) for m in body["messages"]])
+    params = SamplingParams(max_tokens=body["max_tokens"], temperature=body["temperature"], seed=body["seed"])
+    return engine.generate([prompt], params)[0].outputs[0].text

@@ -48,8 +48,10 @@ from tests.hardening_support import (
     inner_request,
     mutate,
     mutations,
+    reference_text,
     seal,
     start_node,
+    streamed_text,
     with_canary,
 )
 from tests.test_gateway_support import LiveGateway, gateway_settings, sim_root  # noqa: F401  (sim_root: a fixture)
@@ -102,10 +104,10 @@ def sdk_chat(sdk: Client) -> str:
 
 
 @pytest.fixture(scope="module")
-def baseline(sdk) -> str:
-    """The SDK's answer to one seeded request, taken before any hostile input."""
-    text = sdk_chat(sdk)
-    assert text
+def baseline(sdk, model_dir: Path) -> str:
+    """The correct answer to one seeded request, as the SDK gets it before any hostile input."""
+    text = reference_text(model_dir, chat_body())
+    assert text and sdk_chat(sdk) == text
     return text
 
 
@@ -201,7 +203,8 @@ hex_ids = st.text("0123456789abcdef", min_size=16, max_size=64)
 node_ids = st.sampled_from(["<node 0>", "<node 1>"]) | hex_ids | canary_text() | st.integers() | st.none()
 media_types = st.sampled_from([OHTTP_REQUEST, OHTTP_CHUNKED_REQUEST, *MEDIA_TYPE_VARIANTS]) | st.integers()
 ciphertexts = (with_canary(120).map(b64) | canary_text() | st.just("") | st.just("====") | st.integers()
-               | with_canary(60).map(lambda data: " " + b64(data) + "\n") | with_canary(60).map(lambda data: b64(data)[:-1]))
+               | with_canary(60).map(lambda data: " " + b64(data) + "\n")
+               | with_canary(60).map(lambda data: b64(data)[:-1]))
 candidates = st.fixed_dictionaries({"node_id": node_ids, "media_type": media_types, "encapsulated": ciphertexts},
                                    optional={CANARY: canary_text()})
 bodies = (st.fixed_dictionaries({"candidates": st.lists(candidates, max_size=10)}, optional={CANARY: canary_text()})
@@ -226,11 +229,13 @@ def test_infer_bodies_of_wrong_shapes_and_types_are_refused(http, nodes, heartbe
     b'{"candidates": [' * 50_000,
     b'{"candidates": ' + b"9" * 100_000 + b"}",
     b'{"candidates": [], "candidates": [{"node_id": "' + CANARY_BYTES + b'"}]}',
-    b'{"candidates": [{"node_id": "\\ud800' + CANARY_BYTES + b'", "media_type": "message/ohttp-req", "encapsulated": "AA=="}]}',
+    b'{"candidates": [{"node_id": "\\ud800' + CANARY_BYTES +
+    b'", "media_type": "message/ohttp-req", "encapsulated": "AA=="}]}',
     b'\xef\xbb\xbf{"candidates": []}' + CANARY_BYTES,
     b'{"candidates": [{"node_id": "' + b"a" * 32 + b'", "media_type": "message/ohttp-req", "encapsulated": "' +
     base64.b64encode(CANARY_BYTES) + b'=" }]}',
-    json.dumps({"candidates": [candidate(f"{index:032x}", OHTTP_REQUEST, b64(CANARY_BYTES)) for index in range(9)]}).encode(),
+    json.dumps({"candidates": [candidate(f"{index:032x}", OHTTP_REQUEST, b64(CANARY_BYTES))
+                               for index in range(9)]}).encode(),
     json.dumps({"candidates": [candidate("b" * 32, OHTTP_REQUEST, b64(CANARY_BYTES))] * 2}).encode(),
     json.dumps({"candidates": [candidate("c" * 65, OHTTP_REQUEST, b64(CANARY_BYTES))]}).encode(),
     json.dumps({"candidates": [candidate("C" * 32, OHTTP_REQUEST, b64(CANARY_BYTES))]}).encode(),
@@ -253,11 +258,10 @@ def test_unknown_nodes_are_a_404_that_names_none_of_them(http, heartbeat) -> Non
 
 
 @fuzz_settings()
-@given(garbage=with_canary(300), node_index=st.integers(0, 1), media_type=st.sampled_from([OHTTP_REQUEST, OHTTP_CHUNKED_REQUEST]),
-       raw_route=st.booleans())
-def test_garbage_ciphertext_for_a_real_node_is_a_502_and_never_evicts_it(http, nodes, gateway, heartbeat, garbage: bytes,
-                                                                          node_index: int, media_type: str,
-                                                                          raw_route: bool) -> None:
+@given(garbage=with_canary(300), node_index=st.integers(0, 1),
+       media_type=st.sampled_from([OHTTP_REQUEST, OHTTP_CHUNKED_REQUEST]), raw_route=st.booleans())
+def test_garbage_ciphertext_for_a_real_node_is_a_502_and_never_evicts_it(
+        http, nodes, gateway, heartbeat, garbage: bytes, node_index: int, media_type: str, raw_route: bool) -> None:
     heartbeat.beat()
     node_id = nodes[node_index].node_id
     answer = post_ohttp(http, node_id, media_type, garbage) if raw_route else \
@@ -268,8 +272,8 @@ def test_garbage_ciphertext_for_a_real_node_is_a_502_and_never_evicts_it(http, n
 
 @fuzz_settings()
 @given(mutation=mutations, chunked=st.booleans(), node_index=st.integers(0, 1), raw_route=st.booleans())
-def test_truncated_or_flipped_real_ciphertexts_are_a_502(http, nodes, gateway, heartbeat, mutation: tuple, chunked: bool,
-                                                         node_index: int, raw_route: bool) -> None:
+def test_truncated_or_flipped_real_ciphertexts_are_a_502(
+        http, nodes, gateway, heartbeat, mutation: tuple, chunked: bool, node_index: int, raw_route: bool) -> None:
     heartbeat.beat()
     node_id = nodes[node_index].node_id
     sealed = seal(key_configs(http)[node_id], inner_request(CHAT, chat_body(content=CANARY)), chunked)
@@ -304,11 +308,7 @@ def test_a_replayed_ciphertext_is_served_again_and_only_its_sender_can_read_eith
 
 
 def answer_text(sealed: Sealed, data: bytes, chunked: bool) -> str:
-    response = sealed.open(data)
-    if not chunked:
-        return chat_text(response)
-    events = response.content.split(b"\n\n")[:-2]  # the last two: "data: [DONE]" and the empty tail
-    return "".join(json.loads(event.removeprefix(b"data: "))["choices"][0]["delta"].get("content", "") for event in events)
+    return (streamed_text if chunked else chat_text)(sealed.open(data))
 
 
 # ----- bounds -----------------------------------------------------------------------------------
@@ -368,7 +368,8 @@ def test_odd_paths_get_a_fixed_404(http, heartbeat, path: str) -> None:
 
 @fuzz_settings()
 @given(content_type=canary_text() | st.sampled_from(MEDIA_TYPE_VARIANTS), body=with_canary(64))
-def test_the_ohttp_route_refuses_other_media_types_with_415(http, nodes, heartbeat, content_type: str, body: bytes) -> None:
+def test_the_ohttp_route_refuses_other_media_types_with_415(http, nodes, heartbeat, content_type: str,
+                                                            body: bytes) -> None:
     heartbeat.beat()
     try:
         answer = post_ohttp(http, nodes[0].node_id, content_type, body)
@@ -453,7 +454,8 @@ def assert_wire_refusal(reply: bytes) -> None:
     b"GET /" + CANARY_BYTES + b" HTTP/9.9\r\nHost: veil\r\n\r\n",
     b"GET /v1/health HTTP/1.1\r\nHost: veil\r\nX-Canary: \x00" + CANARY_BYTES + b"\r\n\r\n",
     b"GET /v1/health HTTP/1.1\r\nHost: veil\r\n" + CANARY_BYTES + b"\r\n\r\n",
-    b"POST /v1/infer HTTP/1.1\r\nHost: veil\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n" + CANARY_BYTES + b"\r\n0\r\n\r\n",
+    b"POST /v1/infer HTTP/1.1\r\nHost: veil\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n" + CANARY_BYTES +
+    b"\r\n0\r\n\r\n",
     b"POST /v1/infer HTTP/1.1\r\nHost: veil\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n" + CANARY_BYTES,
     b"POST /v1/infer HTTP/1.1\r\nHost: veil\r\nContent-Length: 1000\r\n\r\n{\"candidates\": \"" + CANARY_BYTES,
     b"POST /v1/infer HTTP/1.1\r\nHost: veil\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n" + CANARY_BYTES[:16],

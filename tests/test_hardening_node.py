@@ -47,16 +47,18 @@ from tests.hardening_support import (
     chat_text,
     fuzz_settings,
     infer,
-    mutate,
-    mutations,
     inner_request,
     models_request,
+    mutate,
+    mutations,
     node_stub,
+    reference_text,
     seal,
     seal_chunked,
     seal_whole,
     spawn_node,
     start_node,
+    streamed_text,
     with_canary,
 )
 from tests.test_gateway_support import sim_root  # noqa: F401  (a fixture)
@@ -99,10 +101,11 @@ def config(stub):
 
 
 @pytest.fixture(scope="module")
-def baseline(stub, config) -> str:
-    """The answer to one seeded chat request, taken before any hostile input."""
-    text = chat_text(answer_of(stub, seal_whole(config, inner_request(CHAT, chat_body()))))
+def baseline(stub, config, model_dir: Path) -> str:
+    """The correct answer to one seeded chat request, as the node gives it before any hostile input."""
+    text = reference_text(model_dir, chat_body())
     assert text  # this seed makes the tiny model speak, so "same answer" means something
+    assert chat_text(answer_of(stub, seal_whole(config, inner_request(CHAT, chat_body())))) == text
     return text
 
 
@@ -117,15 +120,6 @@ def assert_node_healthy(node, stub, config, baseline: str) -> None:
     assert streamed_text(answer_of(stub, seal_chunked(config, inner_request(CHAT, chat_body(stream=True))))) == baseline
     assert node.worker.call(lambda engine: engine.residue_check()) == []
     assert node.service.in_flight == 0
-
-
-def streamed_text(response) -> str:
-    """The text of a streamed chat answer (server-sent events ending in [DONE])."""
-    assert response.status == 200
-    events = response.content.split(b"\n\n")
-    assert events[-2:] == [b"data: [DONE]", b""]
-    chunks = [json.loads(event.removeprefix(b"data: ")) for event in events[:-2]]
-    return "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
 
 
 @pytest.fixture(autouse=True)
