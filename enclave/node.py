@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field
 from concurrent import futures
 from pathlib import Path
 
@@ -38,6 +39,22 @@ from policy import resolve_policy
 from policy.shipped import resolve_policy_path
 
 RELEASE = "0.1.0"
+ZEROED_REPORT_INTERVAL_S = 1.0
+
+
+@dataclass(slots=True)
+class ZeroingTally:
+    """Blocks zeroed (and residue found among them) since the last BlocksZeroed event."""
+
+    blocks: int = 0
+    residue: int = 0
+    last_step: int = 0
+    since: float = field(default_factory=time.monotonic)
+
+    def add(self, blocks: int, residue: int, step: int) -> None:
+        self.blocks += blocks
+        self.residue += residue
+        self.last_step = step
 _MAX_MESSAGE_BYTES = 4 << 20
 
 
@@ -55,6 +72,8 @@ class NodeServer:
             EngineConfig(kv_cache_gib=limits.kv_cache_gib, max_model_len=limits.max_model_len,
                          max_num_seqs=max(64, settings.capacity)),
         )
+        engine.block_manager.track_scrubbed()
+        self._zeroed = ZeroingTally()
         self.worker = EngineWorker(engine, on_step=self._audit_step)
         api = InnerApi(self.worker, engine.tokenizer, settings.model_name or Path(settings.model).name,
                        max_tokens_limit=engine.max_model_len)
@@ -94,6 +113,7 @@ class NodeServer:
         self.service.serving = False
         self._server.stop(grace).wait()
         self.worker.stop()
+        self._flush_zeroed()
         self.keys.stop()
         self.audit.emit(NodeStopped(self.node_id, StopReason.SHUTDOWN))
         self.audit.close()
@@ -113,10 +133,22 @@ class NodeServer:
         return bundle.to_json()
 
     def _audit_step(self, engine: LLMEngine, step: int) -> None:
-        zeroed = engine.block_manager.take_recently_scrubbed()
-        if zeroed:
-            residue = engine.runner.find_residue(zeroed)
-            self.audit.emit(BlocksZeroed(self.node_id, step, len(zeroed), len(residue)))
+        """Residue-checks the blocks zeroed since the last step and reports them at most once a second.
+
+        Only blocks still free are checked: one zeroed early in a step may already hold a new request's
+        data. Aggregating over a second keeps the count from telling one request's length.
+        """
+        block_manager = engine.block_manager
+        zeroed = block_manager.take_recently_scrubbed()
+        still_free = [block for block in zeroed if block_manager.ref_count(block) == 0]
+        self._zeroed.add(len(zeroed), len(engine.runner.find_residue(still_free)), step)
+        if time.monotonic() - self._zeroed.since >= ZEROED_REPORT_INTERVAL_S:
+            self._flush_zeroed()
+
+    def _flush_zeroed(self) -> None:
+        tally, self._zeroed = self._zeroed, ZeroingTally()
+        if tally.blocks:
+            self.audit.emit(BlocksZeroed(self.node_id, tally.last_step, tally.blocks, tally.residue))
 
     def _audit_request(self, outcome: Outcome) -> None:
         now = time.monotonic()

@@ -81,9 +81,16 @@ class BlockManager:
             self.recently_scrubbed += freed
         return len(freed)
 
+    def track_scrubbed(self) -> None:
+        """Starts keeping the ids of zeroed blocks for `take_recently_scrubbed` (the node's audit)."""
+        if self.recently_scrubbed is None:
+            self.recently_scrubbed = []
+
     def take_recently_scrubbed(self) -> list[int]:
         """The blocks zeroed since the previous call, for a residue check of exactly those."""
-        taken, self.recently_scrubbed = self.recently_scrubbed or [], []
+        if self.recently_scrubbed is None:
+            return []
+        taken, self.recently_scrubbed = self.recently_scrubbed, []
         return taken
 
     def _blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:

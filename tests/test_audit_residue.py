@@ -122,6 +122,7 @@ def run_audited_engine(model_dir, *, skip_zeroing: bool) -> MemorySink:
     from engine.sampling_params import SamplingParams
 
     engine = LLMEngine(model_dir, EngineConfig(device="cpu", num_blocks=64, unsafe_skip_zeroing=skip_zeroing))
+    engine.block_manager.track_scrubbed()
     sink = MemorySink()
     sink.emit(NodeStarted(NODE_A, POLICY, "0.1.0", "sim"))
     for prompt in ["Hello, world! " * 3, "The quick brown fox jumps over the lazy dog. " * 6, "0123456789", "Veil"]:
