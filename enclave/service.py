@@ -182,8 +182,9 @@ def _status_of(http_status: int) -> str:
     return "client_error" if http_status < 500 else "engine_error"
 
 
-def _nonempty(body: bytes) -> list[bytes]:
-    return [body] if body else []
+def _nonempty(body: bytes, piece: int = 64 * 1024) -> list[bytes]:
+    """A whole body as content chunks small enough for any chunk limit."""
+    return [body[start : start + piece] for start in range(0, len(body), piece)]
 
 
 def _close(response: InnerResponse, result: _Result | None = None) -> None:
