@@ -145,6 +145,11 @@ class NodeServer:
         if time.monotonic() - self._zeroed.since >= ZEROED_REPORT_INTERVAL_S:
             self._flush_zeroed()
 
+    def flush_audit(self) -> None:
+        """Emits the pending zeroing tally (on the engine thread, which owns it) and flushes the sink."""
+        self.worker.call(lambda engine: self._flush_zeroed())
+        self.audit.flush()
+
     def _flush_zeroed(self) -> None:
         tally, self._zeroed = self._zeroed, ZeroingTally()
         if tally.blocks:

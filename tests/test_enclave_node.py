@@ -227,7 +227,7 @@ def test_over_capacity_is_refused_not_queued(node, stub):
 def test_audit_holds_typed_events_only_and_zero_residue(node, stub):
     config = attest(stub)
     call_whole(stub, config, inner_request("/v1/chat/completions", chat_body(max_tokens=20)))
-    node.audit.flush()
+    node.flush_audit()
     text = node.audit_path.read_text()
     assert CANARY not in text
     events = [json.loads(line) for line in text.splitlines()]
