@@ -34,9 +34,6 @@ def _run_node(args: argparse.Namespace) -> int:
     from engine import EngineError
     from policy import PolicyError
 
-    # The engine thread and the RPC threads hand every token over through the GIL; Python's default
-    # 5 ms switch interval would add up to that much latency per handover.
-    sys.setswitchinterval(0.0002)
     settings = NodeSettings(
         model=args.model, policy=args.policy, attestation=args.attestation, listen=args.listen,
         port_file=args.port_file, capacity=args.capacity, audit=args.audit, key_rotation_s=args.key_rotation_s,
