@@ -180,7 +180,7 @@ def _number(body: dict, name: str, kind: type, default):
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise ApiError(400, "invalid_request", f"'{name}' must be a {'an integer' if kind is int else 'number'}")
+        raise ApiError(400, "invalid_request", f"'{name}' must be {'an integer' if kind is int else 'a number'}")
     return kind(value)
 
 
