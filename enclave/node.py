@@ -12,8 +12,9 @@ from pathlib import Path
 import grpc
 
 from attestation.backends import get_backend
+from attestation.bundle import EvidenceBundle
 from attestation.measurement import measure
-from attestation.verifier import node_id_for
+from attestation.verifier import node_id_for, verify
 from audit.buckets import bucket_latency_ms, bucket_tokens
 from audit.events import (
     AttestationBackend,
@@ -93,7 +94,18 @@ class NodeServer:
     def node_id(self) -> str:
         return node_id_for(self.keys.current.config.encode(), self.measurement)
 
+    def self_attest(self) -> None:
+        """Collects evidence over a fresh nonce and verifies it under the node's own policy.
+
+        A node whose platform (CC off, debug on), code, weights or policy would not pass a client's
+        verification refuses to start, rather than serve and be refused request by request.
+        """
+        nonce = os.urandom(32)
+        bundle = EvidenceBundle.from_json(self._attest(nonce))
+        verify(bundle, self.policy, expected_nonce=nonce)
+
     def start(self) -> int:
+        self.self_attest()
         self.port = self._server.add_insecure_port(self.settings.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.settings.listen}")

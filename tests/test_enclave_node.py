@@ -246,3 +246,18 @@ def test_self_check_refuses_simulation_under_strict(sim_root, model_dir):
 def test_self_check_refuses_a_kv_pool_over_the_policy_budget(sim_root, model_dir):
     with pytest.raises(SelfCheckError, match="budget"):
         NodeServer(NodeSettings(model=model_dir, policy="dev", attestation="sim", kv_cache_gib=1000))
+
+
+def test_a_node_whose_own_evidence_fails_its_policy_refuses_to_start(sim_root, model_dir, tmp_path):
+    from attestation.errors import MeasurementNotAllowedError
+    from policy import shipped_policy_path
+
+    # The dev policy, but with no code digest allowed: this node's own measurement cannot pass.
+    text = shipped_policy_path("dev").read_text().replace("accept_unlisted_code = true", "accept_unlisted_code = false")
+    assert "accept_unlisted_code = false" in text
+    policy_file = tmp_path / "no-code-allowed.toml"
+    policy_file.write_text(text)
+    node = NodeServer(NodeSettings(model=model_dir, policy=str(policy_file), attestation="sim", kv_cache_gib=0.02))
+    with pytest.raises(MeasurementNotAllowedError):
+        node.start()
+    assert node.port is None  # it never opened its port
