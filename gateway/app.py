@@ -109,6 +109,10 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
     async def directory() -> Response:
         return Response(runtime.directory.render(), media_type="application/json")
 
+    @app.get("/v1/attestation-key", summary="The public key that signs the directory's attestation results")
+    async def attestation_key() -> dict[str, str]:
+        return runtime.signer.public_description()
+
     @app.get("/v1/health", summary="Liveness and the number of admitted nodes")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "nodes": len(runtime.pool)}

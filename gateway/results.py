@@ -33,6 +33,13 @@ class ResultSigner:
     def __repr__(self) -> str:
         return f"ResultSigner(gateway_id={self.gateway_id}, key=<redacted>)"
 
+    def public_description(self) -> dict[str, str]:
+        """What a client needs to check the results this gateway signs: issuer, key id and public key."""
+        pem = self.public_key.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        return {"issuer": self.issuer, "kid": self.gateway_id, "alg": "ES384", "public_key_pem": pem.decode()}
+
     def issue(self, node: VerifiedNode, *, now: float | None = None) -> str:
         """An ES384 JWT recording that `node` passed every check under its policy."""
         return issue_result(node, self._key, issuer=self.issuer, key_id=self.gateway_id, now=now)

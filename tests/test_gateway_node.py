@@ -169,3 +169,21 @@ def test_a_dead_node_is_evicted_and_traffic_fails_over(gateway, nodes) -> None:
     assert gateway.runtime.pool.lookup(dead_id) is None
     assert [node.node_id for node in gateway.runtime.pool.entries()] == [alive.node_id]
     assert any(isinstance(event, NodeEvicted) and event.node_id == dead_id for event in gateway.audit.events)
+
+
+def test_attestation_results_verify_under_the_gateways_published_key(gateway, nodes) -> None:
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    from attestation.errors import ResultTokenError
+    from attestation.results import verify_result
+
+    with client(gateway.url) as http:
+        key = http.get("/v1/attestation-key").json()
+        listed = directory(http)
+    public_key = load_pem_public_key(key["public_key_pem"].encode())
+    for node_id, entry in listed.items():
+        result = verify_result(entry["attestation_result"], {key["kid"]: public_key}, issuer=key["issuer"])
+        assert result.node_id == node_id
+    forged = next(iter(listed.values()))["attestation_result"][:-4] + "AAAA"
+    with pytest.raises(ResultTokenError):
+        verify_result(forged, {key["kid"]: public_key}, issuer=key["issuer"])
