@@ -60,6 +60,8 @@ def _add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"gateway URL (default: ${GATEWAY_ENV} or {DEFAULT_GATEWAY})")
     parser.add_argument("--policy", default="dev", help="policy to verify nodes with: strict, dev or a file")
     parser.add_argument("--candidates", type=int, default=3, help="nodes to encrypt each request to (K)")
+    parser.add_argument("--fresh-evidence", action="store_true",
+                        help="ask each candidate for evidence over this client's own nonce on every request")
 
 
 # ----- veil chat ---------------------------------------------------------------------------------
@@ -70,7 +72,7 @@ def _chat(args: argparse.Namespace) -> int:
     from client.sdk import Client
 
     try:
-        with Client(args.gateway, policy=args.policy, candidates=args.candidates) as client:
+        with Client(args.gateway, policy=args.policy, candidates=args.candidates, fresh_evidence=args.fresh_evidence) as client:
             _warn_if_development(client.policy)
             model = args.model or client.models.list().data[0].id
             route = _ask(client, model, args)
@@ -172,7 +174,7 @@ def _proxy(args: argparse.Namespace) -> int:
     if not host or not port.isdigit():
         print("veil proxy: --listen must look like HOST:PORT, for example 127.0.0.1:8080", file=sys.stderr)
         return 2
-    with Client(args.gateway, policy=args.policy, candidates=args.candidates) as client:
+    with Client(args.gateway, policy=args.policy, candidates=args.candidates, fresh_evidence=args.fresh_evidence) as client:
         _warn_if_development(client.policy)
         print(f"veil proxy: OpenAI-compatible API on http://{host}:{port}/v1, forwarding to {args.gateway}",
               file=sys.stderr, flush=True)

@@ -15,6 +15,7 @@ candidate verified, and nothing of the request is ever logged.
 from __future__ import annotations
 
 import base64
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
@@ -22,7 +23,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from client import wire
-from client.directory import DirectoryCache, sample_candidates
+from client.directory import DirectoryCache, DirectoryEntry, sample_candidates
 from client.errors import (
     CandidateFailure,
     GatewayError,
@@ -92,12 +93,16 @@ class Client:
         candidates: int = 3,
         timeout: float = 60.0,
         directory_ttl_s: float = 10.0,
+        fresh_evidence: bool = False,
         http: httpx.Client | None = None,
     ) -> None:
         if not 1 <= candidates <= 8:
             raise ValueError("candidates must be between 1 and 8 (the gateway accepts at most 8)")
         self.policy = policy if isinstance(policy, Policy) else resolve_policy(policy)
         self.candidates = candidates
+        # Ask each candidate for evidence over a nonce of the client's own, on every request, instead of
+        # trusting the freshness of the evidence the gateway obtained at admission.
+        self.fresh_evidence = fresh_evidence
         self._http = http or httpx.Client(
             base_url=gateway_url, timeout=timeout, headers={"user-agent": _USER_AGENT},
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
@@ -168,7 +173,8 @@ class Client:
         self, method: str, path: str, body: dict[str, Any] | None, streaming: bool
     ) -> tuple[list[wire.SealedRequest], Route]:
         directory = self._directory.get()
-        records = [self._verifier.check(entry) for entry in sample_candidates(directory.entries, self.candidates)]
+        check = self._fresh_record if self.fresh_evidence else self._verifier.check
+        records = [check(entry) for entry in sample_candidates(directory.entries, self.candidates)]
         route = Route(None, tuple(records), self.policy.name)
         verified = [record for record in records if record.ok]
         if not verified:
@@ -176,6 +182,18 @@ class Client:
         inner = wire.build_request(method, path, body)
         sealed = [wire.seal(r.node_id, r.verified.key_config, inner, streaming) for r in verified]
         return sealed, route
+
+    def _fresh_record(self, entry: DirectoryEntry) -> CandidateRecord:
+        nonce = os.urandom(32)
+        try:
+            response = self._http.post(f"/v1/nodes/{entry.node_id}/attest", json={"nonce": nonce.hex()})
+            evidence = response.json().get("evidence") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            evidence = None
+        if not isinstance(evidence, str):
+            return CandidateRecord(entry.node_id, entry.capacity, None, "fresh evidence",
+                                   "the node's evidence over this client's nonce could not be obtained")
+        return self._verifier.check_fresh(entry, evidence, nonce)
 
     def _post(self, sealed: Sequence[wire.SealedRequest]) -> httpx.Response:
         """POST the candidates; the answer's body is left to read (it may be a stream)."""

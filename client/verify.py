@@ -51,6 +51,17 @@ class CandidateVerifier:
             return CandidateRecord(entry.node_id, entry.capacity, None, "directory", mismatch)
         return CandidateRecord(entry.node_id, entry.capacity, node)
 
+    def check_fresh(self, entry: DirectoryEntry, evidence: str, nonce: bytes) -> CandidateRecord:
+        """A record from evidence the node produced over the client's own `nonce` (never cached)."""
+        try:
+            node = verify(EvidenceBundle.from_json(evidence), self.policy, expected_nonce=nonce, now=self._clock())
+        except AttestationError as error:
+            return CandidateRecord(entry.node_id, entry.capacity, None, error.check, str(error))
+        mismatch = _listing_mismatch(entry, node)
+        if mismatch is not None:
+            return CandidateRecord(entry.node_id, entry.capacity, None, "directory", mismatch)
+        return CandidateRecord(entry.node_id, entry.capacity, node)
+
     def _verified(self, entry: DirectoryEntry) -> VerifiedNode:
         key = hashlib.sha256(entry.evidence.encode("utf-8", "surrogatepass")).digest()
         now = self._clock()

@@ -24,7 +24,13 @@ from gateway.audit import GatewayAuditor
 from gateway.auth import Admission, authorize_anonymously
 from gateway.backpressure import InFlightLimiter
 from gateway.directory import DirectoryCache
-from gateway.errors import MalformedRequestError, NoCandidateError, UnsupportedMediaTypeError
+from gateway.errors import (
+    MalformedRequestError,
+    NoCandidateError,
+    NodeFailedError,
+    NodeUnreachableError,
+    UnsupportedMediaTypeError,
+)
 from gateway.forwarding import Forwarder
 from gateway.keeper import PoolKeeper
 from gateway.models import (
@@ -35,6 +41,7 @@ from gateway.models import (
     Directory,
     ErrorBody,
     InferBody,
+    parse_attest_body,
     parse_infer_body,
     parse_register_body,
 )
@@ -135,6 +142,23 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
         if not body:
             raise MalformedRequestError("the body must be the encapsulated OHTTP request")
         return relay_response(await runtime.forwarder.open((Candidate(node_id, media_type, body),)))
+
+    @app.post("/v1/nodes/{node_id}/attest", responses=_ERRORS,
+              summary="Fresh evidence from one node, bound to the client's own nonce")
+    async def attest(request: Request, node_id: str = Path(max_length=64),
+                     _: Admission = Depends(authorize_anonymously)) -> dict[str, str]:
+        nonce = parse_attest_body(await read_bounded(request, 1024))
+        entry = runtime.pool.lookup(node_id) if _is_node_id(node_id) else None
+        if entry is None:
+            raise NoCandidateError("that path does not name an admitted node; fetch /v1/nodes")
+        permit = runtime.forwarder.limiter.admit_request()  # attestation work counts against the bound too
+        try:
+            answer = await runtime.keeper.client(entry.address).attest(nonce, settings.attest_timeout_s)
+        except NodeUnreachableError:
+            raise NodeFailedError("the node did not answer the attestation request; fetch /v1/nodes again") from None
+        finally:
+            permit.release()
+        return {"node_id": node_id, "evidence": answer.evidence}
 
     if settings.allow_registration:
         @app.post("/v1/nodes/register", summary="A node asks to be attested and admitted")

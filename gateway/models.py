@@ -101,6 +101,19 @@ def parse_infer_body(body: bytes, max_candidates: int) -> tuple[Candidate, ...]:
     return candidates
 
 
+class AttestBody(_Strict):
+    """`POST /v1/nodes/{node_id}/attest`: a client's own freshness challenge, 32 bytes as 64 hex digits."""
+
+    nonce: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def parse_attest_body(body: bytes) -> bytes:
+    try:
+        return bytes.fromhex(AttestBody.model_validate_json(body).nonce)
+    except ValidationError:
+        raise MalformedRequestError("the body must be JSON {\"nonce\": \"<64 lowercase hex digits>\"}") from None
+
+
 def parse_register_body(body: bytes) -> str:
     try:
         return RegisterBody.model_validate_json(body).address

@@ -187,3 +187,31 @@ def test_attestation_results_verify_under_the_gateways_published_key(gateway, no
     forged = next(iter(listed.values()))["attestation_result"][:-4] + "AAAA"
     with pytest.raises(ResultTokenError):
         verify_result(forged, {key["kid"]: public_key}, issuer=key["issuer"])
+
+
+def test_a_node_attests_on_demand_over_the_clients_own_nonce(gateway, nodes) -> None:
+    import os
+
+    node = nodes[0]
+    nonce = os.urandom(32)
+    with client(gateway.url) as http:
+        answer = http.post(f"/v1/nodes/{node.node_id}/attest", json={"nonce": nonce.hex()})
+        assert answer.status_code == 200
+        bundle = EvidenceBundle.from_json(answer.json()["evidence"])
+        assert verify(bundle, shipped_policy("dev"), expected_nonce=nonce).node_id == node.node_id
+        with pytest.raises(Exception):  # bound to that nonce, not to any other
+            verify(bundle, shipped_policy("dev"), expected_nonce=os.urandom(32))
+        assert http.post(f"/v1/nodes/{node.node_id}/attest", json={"nonce": "00" * 31}).status_code == 400
+        assert http.post(f"/v1/nodes/{'ab' * 16}/attest", json={"nonce": nonce.hex()}).status_code == 404
+
+
+def test_a_client_asking_for_fresh_evidence_verifies_its_own_nonce_and_is_served(gateway, nodes) -> None:
+    from client.sdk import Client
+
+    with Client(gateway.url, policy="dev", fresh_evidence=True) as sdk:
+        answer = sdk.models.list()
+        route = sdk.last_route
+    assert answer.data[0].id == "tiny"
+    assert route.candidates and all(record.ok for record in route.candidates)
+    assert all("nonce" in check.detail and "no nonce" not in check.detail
+               for record in route.candidates for check in record.verified.checks if check.name == "freshness")
