@@ -29,10 +29,12 @@ well-formed), each with its own error type, and returns a
 
 Not verified offline, and therefore named in each policy's
 ``accepted_gaps``: NVIDIA certificate revocation (OCSP), comparison of GPU
-measurements with NVIDIA's reference integrity manifests, and the signature
+measurements with NVIDIA's reference integrity manifests, the signature
 chains of Intel TDX and AMD SEV-SNP quotes (their REPORT_DATA and debug bits
-are checked, their signatures are not yet). The verifier's result says so in
-the chain, signature and confidential-mode checks.
+are checked, their signatures are not yet), and the CPU launch measurements
+(TDX MRTD/RTMRs, SEV-SNP MEASUREMENT) against reference values. The
+verifier's result says so in the chain, signature, confidential-mode and
+measurement checks.
 
 Verified results can be issued as ES384 JWTs (:mod:`attestation.results`), and
 NVIDIA NRAS EAT tokens are checked against a pinned key set

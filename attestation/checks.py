@@ -172,8 +172,14 @@ def check_measurement(ctx: Context) -> str:
             f"the node runs under a different policy than {ctx.policy.name!r} (policy digest differs); "
             "verify it against the policy it publishes, or do not use it"
         )
+    if not ctx.simulated:
+        _require_gap(ctx, "cpu-launch-measurement", MeasurementNotAllowedError,
+                     "the CPU TEE's launch measurement is not compared with reference values, so the code "
+                     "digest is the node's own claim")
     code = _allowed(measurement.code_digest, ctx.policy.attestation.allowed_code_digests,
                     ctx.policy.attestation.accept_unlisted_code, "code")
+    if not ctx.simulated:
+        code += " (NOT tied to a CPU launch measurement: accepted gap cpu-launch-measurement)"
     model = _allowed(measurement.model_digest, ctx.policy.engine.allowed_model_digests,
                      ctx.policy.engine.accept_unlisted_models, "model")
     return f"policy {ctx.policy.name!r} ({ctx.policy.digest.hex()[:16]}…); {code}; {model}"

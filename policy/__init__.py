@@ -6,8 +6,8 @@ A policy is a TOML file with four sections:
   allowed, the maximum evidence age and clock skew, the confidential modes
   required (``cpu``, ``gpu``), debugging forbidden, whether simulated evidence
   is acceptable, and the verification gaps the policy knowingly accepts
-  (``accepted_gaps``: checks that need NVIDIA's online services or Intel/AMD
-  quote chains and are not performed offline yet).
+  (``accepted_gaps``: checks that need NVIDIA's online services, Intel/AMD
+  quote chains or CPU launch reference values and are not performed yet).
 - ``[engine]``: maximum context, KV budget, prefix sharing (``request`` or
   ``off``: nothing is shared across requests), the model weights allowed by
   digest, and the knobs of forbidden optimizations, fixed to their safe value.

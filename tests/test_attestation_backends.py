@@ -189,7 +189,8 @@ def cpu_only_policy(gaps: str) -> object:
     text = text.replace('allowed_code_digests = []', f'allowed_code_digests = ["{"00" * 32}"]')
     text = text.replace('allowed_model_digests = []', 'allowed_model_digests = ["ab0e0a8e2b3a3b1e2cc3d7a0b5bd5b04bd0f1cc07e8c2d5fa45e5ab2b3f3f4a1"]')
     return parse_policy(text.replace(
-        'accepted_gaps = ["cpu-quote-signature", "gpu-reference-measurements", "gpu-revocation"]', gaps))
+        'accepted_gaps = ["cpu-launch-measurement", "cpu-quote-signature", "gpu-reference-measurements", '
+        '"gpu-revocation"]', gaps))
 
 
 def tsm_bundle(policy, make_quote, kind: str, *, debug: bool = False) -> EvidenceBundle:
@@ -259,3 +260,16 @@ def test_hardware_gpu_evidence_needs_the_revocation_gap_named():
 
 def test_the_vectors_directory_is_the_one_tested():
     assert (vectors_path() / "nvidia-h100" / "attestation-report.hex").is_file()
+
+
+@pytest.mark.parametrize("kind,make_quote", [("tdx", tdx_quote), ("sev-snp", snp_report)])
+def test_hardware_evidence_needs_the_launch_measurement_gap_named(kind, make_quote):
+    # Without it the verifier refuses: the code digest would be the node's own unproven claim.
+    without = cpu_only_policy('accepted_gaps = ["cpu-quote-signature"]')
+    report = verify_with_report(tsm_bundle(without, make_quote, kind), without)
+    assert isinstance(report.error, errors.MeasurementNotAllowedError)
+    assert "cpu-launch-measurement" in str(report.error)
+    named = cpu_only_policy('accepted_gaps = ["cpu-launch-measurement", "cpu-quote-signature"]')
+    report = verify_with_report(tsm_bundle(named, make_quote, kind), named)
+    # Past the gap, what remains is the allowlist (this bundle's model digest is not listed).
+    assert "cpu-launch-measurement" not in str(report.error)
