@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# In CI every run draws the same examples, so a result is reproducible from the log alone; locally
+# hypothesis keeps exploring new ones. Either way nothing is written to a local example database.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("local", database=None)
+settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _SHARED_VECTORS = REPO_ROOT.parent / "shared" / "vectors"

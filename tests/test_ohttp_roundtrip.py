@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ohttp.bhttp import InformationalResponse, Request, Response, decode_request, decode_response, encode_request, encode_response
-from ohttp.chunked import ChunkedRequestOpener, ChunkedRequestSealer
+from ohttp.chunked import DEFAULT_MAX_CHUNK_SIZE, ChunkedRequestOpener, ChunkedRequestSealer
 from ohttp.keys import DEFAULT_SUITES, KeyRing, generate_key_pair
 from ohttp.message import ClientRequest, decapsulate_request
 
@@ -51,6 +51,13 @@ def _split(data: bytes, fractions: list[float]) -> list[bytes]:
     return [data[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
+def _chunks(data: bytes, fractions: list[float]) -> list[bytes]:
+    """`_split`, then pieces over the chunk limit split again: a sender never seals more in one chunk."""
+    limit = DEFAULT_MAX_CHUNK_SIZE
+    return [part[i : i + limit] if part else part
+            for part in _split(data, fractions) for i in range(0, max(len(part), 1), limit)]
+
+
 @SETTINGS
 @given(requests, responses, suites, st.booleans())
 @example(
@@ -80,13 +87,13 @@ def test_whole_message_round_trip(request: Request, response: Response, suite, k
 )
 def test_chunked_round_trip(request, response, suite, request_cuts, request_pieces, response_cuts, response_pieces) -> None:
     sealer = ChunkedRequestSealer(RING.current.config, suite)
-    body = _split(encode_request(request, known_length=False), request_cuts)
+    body = _chunks(encode_request(request, known_length=False), request_cuts)
     wire = sealer.start() + b"".join(sealer.seal_chunk(c) for c in body[:-1] if c) + sealer.seal_chunk(body[-1], final=True)
     gateway = ChunkedRequestOpener(RING)
     assert b"".join(gateway.chunks(_split(wire, request_pieces))) == b"".join(body)
 
     writer = gateway.response_sealer()
-    answer = _split(encode_response(response, known_length=False), response_cuts)
+    answer = _chunks(encode_response(response, known_length=False), response_cuts)
     wire = writer.start() + b"".join(writer.seal_chunk(c) for c in answer[:-1] if c) + writer.seal_chunk(answer[-1], final=True)
     reader = sealer.response_opener()
     opened = [chunk for piece in _split(wire, response_pieces) for chunk in reader.feed(piece)]
