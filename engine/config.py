@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -204,5 +204,3 @@ class EngineConfig:
     device: str | None = None  # default: cuda when available
     # Measuring the cost of zero-on-free is the only reason to turn it off; the node never does.
     unsafe_skip_zeroing: bool = False
-    enforce_eager: bool = False
-    extra: dict = field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.errors import RequestRejected
 
@@ -27,7 +27,6 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to report per token; None = off
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def greedy(self) -> bool:
