@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +116,7 @@ class ModelConfig:
         extra_eos = _generation_eos(Path(folder))
         if extra_eos:
             merged = tuple(dict.fromkeys(config.eos_token_ids + extra_eos))
-            config = _replace(config, eos_token_ids=merged)
+            config = dataclasses.replace(config, eos_token_ids=merged)
         return config
 
     @property
@@ -124,12 +125,6 @@ class ModelConfig:
         if self.sliding_window:
             return min(self.max_position_embeddings, self.sliding_window)
         return self.max_position_embeddings
-
-
-def _replace(config: ModelConfig, **changes) -> ModelConfig:
-    import dataclasses
-
-    return dataclasses.replace(config, **changes)
 
 
 def _architecture(raw: dict) -> str:
