@@ -111,6 +111,20 @@ class FailsOnce:
     def _fail(self, error: OHTTPError) -> None:
         self._failed = type(error)
 
+    def feed(self, data: bytes) -> list[bytes]:
+        """Consume one piece of the stream; return the chunks it completed (subclasses parse in `_feed`)."""
+        self._guard()
+        if self._done:
+            raise MalformedError("data arrived after the stream was finished")
+        try:
+            return self._feed(bytes(data))
+        except OHTTPError as error:
+            self._fail(error)
+            raise
+
+    def _feed(self, data: bytes) -> list[bytes]:
+        raise NotImplementedError
+
 
 def chunk_frame(sealed: bytes, final: bool) -> bytes:
     """A sealed chunk on the wire: its length, or the zero indicator before the final one."""

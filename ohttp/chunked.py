@@ -131,17 +131,6 @@ class ChunkedRequestOpener(FailsOnce):
         """Whether the header was opened (a response sealer is then available)."""
         return self._setup is not None
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """Consume one piece of the stream; return the request chunks it completed."""
-        self._guard()
-        if self._done:
-            raise MalformedError("data arrived after the stream was finished")
-        try:
-            return self._feed(bytes(data))
-        except OHTTPError as error:
-            self._fail(error)
-            raise
-
     def finish(self) -> bytes:
         """End of stream: open and return the final chunk (TruncatedError if it never came)."""
         self._guard()
@@ -297,17 +286,6 @@ class ChunkedResponseOpener(FailsOnce):
     def complete(self) -> bool:
         """Whether the final chunk has been authenticated."""
         return self._final_plaintext is not None
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Consume one piece of the stream; return the response chunks it completed."""
-        self._guard()
-        if self._done:
-            raise MalformedError("data arrived after the stream was finished")
-        try:
-            return self._feed(bytes(data))
-        except OHTTPError as error:
-            self._fail(error)
-            raise
 
     def finish(self) -> bytes:
         """End of stream: return the final chunk's plaintext if `feed` has not (TruncatedError if absent)."""
