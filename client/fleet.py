@@ -175,13 +175,18 @@ class Fleet:
         node.popen.kill()
         node.popen.wait()
 
-    def node_index(self, node_id: str) -> int:
-        """Which node process announced `node_id` when it started (from its audit file)."""
-        for index in range(len(self.nodes)):
-            path = self.paths.audit / f"node-{index}.jsonl"
-            if path.is_file() and f'"node_id":"{node_id}"' in path.read_text(encoding="ascii").replace(" ", ""):
-                return index
-        raise FleetError("no node of this fleet announced that node id")
+    def node_index(self, node_id: str, timeout_s: float = 5.0) -> int:
+        """Which node process announced `node_id` (from its audit file, which may lag up to a second)."""
+        needle = f'"node_id":"{node_id}"'
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for index in range(len(self.nodes)):
+                path = self.paths.audit / f"node-{index}.jsonl"
+                if path.is_file() and needle in path.read_text(encoding="ascii").replace(" ", ""):
+                    return index
+            if time.monotonic() >= deadline:
+                raise FleetError("no node of this fleet announced that node id")
+            time.sleep(0.1)
 
     def pool_size(self) -> int:
         """How many nodes the gateway's pool holds now."""

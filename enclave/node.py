@@ -114,6 +114,8 @@ class NodeServer:
         self._server.start()
         backend = AttestationBackend(getattr(self.backend, "name", self.settings.attestation or "sim"))
         self.audit.emit(NodeStarted(self.node_id, self.policy.digest.hex(), RELEASE, backend))
+        # Durable before anyone is told the node is up: operators map node ids to processes by it.
+        self.audit.flush()
         if self.settings.port_file is not None:
             _write_atomically(Path(self.settings.port_file), f"{self.port}\n")
         return self.port
