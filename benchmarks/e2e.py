@@ -119,7 +119,7 @@ def run_encrypted(client, model: str, jobs: list[Job], concurrency: int, referen
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 16 requests, 8 tokens, concurrency 1 and 4")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=32)

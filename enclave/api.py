@@ -125,10 +125,10 @@ class InnerApi:
         completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         shape = _Shape(completion_id, self.model_name, chat, int(time.time()))
         if body.get("stream") is True:
-            deltas = handle.deltas()
-            first = _first_delta(deltas, handle)  # surfaces a refusal as an HTTP error, not a broken stream
+            batches = handle.delta_batches()
+            first = _first_batch(batches, handle)  # surfaces a refusal as an HTTP error, not a broken stream
             response = InnerResponse(200, on_close=[handle.close])
-            response.events = shape.events(first, deltas, handle, response)
+            response.events = shape.events(first, batches, handle, response)
             return response
         try:
             output = RequestOutput(handle.request_id, [])
@@ -205,9 +205,9 @@ def _text_content(content: object) -> str:
     raise ApiError(400, "invalid_request", "message content must be a string or a list of text parts")
 
 
-def _first_delta(deltas: Iterator[StreamDelta], handle) -> StreamDelta | None:
+def _first_batch(batches: Iterator[list[StreamDelta]], handle) -> list[StreamDelta]:
     try:
-        return next(deltas, None)
+        return next(batches, [])
     except RequestRejected:
         handle.close()
         raise
@@ -261,13 +261,16 @@ class _Shape:
         }
 
     def events(
-        self, first: StreamDelta | None, rest: Iterator[StreamDelta], handle, response: InnerResponse
+        self, first: list[StreamDelta], rest: Iterator[list[StreamDelta]], handle, response: InnerResponse
     ) -> Iterator[bytes]:
+        """Server-sent events, one piece per batch of deltas (one event per delta within it)."""
         started: set[int] = set()
         try:
-            for delta in itertools.chain([first] if first is not None else [], rest):
-                response.metrics = delta.metrics or response.metrics
-                yield self._event(delta, started)
+            for batch in itertools.chain([first], rest):
+                for delta in batch:
+                    response.metrics = delta.metrics or response.metrics
+                if batch:
+                    yield b"".join(self._event(delta, started) for delta in batch)
             yield b"data: [DONE]\n\n"
         finally:
             handle.close()

@@ -34,16 +34,34 @@ class RequestHandle:
 
     def deltas(self) -> Iterator[StreamDelta]:
         """Yields deltas until the request finishes; raises the engine's error if it was refused."""
+        for batch in self.delta_batches():
+            yield from batch
+
+    def delta_batches(self) -> Iterator[list[StreamDelta]]:
+        """Like `deltas`, but each item holds every delta already waiting (at least one).
+
+        A reader that fell behind the engine (a slow network, a busy host) catches up in one
+        send instead of one per token, so per-message costs shrink exactly when they hurt.
+        """
         while not self.finished:
-            item = self.queue.get()
-            if item is None:
-                raise EngineError("the engine stopped before this request finished")
-            if isinstance(item, Failure):
-                self.finished = True
-                raise item.error
-            if item.request_finished:
-                self.finished = True
-            yield item
+            batch: list[StreamDelta] = []
+            for item in self._waiting():
+                if item is None or isinstance(item, Failure):
+                    if batch:
+                        yield batch  # what the engine produced before failing still reaches its reader
+                    self.finished = isinstance(item, Failure)
+                    raise item.error if isinstance(item, Failure) else EngineError(
+                        "the engine stopped before this request finished")
+                batch.append(item)
+                self.finished = self.finished or item.request_finished
+            yield batch
+
+    def _waiting(self) -> list[StreamDelta | Failure | None]:
+        """Blocks for one item, then takes whatever else is already queued (this is the only reader)."""
+        items = [self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        return items
 
     def close(self) -> None:
         """Aborts the request if it is still running (its blocks are freed and zeroed at once)."""

@@ -137,7 +137,7 @@ def test_whole_and_streamed_answers_equal_the_engine_output(stub, model_dir):
     assert status == 200 and events[-1] == b"data: [DONE]\n\n"
     chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == want
-    assert messages >= 3  # head, per-delta chunks, end: streamed, not buffered
+    assert messages >= 3  # head with the first delta, later deltas and [DONE], end: never one sealed blob
 
 
 def test_text_completions_and_model_listing(stub):
