@@ -2,14 +2,24 @@
 SDK → gateway → node on loopback (attestation checked, OHTTP end to end, chunked streaming).
 
 Workload: 64 text completions (seeded prompts of 8-64 words, 32 output tokens each, temperature 0.8
-with a per-request seed), at concurrency 1, 8 and 32. In-process, at most C requests are in the
-engine at once; encrypted, C threads share one `Client` and stream every answer. The fleet has ONE
-node, so both paths run one engine. Same seeds on both paths give the same tokens; the run checks it.
+with a per-request seed), at concurrency 1, 8 and 32. The fleet has ONE node, so every path runs
+one engine. Same seeds on every path give the same tokens; the run checks it. Two in-process
+baselines, each with at most C requests in the engine at once:
 
-Prints, per concurrency: output tokens/s and p50/p99 time to first token for both paths, the
-throughput ratio (target ≥ 0.90) and the added median TTFT (target ≤ 15 ms).
+- engine loop: one thread adds requests and calls `step()`; a request joins exactly at a step
+  boundary, which no server can promise, so this is the strictest baseline;
+- engine thread: the node's own engine thread with C reader threads, as the node runs it; requests
+  arrive whenever their reader is ready. The difference to the encrypted path is then exactly
+  SDK + gateway + OHTTP + gRPC.
 
-    python benchmarks/e2e.py [--quick] [--model DIR] [--concurrency 1 8 32] [--requests 64]
+By default the node (and both baselines) run on their own core(s) and the SDK's threads and the
+gateway on the others, as separate machines would; `--shared-cpus` lets everything share every core.
+
+Prints, per concurrency: output tokens/s and p50 (and p99) time to first token for each path, the
+encrypted path's throughput ratio (target ≥ 0.90) and added median TTFT (target ≤ 15 ms) against
+both baselines.
+
+    python benchmarks/e2e.py [--quick] [--preset bench] [--model DIR] [--concurrency 1 8 32]
 """
 
 from __future__ import annotations
@@ -96,6 +106,32 @@ def run_in_process(engine, jobs: list[Job], concurrency: int) -> Run:
 # ----- encrypted ----------------------------------------------------------------------------------
 
 
+def run_engine_thread(worker, jobs: list[Job], concurrency: int) -> Run:
+    from engine import SamplingParams
+
+    def one(index: int) -> Result:
+        job = jobs[index]
+        params = SamplingParams(max_tokens=job.max_tokens, temperature=0.8, seed=job.seed)
+        sent = time.perf_counter()
+        ttft, pieces, tokens = None, [], 0
+        for batch in worker.submit(job.prompt, params).delta_batches():
+            for delta in batch:
+                if ttft is None and delta.token_ids:
+                    ttft = time.perf_counter() - sent
+                pieces.append(delta.text)
+                tokens += len(delta.token_ids)
+        return Result(ttft or 0.0, "".join(pieces), tokens)
+
+    return _threaded(one, len(jobs), concurrency)
+
+
+def _threaded(one, count: int, concurrency: int) -> Run:
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, range(count)))
+    return Run(time.perf_counter() - started, results)
+
+
 def run_encrypted(client, model: str, jobs: list[Job], concurrency: int, reference: list[Result]) -> Run:
     def one(index: int) -> Result:
         job = jobs[index]
@@ -109,10 +145,7 @@ def run_encrypted(client, model: str, jobs: list[Job], concurrency: int, referen
         # Token counts are not streamed; same seed, same text, same tokens (checked below).
         return Result(ttft or 0.0, "".join(pieces), reference[index].tokens)
 
-    started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(one, range(len(jobs))))
-    return Run(time.perf_counter() - started, results)
+    return _threaded(one, len(jobs), concurrency)
 
 
 # ----- main ---------------------------------------------------------------------------------------
@@ -128,18 +161,40 @@ def main() -> int:
     parser.add_argument("--preset", choices=("tiny", "bench"), default="tiny",
                         help="built-in model when --model is not given: tiny (tests, demo) or bench (~46M parameters)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads for the engine on both paths (default 1: on a small shared machine more "
+                        help="torch threads for the engine on every path (default 1: on a small shared machine more "
                              "threads than free cores make OpenMP spin, and the comparison would measure that)")
+    parser.add_argument("--shared-cpus", action="store_true",
+                        help="let node, gateway and SDK share every core instead of giving the node its own")
     args = parser.parse_args()
     if args.quick:
         args.requests, args.max_tokens, args.concurrency = 16, 8, [1, 4]
+    cpus = None if args.shared_cpus else split_cpus(args.threads)
     with tempfile.TemporaryDirectory(prefix="veil-bench-") as workdir:
         model_dir = args.model or _builtin_model(Path(workdir), args.preset)
         jobs = make_jobs(args.requests, args.max_tokens)
-        baseline = _baseline(model_dir, jobs, args.concurrency, args.threads)
-        encrypted = _encrypted(model_dir, Path(workdir), jobs, args.concurrency, baseline, args.threads)
-    _report(args, baseline, encrypted)
+        loop, thread = _baselines(model_dir, jobs, args.concurrency, args.threads, cpus)
+        encrypted = _encrypted(model_dir, Path(workdir), jobs, args.concurrency, loop, args.threads, cpus)
+    _report(args, cpus, loop, thread, encrypted)
     return 0
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    node: frozenset[int]
+    others: frozenset[int]  # the gateway and the SDK's threads
+
+
+def split_cpus(threads: int) -> CpuSplit | None:
+    """The last `threads` cores for the node, the rest for everything else; None where that cannot be done."""
+    if not hasattr(os, "sched_getaffinity"):
+        print("note: cannot pin processes here; node, gateway and SDK share every core", file=sys.stderr)
+        return None
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) <= threads:
+        print(f"note: {len(available)} core(s) cannot give the node {threads} of its own; everything shares them",
+              file=sys.stderr)
+        return None
+    return CpuSplit(frozenset(available[-threads:]), frozenset(available[:-threads]))
 
 
 def _builtin_model(root: Path, preset: str) -> Path:
@@ -148,29 +203,41 @@ def _builtin_model(root: Path, preset: str) -> Path:
     return write_tiny_model(root / f"{preset}-model", preset=preset)
 
 
-def _baseline(model_dir: Path, jobs: list[Job], levels: list[int], threads: int) -> dict[int, Run]:
+def _baselines(
+    model_dir: Path, jobs: list[Job], levels: list[int], threads: int, cpus: CpuSplit | None
+) -> tuple[dict[int, Run], dict[int, Run]]:
     import torch
 
+    from client.fleet import pinned
+    from enclave.engine_worker import EngineWorker
     from engine import EngineConfig, LLMEngine, SamplingParams
 
     torch.set_num_threads(threads)
-    engine = LLMEngine(model_dir, EngineConfig(kv_cache_gib=0.25, max_num_seqs=64))
-    engine.generate(["warm up"], SamplingParams(max_tokens=4))
-    runs = {c: run_in_process(engine, jobs, c) for c in levels}
-    del engine
-    return runs
+    with pinned(cpus.node if cpus else None):
+        engine = LLMEngine(model_dir, EngineConfig(kv_cache_gib=0.25, max_num_seqs=64))
+        engine.generate(["warm up"], SamplingParams(max_tokens=4))
+        loop = {c: run_in_process(engine, jobs, c) for c in levels}
+        worker = EngineWorker(engine)
+        worker.start()  # its thread, and the readers' threads below, inherit the node's cores
+        try:
+            thread = {c: run_engine_thread(worker, jobs, c) for c in levels}
+        finally:
+            worker.stop()
+    return loop, thread
 
 
 def _encrypted(
-    model_dir: Path, workdir: Path, jobs: list[Job], levels: list[int], baseline: dict[int, Run], threads: int
+    model_dir: Path, workdir: Path, jobs: list[Job], levels: list[int], baseline: dict[int, Run], threads: int,
+    cpus: CpuSplit | None,
 ) -> dict[int, Run]:
     from attestation.sim_root import ROOT_DIR_ENV
-    from client.fleet import Fleet, FleetSettings
+    from client.fleet import Fleet, FleetSettings, pinned
     from client.sdk import Client
 
     settings = FleetSettings(nodes=1, model_dir=model_dir, workdir=workdir / "fleet", capacity=max(levels),
-                             kv_cache_gib=0.25, torch_threads=threads)
-    with Fleet(settings) as fleet:
+                             kv_cache_gib=0.25, torch_threads=threads,
+                             node_cpus=cpus.node if cpus else None, gateway_cpus=cpus.others if cpus else None)
+    with Fleet(settings) as fleet, pinned(cpus.others if cpus else None):
         os.environ[ROOT_DIR_ENV] = str(fleet.sim_root_dir)
         with Client(fleet.gateway_url, policy="dev") as client:
             model = client.models.list().data[0].id
@@ -184,20 +251,25 @@ def _encrypted(
     return runs
 
 
-def _report(args: argparse.Namespace, baseline: dict[int, Run], encrypted: dict[int, Run]) -> None:
+def _report(args: argparse.Namespace, cpus: CpuSplit | None, loop: dict[int, Run], thread: dict[int, Run],
+            encrypted: dict[int, Run]) -> None:
+    placement = (f"node on core(s) {sorted(cpus.node)}, gateway and SDK on {sorted(cpus.others)}" if cpus
+                 else "node, gateway and SDK sharing every core")
     print(f"\nend-to-end: {args.requests} requests x {args.max_tokens} tokens, one node, loopback, "
-          f"{args.threads} torch thread(s) per engine, SIMULATED attestation (the cryptography is real)")
-    header = f"{'conc':>4} | {'in-process tok/s':>16} {'p50 ttft':>9} {'p99 ttft':>9} | " \
-             f"{'encrypted tok/s':>15} {'p50 ttft':>9} {'p99 ttft':>9} | {'tput ratio':>10} {'+p50 ttft':>10}"
+          f"{args.threads} torch thread(s) per engine, {placement}; SIMULATED attestation (the cryptography is real)")
+    header = (f"{'conc':>4} | {'engine loop':^21} | {'engine thread':^21} | {'encrypted':^31} | "
+              f"{'tput ratio vs':^15} | {'+p50 ttft vs':^17}")
+    sub = (f"{'':>4} | {'tok/s':>10} {'p50 ttft':>10} | {'tok/s':>10} {'p50 ttft':>10} | "
+           f"{'tok/s':>10} {'p50 ttft':>10} {'p99 ttft':>9} | {'loop':>7} {'thread':>7} | {'loop':>8} {'thread':>8}")
     print(header)
-    print("-" * len(header))
-    for c in sorted(baseline):
-        base, enc = baseline[c], encrypted[c]
-        ratio = enc.tokens_per_s / base.tokens_per_s
-        added = enc.ttft_ms(0.5) - base.ttft_ms(0.5)
-        print(f"{c:>4} | {base.tokens_per_s:>16.1f} {base.ttft_ms(0.5):>7.1f}ms {base.ttft_ms(0.99):>7.1f}ms | "
-              f"{enc.tokens_per_s:>15.1f} {enc.ttft_ms(0.5):>7.1f}ms {enc.ttft_ms(0.99):>7.1f}ms | "
-              f"{ratio:>10.2f} {added:>8.1f}ms")
+    print(sub)
+    print("-" * len(sub))
+    for c in sorted(loop):
+        a, b, e = loop[c], thread[c], encrypted[c]
+        print(f"{c:>4} | {a.tokens_per_s:>10.1f} {a.ttft_ms(0.5):>8.1f}ms | {b.tokens_per_s:>10.1f} {b.ttft_ms(0.5):>8.1f}ms | "
+              f"{e.tokens_per_s:>10.1f} {e.ttft_ms(0.5):>8.1f}ms {e.ttft_ms(0.99):>7.1f}ms | "
+              f"{e.tokens_per_s / a.tokens_per_s:>7.2f} {e.tokens_per_s / b.tokens_per_s:>7.2f} | "
+              f"{e.ttft_ms(0.5) - a.ttft_ms(0.5):>6.1f}ms {e.ttft_ms(0.5) - b.ttft_ms(0.5):>6.1f}ms")
     print("targets: throughput ratio >= 0.90, added median TTFT <= 15 ms")
 
 

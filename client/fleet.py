@@ -14,6 +14,7 @@ are started as `python -m client ...`, and the tiny model is written by a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +61,10 @@ class FleetSettings:
     extra_node_args: tuple[str, ...] = ()
     # More node addresses for the gateway to admit (nodes started elsewhere); not waited for.
     extra_gateway_nodes: tuple[str, ...] = ()
+    # CPUs each kind of process may run on (None: any). Benchmarks keep the nodes' cores free of
+    # gateway and client work, as separate machines would.
+    node_cpus: frozenset[int] | None = None
+    gateway_cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 32:
@@ -230,9 +236,11 @@ class Fleet:
         if result.returncode != 0:
             raise FleetError(f"could not write the tiny model to {self.model_dir}: {result.stderr.strip()[-500:]}")
 
-    def _spawn(self, name: str, arguments: list[str]) -> FleetProcess:
+    def _spawn(self, name: str, arguments: list[str], cpus: frozenset[int] | None = None) -> FleetProcess:
         stdout_path, stderr_path = self.paths.logs / f"{name}.out", self.paths.logs / f"{name}.err"
-        with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
+        # A port file left by an earlier fleet in this work folder names a port nobody listens on.
+        (self.paths.run / f"{name}.port").unlink(missing_ok=True)
+        with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr, pinned(cpus):
             popen = subprocess.Popen(
                 [sys.executable, "-m", "client", *arguments], stdout=stdout, stderr=stderr,
                 stdin=subprocess.DEVNULL, env=self._env(), cwd=self.workdir,
@@ -248,7 +256,7 @@ class Fleet:
             "--audit", f"file:{self.paths.audit / f'node-{index}.jsonl'}",
         ]
         arguments += _optional("--key-rotation-s", s.key_rotation_s) + _optional("--key-grace-s", s.key_grace_s)
-        return self._spawn(f"node-{index}", arguments + list(s.extra_node_args))
+        return self._spawn(f"node-{index}", arguments + list(s.extra_node_args), s.node_cpus)
 
     def _start_gateway(self) -> FleetProcess:
         s = self.settings
@@ -261,7 +269,7 @@ class Fleet:
             arguments += ["--node", address]
         arguments += _optional("--reattest-s", s.reattest_s) + _optional("--health-s", s.health_s)
         arguments += _optional("--key-grace-s", s.key_grace_s)
-        return self._spawn("gateway", arguments)
+        return self._spawn("gateway", arguments, s.gateway_cpus)
 
     def _wait_for_port(self, process: FleetProcess, deadline: float) -> int:
         port_file = self.paths.run / f"{process.name}.port"
@@ -281,6 +289,25 @@ class Fleet:
         if self.gateway is not None and not self.gateway.alive:
             raise FleetError(f"the gateway exited with status {self.gateway.popen.returncode}; "
                              f"its messages are in {self.gateway.stderr_path}")
+
+
+@contextlib.contextmanager
+def pinned(cpus: frozenset[int] | None) -> Iterator[None]:
+    """Runs the block with the calling thread on `cpus`; threads and processes started in it inherit them.
+
+    CPU affinity is per thread on Linux, so this changes nothing for the caller's other threads.
+    """
+    if cpus is None:
+        yield
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        raise FleetError("pinning processes to CPUs needs Linux (os.sched_setaffinity)")
+    previous = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, previous)
 
 
 def _optional(flag: str, value: float | None) -> list[str]:
