@@ -64,10 +64,15 @@ class NodeError(VeilClientError):
         self.status = status
         self.code = safe_code(code)
         self.node_id = node_id
-        super().__init__(
-            f"node {node_id[:16]} refused the request with {status} ({self.code}); "
-            "fix the request's parameters or model name and send it again"
-        )
+        super().__init__(f"node {node_id[:16]} refused the request with {status} ({self.code}); {_hint(status, self.code)}")
+
+
+def _hint(status: int, code: str) -> str:
+    if code == "date_out_of_window":
+        return "this computer's clock is too far from the node's; correct it (enable NTP) and send again"
+    if status >= 500:
+        return "the node failed while serving it; send it again (another node may be chosen)"
+    return "fix the request's parameters or model name and send it again"
 
 
 class StreamTruncatedError(VeilClientError):

@@ -10,7 +10,9 @@ Streamed answers: BHTTP request in one final chunk → `message/ohttp-chunked-re
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any
 
 from ohttp import (
@@ -35,9 +37,15 @@ MAX_ERROR_BODY = 64 * 1024
 DONE = "[DONE]"
 
 
-def build_request(method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
-    """The inner request as Binary HTTP: an OpenAI-style call addressed to the node itself."""
-    headers = [(b"content-type", b"application/json")] if body is not None else []
+def build_request(method: str, path: str, body: dict[str, Any] | None = None, now: float | None = None) -> bytes:
+    """The inner request as Binary HTTP: an OpenAI-style call addressed to the node itself.
+
+    It carries the sender's clock in `Date` (inside the encryption, so only the node sees it): the
+    node refuses requests outside its window, which bounds how long a captured ciphertext replays.
+    """
+    headers = [(b"date", formatdate(time.time() if now is None else now, usegmt=True).encode())]
+    if body is not None:
+        headers.append((b"content-type", b"application/json"))
     content = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
     request = Request(method.encode("ascii"), b"https", INNER_AUTHORITY, path.encode("ascii"), headers, content)
     return encode_request(request)

@@ -3,6 +3,10 @@
 Handlers turn a decrypted Binary HTTP request into an `InnerResponse`: a JSON body, or a stream of
 server-sent events with one event per engine delta. Error bodies name what was wrong, never what
 the request said.
+
+A request that carries a `Date` field (the SDK always sends one) is refused when that date is
+further than the window from the node's clock (RFC 9458 section 6.5): a captured ciphertext can
+then be replayed only within the window, and the node still keeps no state about requests.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ import itertools
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import timezone
+from email.utils import formatdate, parsedate_to_datetime
 
 from engine import EngineError, RequestOutput, RequestRejected, SamplingParams, StreamDelta
 from engine.outputs import RequestMetrics
@@ -23,6 +29,7 @@ from ohttp.bhttp import Request
 MAX_BODY_BYTES = 1 << 20
 MAX_MESSAGES = 256
 DEFAULT_MAX_TOKENS = 128
+REQUEST_DATE_WINDOW_S = 60.0
 
 
 class ApiError(Exception):
@@ -40,6 +47,7 @@ class InnerResponse:
     events: Iterator[bytes] | None = None  # server-sent events, when streaming
     on_close: list = field(default_factory=list)
     metrics: RequestMetrics | None = None  # sizes and timings, once the request has finished
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # beyond the content type
 
     @property
     def streaming(self) -> bool:
@@ -57,10 +65,18 @@ class InnerApi:
     tokenizer: Tokenizer
     model_name: str
     max_tokens_limit: int
+    date_window_s: float = REQUEST_DATE_WINDOW_S
+    clock: Callable[[], float] = time.time
 
     def handle(self, request: Request) -> InnerResponse:
         try:
+            self._check_date(request)
             return self._route(request)
+        except _DateOutOfWindow as error:
+            response = error_response(error)
+            # The node's own time, so that a client can tell how far off its clock is.
+            response.headers.append((b"date", formatdate(self.clock(), usegmt=True).encode()))
+            return response
         except ApiError as error:
             return error_response(error)
         except RequestRejected as error:
@@ -69,6 +85,16 @@ class InnerApi:
             return error_response(ApiError(500, "engine_error", "the engine failed this request"))
         except Exception:  # noqa: BLE001 - an unforeseen bug answers inside the encryption, saying nothing
             return error_response(ApiError(500, "engine_error", "the node failed this request"))
+
+    def _check_date(self, request: Request) -> None:
+        dates = [value for name, value in request.headers if name.lower() == b"date"]
+        if not dates:
+            return  # plain OHTTP clients may not send one; they get no replay window
+        if len(dates) > 1:
+            raise ApiError(400, "invalid_date", "send at most one Date field")
+        sent = _http_date(dates[0])
+        if abs(self.clock() - sent) > self.date_window_s:
+            raise _DateOutOfWindow(self.date_window_s)
 
     def _route(self, request: Request) -> InnerResponse:
         path = request.path.split(b"?", 1)[0]
@@ -203,6 +229,24 @@ def _text_content(content: object) -> str:
         if len(parts) == len(content) and all(isinstance(p, str) for p in parts):
             return "".join(parts)
     raise ApiError(400, "invalid_request", "message content must be a string or a list of text parts")
+
+
+class _DateOutOfWindow(ApiError):
+    def __init__(self, window_s: float) -> None:
+        super().__init__(400, "date_out_of_window",
+                         f"the request's Date differs from the node's clock by more than {window_s:g} s; "
+                         "correct the sender's clock and send the request again")
+
+
+def _http_date(value: bytes) -> float:
+    """Seconds since the epoch of an HTTP date (RFC 9110 section 5.6.7); ApiError if it is not one."""
+    try:
+        moment = parsedate_to_datetime(value.decode("ascii"))
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)  # "-0000": UTC by definition
+        return moment.timestamp()
+    except (ValueError, TypeError, IndexError, OverflowError, UnicodeDecodeError):
+        raise ApiError(400, "invalid_date", "the Date field is not an HTTP date") from None
 
 
 def _first_batch(batches: Iterator[list[StreamDelta]], handle) -> list[StreamDelta]:

@@ -1,8 +1,8 @@
 """The gRPC service: Attest, Infer, Health. Nothing else is exposed.
 
 Infer decapsulates with the node's keys, answers through the inner API, and seals the answer back:
-one OHTTP response for `message/ohttp-req`, chunked OHTTP (one chunk per engine delta) for
-`message/ohttp-chunked-req`. Failures before decapsulation get one generic status; failures after
+one OHTTP response for `message/ohttp-req`, chunked OHTTP (one chunk per engine delta, or per
+batch of deltas that waited for a slow reader) for `message/ohttp-chunked-req`. Failures before decapsulation get one generic status; failures after
 it travel encrypted, as HTTP errors inside the response.
 """
 
@@ -26,7 +26,6 @@ from ohttp.message import decapsulate_request
 
 NOT_DECAPSULATED = "the request could not be decapsulated"
 MAX_ENCAPSULATED_BYTES = 2 << 20
-# Server-sent events are coalesced up to this size per chunk only when they are already waiting.
 _SSE_CONTENT_TYPE = [(b"content-type", b"text/event-stream")]
 _JSON_CONTENT_TYPE = [(b"content-type", b"application/json")]
 
@@ -127,8 +126,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
             body = response.body if not response.streaming else b"".join(response.events)
         finally:
             _close(response, result)
-        headers = _SSE_CONTENT_TYPE if response.streaming else _JSON_CONTENT_TYPE
-        encoded = bhttp.encode_response(bhttp.Response(response.status, headers + self._node_header(), body))
+        encoded = bhttp.encode_response(bhttp.Response(response.status, self._headers(response), body))
         result.status = _status_of(response.status)
         yield server_context.seal_response(encoded)
 
@@ -142,7 +140,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
         sealer = opener.response_sealer()
         response = self._answer(b"".join(pieces))
         try:
-            headers = (_SSE_CONTENT_TYPE if response.streaming else _JSON_CONTENT_TYPE) + self._node_header()
+            headers = self._headers(response)
             pieces = iter(response.events if response.streaming else _nonempty(response.body))
             # The head travels with the first piece: the answer is ready when the head is, so one
             # chunk fewer per request costs no latency.
@@ -163,8 +161,9 @@ class NodeService(node_pb2_grpc.NodeServicer):
             return error_response(ApiError(400, "invalid_request", "the inner request is not valid Binary HTTP"))
         return self._api.handle(request)
 
-    def _node_header(self) -> list[tuple[bytes, bytes]]:
-        return [(b"veil-node-id", self._node_id().encode())]
+    def _headers(self, response: InnerResponse) -> list[tuple[bytes, bytes]]:
+        content_type = _SSE_CONTENT_TYPE if response.streaming else _JSON_CONTENT_TYPE
+        return content_type + response.headers + [(b"veil-node-id", self._node_id().encode())]
 
     @property
     def in_flight(self) -> int:

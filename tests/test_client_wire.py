@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
+from email.utils import parsedate_to_datetime
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client import wire
+from client.errors import NodeError
 from client.types import ChatCompletion, ChatCompletionChunk, Completion, ModelList
 from ohttp import (
     OHTTP_CHUNKED_REQUEST,
@@ -148,3 +151,22 @@ def test_openai_shapes_parse_and_serialize_back() -> None:
         ChatCompletion.from_dict({"choices": [{"index": "0", "message": {}}]})
     with pytest.raises(ValueError):
         Completion.from_dict({"choices": [{"index": True, "text": "t"}]})
+
+
+def test_every_inner_request_carries_the_senders_clock_for_the_nodes_replay_window() -> None:
+    before = time.time()
+    request = decode_request(wire.build_request("GET", "/v1/models"))
+    [date] = [value for name, value in request.headers if name == b"date"]
+    sent = parsedate_to_datetime(date.decode()).timestamp()
+    assert before - 1 <= sent <= time.time() + 1
+    assert date.endswith(b" GMT")  # an IMF-fixdate, the form RFC 9110 requires senders to use
+    old = decode_request(wire.build_request("GET", "/v1/models", now=1_000_000_000))
+    assert (b"date", b"Sun, 09 Sep 2001 01:46:40 GMT") in old.headers
+
+
+def test_a_node_refusing_the_clock_says_so_and_other_refusals_say_what_to_fix() -> None:
+    node_id = "ab" * 16
+    assert "clock" in str(NodeError(400, "date_out_of_window", node_id))
+    assert "parameters" in str(NodeError(400, "invalid_sampling", node_id))
+    assert "send it again" in str(NodeError(500, "engine_error", node_id))
+    assert "parameters" not in str(NodeError(500, "engine_error", node_id))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
+from email.utils import formatdate, parsedate_to_datetime
 from pathlib import Path
 
 import grpc
@@ -12,6 +14,8 @@ import pytest
 
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import verify
+from client import wire
+from enclave.api import REQUEST_DATE_WINDOW_S
 from enclave.errors import SelfCheckError
 from enclave.node import NodeServer
 from enclave.proto import node_pb2, node_pb2_grpc
@@ -261,3 +265,74 @@ def test_a_node_whose_own_evidence_fails_its_policy_refuses_to_start(sim_root, m
     with pytest.raises(MeasurementNotAllowedError):
         node.start()
     assert node.port is None  # it never opened its port
+
+
+def dated_request(date: bytes | None, *extra_dates: bytes) -> bytes:
+    headers = [(b"content-type", b"application/json")]
+    headers += [(b"date", value) for value in ([date] if date is not None else []) + list(extra_dates)]
+    body = json.dumps({"prompt": "Once upon", "max_tokens": 2, "seed": 1}).encode()
+    return bhttp.encode_request(bhttp.Request(b"POST", b"https", b"veil.node", b"/v1/completions", headers, body))
+
+
+def http_date(offset_s: float) -> bytes:
+    return formatdate(time.time() + offset_s, usegmt=True).encode()
+
+
+@pytest.mark.parametrize("offset_s", [-600.0, -61.5, 75.0, 86_400.0])
+def test_a_request_dated_outside_the_window_is_refused_and_told_the_nodes_time(stub, offset_s):
+    config = attest(stub)
+    for call in (call_whole, lambda s, c, p: chunked_response(s, c, p)):
+        response = call(stub, config, dated_request(http_date(offset_s)))
+        assert response.status == 400
+        assert json.loads(response.content)["error"]["code"] == "date_out_of_window"
+        [node_date] = [value for name, value in response.headers if name == b"date"]
+        assert abs(parsedate_to_datetime(node_date.decode()).timestamp() - time.time()) < 30
+
+
+@pytest.mark.parametrize("offset_s", [-45.0, 0.0, 45.0])
+def test_a_request_dated_inside_the_window_is_served(stub, offset_s):
+    config = attest(stub)
+    response = call_whole(stub, config, dated_request(http_date(offset_s)))
+    assert response.status == 200 and json.loads(response.content)["choices"]
+    assert not [name for name, _ in response.headers if name == b"date"]
+
+
+def test_a_request_without_a_date_is_served_for_plain_ohttp_clients(stub):
+    response = call_whole(stub, attest(stub), dated_request(None))
+    assert response.status == 200
+
+
+@pytest.mark.parametrize("dates", [
+    (CANARY.encode(),),
+    (b"Sun, 99 Foo 2026 25:61:61 GMT " + CANARY.encode(),),
+    (b"\xff\xfe" + CANARY.encode(),),
+    (formatdate(usegmt=True).encode(), formatdate(usegmt=True).encode()),
+])
+def test_a_malformed_or_repeated_date_is_refused_without_echoing_it(stub, dates):
+    response = call_whole(stub, attest(stub), dated_request(*dates))
+    assert response.status == 400
+    assert json.loads(response.content)["error"]["code"] == "invalid_date"
+    assert CANARY.encode() not in response.content
+
+
+def test_a_captured_sdk_request_replayed_after_the_window_is_refused(stub):
+    config = attest(stub)
+    captured = wire.build_request("POST", "/v1/completions", {"prompt": "Once upon", "max_tokens": 2},
+                                  now=time.time() - 2 * REQUEST_DATE_WINDOW_S)
+    assert call_whole(stub, config, captured).status == 400
+    fresh = wire.build_request("POST", "/v1/completions", {"prompt": "Once upon", "max_tokens": 2})
+    assert call_whole(stub, config, fresh).status == 200
+
+
+def chunked_response(stub, config: KeyConfig, plaintext: bytes) -> bhttp.Response:
+    """A streamed-request answer as one response (head fields and content)."""
+    sealer = ChunkedRequestSealer(config)
+    encapsulated = sealer.seal_chunk(plaintext, final=True)
+    opener, decoder = sealer.response_opener(), StreamingResponseDecoder()
+    content = []
+    for chunk in stub.Infer(node_pb2.InferRequest(media_type="message/ohttp-chunked-req", encapsulated=encapsulated)):
+        for piece in opener.feed(chunk.data):
+            content += decoder.feed(piece)
+    opener.finish()
+    decoder.finish()
+    return bhttp.Response(decoder.head.status, decoder.head.headers, b"".join(content))
