@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -37,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import progress  # noqa: E402
 
 WORDS = ("light", "harbour", "keeper", "storm", "signal", "north", "stone", "quiet", "tide", "lamp", "ship", "night")
 
@@ -216,11 +217,11 @@ def _baselines(
     with pinned(cpus.node if cpus else None):
         engine = LLMEngine(model_dir, EngineConfig(kv_cache_gib=0.25, max_num_seqs=64))
         engine.generate(["warm up"], SamplingParams(max_tokens=4))
-        loop = {c: run_in_process(engine, jobs, c) for c in levels}
+        loop = {c: _timed(f"engine loop, concurrency {c}", run_in_process, engine, jobs, c) for c in levels}
         worker = EngineWorker(engine)
         worker.start()  # its thread, and the readers' threads below, inherit the node's cores
         try:
-            thread = {c: run_engine_thread(worker, jobs, c) for c in levels}
+            thread = {c: _timed(f"engine thread, concurrency {c}", run_engine_thread, worker, jobs, c) for c in levels}
         finally:
             worker.stop()
     return loop, thread
@@ -237,18 +238,27 @@ def _encrypted(
     settings = FleetSettings(nodes=1, model_dir=model_dir, workdir=workdir / "fleet", capacity=max(levels),
                              kv_cache_gib=0.25, torch_threads=threads,
                              node_cpus=cpus.node if cpus else None, gateway_cpus=cpus.others if cpus else None)
+    progress("starting a gateway and one node ...")
     with Fleet(settings) as fleet, pinned(cpus.others if cpus else None):
         os.environ[ROOT_DIR_ENV] = str(fleet.sim_root_dir)
         with Client(fleet.gateway_url, policy="dev") as client:
             model = client.models.list().data[0].id
             client.completions.create(model=model, prompt="warm up", max_tokens=4)
-            runs = {c: run_encrypted(client, model, jobs, c, baseline[c].results) for c in levels}
+            runs = {c: _timed(f"encrypted, concurrency {c}", run_encrypted, client, model, jobs, c, baseline[c].results)
+                    for c in levels}
     for c, run in runs.items():
         mismatched = sum(a.text != b.text for a, b in zip(run.results, baseline[c].results))
         if mismatched:
             print(f"note: {mismatched}/{len(jobs)} answers at concurrency {c} differ from the in-process ones "
                   "(batch composition changes float rounding); token counts are approximate", file=sys.stderr)
     return runs
+
+
+def _timed(label: str, run, *arguments) -> Run:
+    progress(f"{label} ...")
+    result = run(*arguments)
+    progress(f"{label}: {result.tokens_per_s:.1f} tok/s")
+    return result
 
 
 def _report(args: argparse.Namespace, cpus: CpuSplit | None, loop: dict[int, Run], thread: dict[int, Run],

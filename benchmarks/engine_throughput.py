@@ -25,6 +25,8 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
+from benchmarks.common import progress  # noqa: E402
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -114,12 +116,15 @@ def main() -> None:
         print(f"model: built-in '{preset}' Llama, {params_m:.1f}M parameters, fp32, {torch.get_num_threads()} CPU threads")
         print(f"workload: {args.requests} requests, prompts {prompt_range}, outputs {output_range}, "
               f"{workload.output_tokens} output tokens, greedy")
+        progress("transformers.generate ...")
         hf_seconds = run_transformers(model_dir, workload, args.hf_batch_size)
         # Zeroing on and off alternate, best of --repeats each, so that a busy moment on a shared
         # machine does not land on one side only.
         veil_runs, unsafe_runs = [], []
-        for _ in range(args.repeats):
+        for repeat in range(1, args.repeats + 1):
+            progress(f"veil with zero-on-free, run {repeat} of {args.repeats} ...")
             veil_runs.append(run_veil(model_dir, workload, skip_zeroing=False))
+            progress(f"veil with zeroing skipped, run {repeat} of {args.repeats} ...")
             unsafe_runs.append(run_veil(model_dir, workload, skip_zeroing=True))
         veil_seconds, zeroed = min(veil_runs)
         unsafe_seconds, _ = min(unsafe_runs)

@@ -128,5 +128,8 @@ def report_chunked() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     report_requests()
     report_chunked()

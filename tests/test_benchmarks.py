@@ -1,0 +1,63 @@
+"""Every benchmark script runs on this machine and prints its figures and ratios.
+
+Smoke runs with small settings: they check that the scripts work and report what they promise (the
+baseline measured in the same run, the ratio, the target), never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NUMBER = r"[-+]?\d+(?:\.\d+)?"
+
+
+def run_benchmark(script: str, *arguments: str, timeout: float = 300) -> str:
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *arguments], cwd=REPO,
+                            env=environment, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def test_the_kernel_benchmark_runs_the_reference_path_on_cpu_against_its_baselines() -> None:
+    out = run_benchmark("kernels.py", "--iters", "2")
+    assert "device: CPU (torch reference path)" in out
+    assert len(re.findall(rf"paged_attention\s+{NUMBER} us\s+{NUMBER} GB/s", out)) >= 2
+    assert re.search(rf"paged / sdpa speed\s+{NUMBER}x", out)
+    assert re.search(rf"zero_blocks vs memset: {NUMBER}%\s+\[target >= 80%: (met|NOT met)\]", out)
+
+
+def test_the_ohttp_benchmark_prints_costs_next_to_bare_aes_gcm() -> None:
+    out = run_benchmark("ohttp.py")
+    assert re.search(rf"small \(64 B\): encapsulate\+decapsulate\s+{NUMBER} µs", out)
+    assert re.search(rf"64 KiB: encapsulate\+decapsulate\s+{NUMBER} µs", out)
+    assert len(re.findall(rf"bare AES-GCM\s+{NUMBER} MB/s", out)) == 2
+    assert "64 B chunks as a token stream" in out
+
+
+@pytest.mark.slow
+def test_the_engine_benchmark_compares_with_transformers_and_prices_zeroing() -> None:
+    out = run_benchmark("engine_throughput.py", "--quick", "--requests", "6", "--repeats", "1")
+    for line in ("transformers.generate (static batches of 16):", "veil, zero-on-free:", "veil, zeroing skipped:"):
+        assert re.search(re.escape(line) + rf"\s+{NUMBER} output tokens/s", out), line
+    assert re.search(rf"ratio veil / transformers: {NUMBER}x\s+\(target >= 2x\)", out)
+    assert re.search(rf"cost of zero-on-free: {NUMBER}% of throughput", out)
+
+
+@pytest.mark.slow
+def test_the_end_to_end_benchmark_compares_the_encrypted_path_with_both_baselines() -> None:
+    out = run_benchmark("e2e.py", "--requests", "3", "--max-tokens", "3", "--concurrency", "1", "2")
+    rows = [line for line in out.splitlines() if re.match(r"\s+[12] \|", line)]
+    assert len(rows) == 2
+    for row in rows:
+        figures = re.findall(NUMBER, row.split("|", 1)[1])
+        assert len(figures) == 11  # 3 paths' figures, 2 throughput ratios, 2 added TTFTs
+        assert all(float(value) > 0 for value in figures[:7])
+    assert "targets: throughput ratio >= 0.90, added median TTFT <= 15 ms" in out
