@@ -60,10 +60,11 @@ class GatewayError(VeilClientError):
 class NodeError(VeilClientError):
     """The node answered an error inside the encryption (so only this client can read it)."""
 
-    def __init__(self, status: int, code: str, node_id: str) -> None:
+    def __init__(self, status: int, code: str, node_id: str, node_time: float | None = None) -> None:
         self.status = status
         self.code = safe_code(code)
         self.node_id = node_id
+        self.node_time = node_time  # the node's clock, when it refused the request's Date
         super().__init__(f"node {node_id[:16]} refused the request with {status} ({self.code}); {_hint(status, self.code)}")
 
 

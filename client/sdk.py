@@ -15,8 +15,10 @@ candidate verified, and nothing of the request is ever logged.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -111,6 +113,8 @@ class Client:
         self._verifier = CandidateVerifier(self.policy)
         self._route_lock = threading.Lock()
         self.last_route: Route | None = None
+        # How far the nodes' clocks are ahead of this computer's, once a node has refused our Date.
+        self._clock_skew_s = 0.0
         self.chat = _Chat(self)
         self.completions = _Completions(self)
         self.models = _Models(self)
@@ -130,14 +134,29 @@ class Client:
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[Any, Route]:
         """Send one inner request and return the node's decrypted JSON answer with its route."""
-        for attempt in (0, 1):
-            sealed, route = self._prepare(method, path, body, streaming=False)
-            response = self._post(sealed)
-            if response.is_success or not self._should_retry(response, attempt):
-                break
-        if not response.is_success:
-            self._raise_for_gateway(response)
-        target = _served(sealed, response)
+        return self._with_clock_retry(lambda: self._request_once(method, path, body))
+
+    def stream(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, Callable[[], None]]:
+        """Send one streamed inner request; return an iterator of event payloads, the route and a closer.
+
+        It returns once the node's answer has begun, so a refusal (an unknown model, bad parameters)
+        raises NodeError here, as OpenAI's SDK raises on an error status, not in the middle of iteration.
+        """
+        return self._with_clock_retry(lambda: self._stream_once(path, body))
+
+    def _with_clock_retry(self, send: Callable[[], T]) -> T:
+        """Sends; if the node refused this computer's clock, sends once more on the node's time."""
+        try:
+            return send()
+        except NodeError as error:
+            if error.code != "date_out_of_window" or error.node_time is None:
+                raise
+            # RFC 9458 section 6.5: a client may correct its clock from the gateway resource's Date.
+            self._clock_skew_s = error.node_time - time.time()
+            return send()
+
+    def _request_once(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[Any, Route]:
+        target, response, route = self._send(method, path, body, streaming=False)
         try:
             inner = target.open_whole(response.read())
         except (OHTTPError, httpx.TransportError):
@@ -147,27 +166,36 @@ class Client:
         finally:
             response.close()
         if inner.status != 200:
-            raise NodeError(inner.status, wire.error_code(inner.content), target.node_id)
+            raise NodeError(inner.status, wire.error_code(inner.content), target.node_id, inner.node_time())
         try:
             return inner.json(), self._record(route, target.node_id)
         except ValueError:
             raise ResponseIntegrityError(target.node_id, "the node's answer is not JSON") from None
 
-    def stream(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, Callable[[], None]]:
-        """Send one streamed inner request; return an iterator of event payloads, the route and a closer."""
+    def _stream_once(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, Callable[[], None]]:
+        target, response, route = self._send("POST", path, body, streaming=True)
+        answer = _StreamedAnswer(response, target)
+        if not answer.read_head():
+            for _ in answer.events():  # the error body; ends by raising NodeError
+                pass
+        return answer.events(), self._record(route, target.node_id), response.close
+
+    def _send(
+        self, method: str, path: str, body: dict[str, Any] | None, streaming: bool
+    ) -> tuple[wire.SealedRequest, httpx.Response, Route]:
+        """Seal to verified candidates and post; one retry when the gateway says nothing was read."""
         for attempt in (0, 1):
-            sealed, route = self._prepare("POST", path, body, streaming=True)
+            sealed, route = self._prepare(method, path, body, streaming)
             response = self._post(sealed)
             if response.is_success or not self._should_retry(response, attempt):
                 break
         if not response.is_success:
             self._raise_for_gateway(response)
         try:
-            target = _served(sealed, response)
+            return _served(sealed, response), response, route
         except VeilClientError:
             response.close()
             raise
-        return _events(response, target), self._record(route, target.node_id), response.close
 
     def _prepare(
         self, method: str, path: str, body: dict[str, Any] | None, streaming: bool
@@ -179,7 +207,7 @@ class Client:
         verified = [record for record in records if record.ok]
         if not verified:
             raise _nothing_verified(records)
-        inner = wire.build_request(method, path, body)
+        inner = wire.build_request(method, path, body, now=time.time() + self._clock_skew_s)
         sealed = [wire.seal(r.node_id, r.verified.key_config, inner, streaming) for r in verified]
         return sealed, route
 
@@ -240,22 +268,55 @@ def _served(sealed: Sequence[wire.SealedRequest], response: httpx.Response) -> w
     raise ResponseIntegrityError(None, "the gateway names a node this request was not encrypted to")
 
 
-def _events(response: httpx.Response, target: wire.SealedRequest) -> Iterator[Any]:
-    decoder = target.stream_decoder()
-    try:
-        for piece in response.iter_raw():
-            yield from decoder.feed(piece)
-        error = decoder.finish()
-    except (TruncatedError, httpx.TransportError):
-        raise StreamTruncatedError(target.node_id) from None
-    except (OHTTPError, ValueError):
-        raise ResponseIntegrityError(target.node_id, "the node's streamed answer did not authenticate or parse") from None
-    finally:
-        response.close()
-    if error is not None:
-        raise NodeError(error.status, wire.error_code(error.content), target.node_id)
-    if not decoder.done:
-        raise StreamTruncatedError(target.node_id, "the event stream")
+class _StreamedAnswer:
+    """A chunked answer being read: its head first, then its events; the connection closes at the end."""
+
+    def __init__(self, response: httpx.Response, target: wire.SealedRequest) -> None:
+        self._response = response
+        self._node_id = target.node_id
+        self._decoder = target.stream_decoder()
+        self._pieces = response.iter_raw()
+        self._early: list[Any] = []  # events that arrived in the same pieces as the head
+
+    def read_head(self) -> bool:
+        """Reads until the node's status is known; True if it is 200."""
+        with self._errors_translated(close=True):
+            while self._decoder.status is None:
+                piece = next(self._pieces, None)
+                if piece is None:
+                    break  # a stream cut before its head; events() reports the truncation
+                self._early += self._decoder.feed(piece)
+        return self._decoder.status == 200
+
+    def events(self) -> Iterator[Any]:
+        try:
+            with self._errors_translated(close=False):
+                yield from self._early
+                self._early = []
+                for piece in self._pieces:
+                    yield from self._decoder.feed(piece)
+                error = self._decoder.finish()
+        finally:
+            self._response.close()
+        if error is not None:
+            raise NodeError(error.status, wire.error_code(error.content), self._node_id, error.node_time())
+        if not self._decoder.done:
+            raise StreamTruncatedError(self._node_id, "the event stream")
+
+    @contextlib.contextmanager
+    def _errors_translated(self, close: bool) -> Iterator[None]:
+        try:
+            yield
+        except (TruncatedError, httpx.TransportError):
+            self._close_if(close)
+            raise StreamTruncatedError(self._node_id) from None
+        except (OHTTPError, ValueError):
+            self._close_if(close)
+            raise ResponseIntegrityError(self._node_id, "the node's streamed answer did not authenticate or parse") from None
+
+    def _close_if(self, close: bool) -> None:
+        if close:
+            self._response.close()
 
 
 def _nothing_verified(records: Sequence[CandidateRecord]) -> NoVerifiedNodeError:

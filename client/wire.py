@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from email.utils import formatdate
 from typing import Any
 
 from ohttp import (
@@ -30,6 +29,7 @@ from ohttp import (
     encode_request,
 )
 from ohttp.bhttp_stream import StreamingResponseDecoder
+from ohttp.dates import date_fields, format_http_date, parse_http_date
 
 INNER_AUTHORITY = b"veil.node"
 MAX_SSE_EVENT = 1 << 20
@@ -43,7 +43,7 @@ def build_request(method: str, path: str, body: dict[str, Any] | None = None, no
     It carries the sender's clock in `Date` (inside the encryption, so only the node sees it): the
     node refuses requests outside its window, which bounds how long a captured ciphertext replays.
     """
-    headers = [(b"date", formatdate(time.time() if now is None else now, usegmt=True).encode())]
+    headers = [(b"date", format_http_date(time.time() if now is None else now))]
     if body is not None:
         headers.append((b"content-type", b"application/json"))
     content = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
@@ -69,7 +69,7 @@ class SealedRequest:
         """Decrypt and parse a `message/ohttp-res` answer (raises ohttp errors if it does not authenticate)."""
         assert self.context is not None, "a streamed request is answered in chunks"
         response = decode_response(self.context.open_response(data))
-        return InnerResponse(response.status, response.content)
+        return InnerResponse(response.status, response.content, tuple(response.headers))
 
     def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for the chunked answer to this request."""
@@ -93,9 +93,20 @@ class InnerResponse:
 
     status: int
     content: bytes
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
     def json(self) -> Any:
         return json.loads(self.content)
+
+    def node_time(self) -> float | None:
+        """The node's clock from its `Date` field, if it sent a valid one (it does when refusing ours)."""
+        dates = date_fields(list(self.headers))
+        if len(dates) != 1:
+            return None
+        try:
+            return parse_http_date(dates[0])
+        except ValueError:
+            return None
 
 
 def error_code(content: bytes) -> str:
@@ -203,7 +214,8 @@ class StreamDecoder:
                 self._content(content)
         self._bhttp.finish()
         if self.status != 200:
-            return InnerResponse(self.status or 500, bytes(self._error_body))
+            head = self._bhttp.head
+            return InnerResponse(self.status or 500, bytes(self._error_body), tuple(head.headers) if head else ())
         return None
 
     def _content(self, content: bytes) -> list[Any]:

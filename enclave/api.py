@@ -17,14 +17,13 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timezone
-from email.utils import formatdate, parsedate_to_datetime
 
 from engine import EngineError, RequestOutput, RequestRejected, SamplingParams, StreamDelta
 from engine.outputs import RequestMetrics
 from engine.tokenizer import ChatMessage, Tokenizer
 from enclave.engine_worker import EngineWorker
 from ohttp.bhttp import Request
+from ohttp.dates import date_fields, format_http_date, parse_http_date
 
 MAX_BODY_BYTES = 1 << 20
 MAX_MESSAGES = 256
@@ -75,7 +74,7 @@ class InnerApi:
         except _DateOutOfWindow as error:
             response = error_response(error)
             # The node's own time, so that a client can tell how far off its clock is.
-            response.headers.append((b"date", formatdate(self.clock(), usegmt=True).encode()))
+            response.headers.append((b"date", format_http_date(self.clock())))
             return response
         except ApiError as error:
             return error_response(error)
@@ -87,12 +86,15 @@ class InnerApi:
             return error_response(ApiError(500, "engine_error", "the node failed this request"))
 
     def _check_date(self, request: Request) -> None:
-        dates = [value for name, value in request.headers if name.lower() == b"date"]
+        dates = date_fields(request.headers)
         if not dates:
             return  # plain OHTTP clients may not send one; they get no replay window
         if len(dates) > 1:
             raise ApiError(400, "invalid_date", "send at most one Date field")
-        sent = _http_date(dates[0])
+        try:
+            sent = parse_http_date(dates[0])
+        except ValueError:
+            raise ApiError(400, "invalid_date", "the Date field is not an HTTP date") from None
         if abs(self.clock() - sent) > self.date_window_s:
             raise _DateOutOfWindow(self.date_window_s)
 
@@ -236,17 +238,6 @@ class _DateOutOfWindow(ApiError):
         super().__init__(400, "date_out_of_window",
                          f"the request's Date differs from the node's clock by more than {window_s:g} s; "
                          "correct the sender's clock and send the request again")
-
-
-def _http_date(value: bytes) -> float:
-    """Seconds since the epoch of an HTTP date (RFC 9110 section 5.6.7); ApiError if it is not one."""
-    try:
-        moment = parsedate_to_datetime(value.decode("ascii"))
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)  # "-0000": UTC by definition
-        return moment.timestamp()
-    except (ValueError, TypeError, IndexError, OverflowError, UnicodeDecodeError):
-        raise ApiError(400, "invalid_date", "the Date field is not an HTTP date") from None
 
 
 def _first_batch(batches: Iterator[list[StreamDelta]], handle) -> list[StreamDelta]:

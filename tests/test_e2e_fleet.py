@@ -231,6 +231,44 @@ def test_an_error_inside_the_encryption_reaches_only_the_client(client: Client) 
     assert caught.value.status == 404 and caught.value.code == "model_not_found"
 
 
+def test_a_streamed_request_the_node_refuses_raises_at_create_not_mid_iteration(client: Client) -> None:
+    from client.errors import NodeError
+
+    with pytest.raises(NodeError) as caught:
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=2, stream=True)
+    assert caught.value.status == 404 and caught.value.code == "model_not_found"
+
+
+class SkewedClock:
+    """The SDK's view of time on a computer whose clock is `offset_s` off."""
+
+    def __init__(self, offset_s: float) -> None:
+        self.offset_s = offset_s
+
+    def time(self) -> float:
+        return time.time() + self.offset_s
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_with_a_wrong_clock_is_refused_once_then_corrects_it_from_the_nodes_date(
+        world: World, monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+    import client.sdk as sdk
+
+    monkeypatch.setattr(sdk, "time", SkewedClock(-600.0))  # ten minutes slow: outside every node's window
+    sent_dates: list[float] = []
+    build = wire.build_request
+    monkeypatch.setattr(wire, "build_request",
+                        lambda *args, now=None, **kwargs: sent_dates.append(now) or build(*args, now=now, **kwargs))
+    with Client(world.fleet.gateway_url, policy="dev") as skewed:
+        answer = skewed.completions.create(model=MODEL, prompt="what time is it", max_tokens=3, stream=stream)
+        assert (list(answer)[-1] if stream else answer).choices
+        again = skewed.completions.create(model=MODEL, prompt="and now", max_tokens=3)
+        assert again.choices
+    assert len(sent_dates) == 3  # refused, corrected, and the next request right the first time
+    assert abs(sent_dates[0] - (time.time() - 600)) < 60
+    assert abs(sent_dates[1] - time.time()) < 30 and abs(sent_dates[2] - time.time()) < 30
+
+
 # ----- forged evidence, header stripping, the proxy -------------------------------------------------
 
 
@@ -312,8 +350,9 @@ def _use_proxy(base: str, engine: LLMEngine) -> None:
     chunks = [json.loads(line) for line in lines[:-1]]
     assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == expected
-    bad = httpx.post(f"{base}/v1/chat/completions", json={**request, "model": "absent"}, timeout=60)
-    assert bad.status_code == 404 and bad.json()["error"]["code"] == "model_not_found"
+    for stream in (False, True):  # a refusal is an HTTP error, as OpenAI clients expect, even when streaming
+        bad = httpx.post(f"{base}/v1/chat/completions", json={**request, "model": "absent", "stream": stream}, timeout=60)
+        assert bad.status_code == 404 and bad.json()["error"]["code"] == "model_not_found"
 
 
 # ----- key rotation -------------------------------------------------------------------------------
