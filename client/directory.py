@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import secrets
 import threading
 import time
@@ -71,6 +72,16 @@ def _entry(node: Any) -> DirectoryEntry:
     except (binascii.Error, ValueError):
         raise ValueError("a directory entry's key configuration is not base64") from None
     return DirectoryEntry(node_id, config, evidence, capacity)
+
+
+def capped(entries: Sequence[DirectoryEntry], max_capacity: int) -> list[DirectoryEntry]:
+    """The entries with every capacity above the policy's `max_node_capacity` counted as that maximum.
+
+    Capacities come from the gateway, unsigned. Honest nodes refuse to start above the maximum, so
+    a larger figure is an inflated claim, made to draw more users to one node: it counts for no more.
+    """
+    return [entry if entry.capacity <= max_capacity else dataclasses.replace(entry, capacity=max_capacity)
+            for entry in entries]
 
 
 def sample_candidates(

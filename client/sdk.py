@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from client import wire
-from client.directory import DirectoryCache, DirectoryEntry, sample_candidates
+from client.directory import DirectoryCache, DirectoryEntry, capped, sample_candidates
 from client.errors import (
     CandidateFailure,
     GatewayError,
@@ -202,7 +202,8 @@ class Client:
     ) -> tuple[list[wire.SealedRequest], Route]:
         directory = self._directory.get()
         check = self._fresh_record if self.fresh_evidence else self._verifier.check
-        records = [check(entry) for entry in sample_candidates(directory.entries, self.candidates)]
+        entries = capped(directory.entries, self.policy.routing.max_node_capacity)
+        records = [check(entry) for entry in sample_candidates(entries, self.candidates)]
         route = Route(None, tuple(records), self.policy.name)
         verified = [record for record in records if record.ok]
         if not verified:

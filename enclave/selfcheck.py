@@ -36,6 +36,11 @@ def check_node_settings(settings: NodeSettings, policy: Policy, model_digest: by
         raise SelfCheckError(f"a KV pool of {requested} GiB exceeds the policy's budget of {budget_gib:g} GiB")
     if settings.capacity < 1:
         raise SelfCheckError("capacity must be at least 1 concurrent request")
+    if settings.capacity > policy.routing.max_node_capacity:
+        raise SelfCheckError(
+            f"a capacity of {settings.capacity} exceeds policy {policy.name!r}'s max_node_capacity of "
+            f"{policy.routing.max_node_capacity} (non-targetability: a larger claim draws more users to one node)"
+        )
     if not (Path(settings.model) / "config.json").is_file():
         raise SelfCheckError(f"no model folder at {settings.model}")
     return EngineLimits(max_model_len=engine.max_context_tokens, kv_cache_gib=requested)

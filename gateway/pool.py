@@ -29,8 +29,6 @@ from gateway.errors import AdmissionError
 from gateway.results import ResultSigner
 from policy import Policy
 
-MAX_CAPACITY = 1_000_000
-
 
 @dataclass(frozen=True, slots=True)
 class PoolEntry:
@@ -130,7 +128,7 @@ class NodePool:
             raise AdmissionError("no attestation was requested from this node; challenge it first", check="freshness")
         now = self._clock()
         verified = _verify(evidence_json, self.policy, nonce, now)
-        _check_capacity(capacity)
+        _check_capacity(capacity, self.policy.routing.max_node_capacity)
         entry = PoolEntry(
             node_id=verified.node_id,
             address=address,
@@ -247,6 +245,9 @@ def _verify(evidence_json: str, policy: Policy, nonce: bytes, now: float) -> Ver
         raise AdmissionError(f"the node's evidence failed verification: {error}", check=error.check) from None
 
 
-def _check_capacity(capacity: int) -> None:
-    if not 1 <= capacity <= MAX_CAPACITY:
-        raise AdmissionError(f"a node must report a capacity between 1 and {MAX_CAPACITY}", check="capacity")
+def _check_capacity(capacity: int, most: int) -> None:
+    # Above the policy's maximum a claim is inflated (honest nodes refuse to start so) and clients would
+    # count it as the maximum: admitting it would make the directory and the route audit disagree.
+    if not 1 <= capacity <= most:
+        raise AdmissionError(f"a node must report a capacity between 1 and the policy's max_node_capacity, {most}",
+                             check="capacity")

@@ -12,7 +12,9 @@ A policy is a TOML file with four sections:
   ``off``: nothing is shared across requests), the model weights allowed by
   digest, and the knobs of forbidden optimizations, fixed to their safe value.
 - ``[routing]``: the number K of candidates a client encrypts to, capacity
-  weighting, and the only strategy, uniform random.
+  weighting, the most capacity any node may declare (nodes refuse to start
+  above it, gateways refuse to admit and clients refuse to count more), and
+  the only strategy, uniform random.
 - ``[audit]``: the event schema version and the sink.
 
 Loading is strict: unknown keys and sections are errors, every required key

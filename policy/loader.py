@@ -45,6 +45,7 @@ SCHEMA: dict[str, dict[str, fields.Reader]] = {
     "routing": {
         "candidates": fields.integer(1, 16),
         "capacity_weighting": fields.boolean,
+        "max_node_capacity": fields.integer(1, 1 << 16),
     },
     "audit": {
         "schema_version": fields.integer(1, 1),

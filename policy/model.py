@@ -57,6 +57,9 @@ class RoutingPolicy:
 
     candidates: int  # K: encapsulations per request
     capacity_weighting: bool
+    # The most concurrent requests a node may declare. Nodes refuse to start above it and clients
+    # count no node above it, so nobody can inflate a node's capacity to draw more users to it.
+    max_node_capacity: int
     strategy: str
 
 

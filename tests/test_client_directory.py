@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.directory import DirectoryEntry, parse_directory, sample_candidates
+from client.directory import DirectoryEntry, capped, parse_directory, sample_candidates
 
 SETTINGS = settings(max_examples=50, deadline=None)
 
@@ -88,6 +88,26 @@ def test_a_node_above_one_kth_of_capacity_is_always_a_candidate() -> None:
     for _ in range(500):
         chosen = sample_candidates(_entries([10, 1, 1, 1, 1]), 3, rng)
         assert "node-0" in {e.node_id for e in chosen} and len(chosen) == 3
+
+
+def test_an_inflated_capacity_counts_for_no_more_than_the_policys_maximum() -> None:
+    # Eight honest nodes of 16 and one the gateway claims has a million: uncapped, it is in every
+    # candidate set; capped at the policy's 16, it is in k * 16 / 144 of them, like the others.
+    entries = _entries([1_000_000] + [16] * 8)
+    k, draws = 3, 12_000
+    rng = random.Random(5)
+    uncapped = sum("node-0" in {e.node_id for e in sample_candidates(entries, k, rng)} for _ in range(draws))
+    assert uncapped == draws
+    fair = capped(entries, 16)
+    assert [e.capacity for e in fair] == [16] * 9 and [e.node_id for e in fair] == [e.node_id for e in entries]
+    included = sum("node-0" in {e.node_id for e in sample_candidates(fair, k, rng)} for _ in range(draws))
+    p = k * 16 / (16 * 9)
+    assert abs(included - draws * p) < _binomial_bound(draws, p)
+
+
+def test_capacities_within_the_maximum_are_left_as_they_are() -> None:
+    entries = _entries([0, 1, 7, 64])
+    assert capped(entries, 64) == entries
 
 
 def test_zero_capacity_is_never_drawn_and_k_must_be_positive() -> None:

@@ -99,7 +99,12 @@ def call_streaming(stub, config: KeyConfig, plaintext: bytes) -> tuple[int, list
             events += decoder.feed(piece)
     opener.finish()
     decoder.finish()
-    return decoder.head.status, events, grpc_messages
+    return decoder.head.status, sse_events(b"".join(events)), grpc_messages
+
+
+def sse_events(content: bytes) -> list[bytes]:
+    """One item per server-sent event: a content piece may carry several that waited together."""
+    return [frame + b"\n\n" for frame in content.split(b"\n\n") if frame]
 
 
 def chat_body(max_tokens: int = 12, seed: int = 6, **extra) -> dict:
@@ -336,3 +341,10 @@ def chunked_response(stub, config: KeyConfig, plaintext: bytes) -> bhttp.Respons
     opener.finish()
     decoder.finish()
     return bhttp.Response(decoder.head.status, decoder.head.headers, b"".join(content))
+
+
+def test_a_node_declaring_more_capacity_than_its_policy_allows_refuses_to_start(sim_root, model_dir):
+    allowed = shipped_policy("dev").routing.max_node_capacity
+    settings = NodeSettings(model=model_dir, policy="dev", attestation="sim", capacity=allowed + 1, kv_cache_gib=0.05)
+    with pytest.raises(SelfCheckError, match="max_node_capacity.*non-targetability"):
+        NodeServer(settings)

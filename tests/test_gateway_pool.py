@@ -124,7 +124,7 @@ def test_a_node_under_another_policy_is_refused_as_a_policy_mismatch(pool: NodeP
     assert eviction_reason(caught.value) is EvictionReason.POLICY_MISMATCH
 
 
-@pytest.mark.parametrize("capacity", [0, 1_000_001])
+@pytest.mark.parametrize("capacity", [0, 65, 1_000_001])  # the dev policy's max_node_capacity is 64
 def test_capacity_must_be_in_range(pool: NodePool, node: SimEvidence, capacity: int) -> None:
     with pytest.raises(AdmissionError):
         admit(pool, node, capacity=capacity)

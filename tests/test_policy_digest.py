@@ -64,6 +64,7 @@ def _semantic_edits() -> list[tuple[str, str, object]]:
         ("engine", "speculation", "draft-model"),
         ("routing", "candidates", 4),
         ("routing", "capacity_weighting", False),
+        ("routing", "max_node_capacity", 65),
         ("audit", "sink", "stderr"),
     ]
 

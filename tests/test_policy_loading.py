@@ -160,7 +160,7 @@ def test_unknown_section_is_an_error():
 @pytest.mark.parametrize(
     "section,key",
     [("attestation", "max_evidence_age_s"), ("engine", "max_context_tokens"),
-     ("routing", "candidates"), ("audit", "sink"), ("policy", "name")],
+     ("routing", "candidates"), ("routing", "max_node_capacity"), ("audit", "sink"), ("policy", "name")],
 )
 def test_missing_required_keys_are_errors(section, key):
     document = strict_document()
@@ -191,6 +191,9 @@ def test_missing_section_is_an_error():
         ("engine", "allowed_model_digests", ["12" * 31]),
         ("routing", "candidates", 0),
         ("routing", "candidates", 17),
+        ("routing", "max_node_capacity", 0),
+        ("routing", "max_node_capacity", 1 << 17),
+        ("routing", "max_node_capacity", "64"),
         ("audit", "sink", "syslog"),
         ("audit", "schema_version", 2),
         ("policy", "name", "Has Spaces"),

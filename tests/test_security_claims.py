@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+import random
 import secrets
 import time
 from functools import cache
@@ -248,7 +249,7 @@ def test_a_directory_capacity_is_the_gateways_word_not_attested(tmp_path: Path) 
     from attestation.measurement import Measurement
     from attestation.sim_root import ROOT_DIR_ENV
     from attestation.verifier import node_id_for
-    from client.directory import DirectoryEntry, sample_candidates
+    from client.directory import DirectoryEntry, capped, sample_candidates
     from client.verify import CandidateVerifier
     from ohttp import generate_key_pair
     from policy import shipped_policy
@@ -268,3 +269,9 @@ def test_a_directory_capacity_is_the_gateways_word_not_attested(tmp_path: Path) 
     inflated = DirectoryEntry(node_id, config, evidence, 1_000_000)
     others = [DirectoryEntry(f"{index:032x}", config, evidence, 10) for index in range(20)]
     assert all(inflated in sample_candidates([inflated, *others], 3) for _ in range(50))
+    # What bounds the claim: the client counts no capacity above its policy's max_node_capacity.
+    rng = random.Random(9)
+    fair = capped([inflated, *others], dev.routing.max_node_capacity)
+    assert fair[0].capacity == dev.routing.max_node_capacity == 64
+    included = sum(fair[0] in sample_candidates(fair, 3, rng) for _ in range(400))
+    assert 0.6 * 400 < included < 0.85 * 400  # 3 * 64 / 264 = 0.73 of candidate sets, not all of them
