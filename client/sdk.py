@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import httpx
 
@@ -176,8 +176,7 @@ class Client:
         target, response, route = self._send("POST", path, body, streaming=True)
         answer = _StreamedAnswer(response, target)
         if not answer.read_head():
-            for _ in answer.events():  # the error body; ends by raising NodeError
-                pass
+            answer.raise_refusal()
         return answer.events(), self._record(route, target.node_id), response.close
 
     def _send(
@@ -288,6 +287,12 @@ class _StreamedAnswer:
                     break  # a stream cut before its head; events() reports the truncation
                 self._early += self._decoder.feed(piece)
         return self._decoder.status == 200
+
+    def raise_refusal(self) -> NoReturn:
+        """Reads the rest of an answer whose status is not 200 and raises what it says."""
+        for _ in self.events():  # an error body carries no events; the end raises NodeError
+            pass
+        raise ResponseIntegrityError(self._node_id, "the node refused without saying why")
 
     def events(self) -> Iterator[Any]:
         try:
