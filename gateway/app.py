@@ -106,7 +106,7 @@ def _build_runtime(settings: GatewaySettings, audit_sink: AuditSink | None,
     keeper = PoolKeeper(settings, pool, auditor)
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_node, settings.retry_after_s)
     forwarder = Forwarder(keeper, limiter, auditor, settings.first_byte_timeout_s, routing_rng)
-    return GatewayRuntime(settings, pool, keeper, forwarder, DirectoryCache(pool), auditor, signer)
+    return GatewayRuntime(settings, pool, keeper, forwarder, DirectoryCache(pool, settings.directory_size, settings.directory_epoch_s), auditor, signer)
 
 
 def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:

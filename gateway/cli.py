@@ -33,6 +33,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-in-flight", type=int, default=DEFAULTS.max_in_flight, help="bound on requests in flight")
     parser.add_argument("--max-in-flight-per-node", type=int, default=DEFAULTS.max_in_flight_per_node,
                         help="bound on requests in flight to one node")
+    parser.add_argument("--directory-size", type=int, default=DEFAULTS.directory_size,
+                        help="publish a larger pool as a random sample of this many nodes, redrawn every minute")
     parser.add_argument("--allow-registration", action="store_true",
                         help="let nodes ask to join through POST /v1/nodes/register (each is attested first)")
     parser.set_defaults(handler=run_gateway)
@@ -48,7 +50,7 @@ def run_gateway(args: argparse.Namespace) -> int:
             nodes=tuple(args.node), policy=args.policy, listen=args.listen, port_file=args.port_file,
             audit=args.audit, allow_registration=args.allow_registration, reattest_s=args.reattest_s,
             health_s=args.health_s, key_grace_s=args.key_grace_s, max_in_flight=args.max_in_flight,
-            max_in_flight_per_node=args.max_in_flight_per_node,
+            max_in_flight_per_node=args.max_in_flight_per_node, directory_size=args.directory_size,
         )
         return serve(settings)
     except (GatewayStartError, GatewayError) as error:

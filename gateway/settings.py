@@ -10,6 +10,7 @@ from gateway.errors import GatewaySettingsError
 
 _ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})", re.ASCII)
 MAX_CANDIDATES = 8
+MAX_DIRECTORY_SIZE = 4096  # the most nodes a client accepts in one directory
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,10 @@ class GatewaySettings:
     first_byte_timeout_s: float = 120.0
     # How long startup waits for the configured nodes' first admission.
     startup_admission_s: float = 15.0
+    # A pool larger than this is published as a uniformly random sample of this many nodes,
+    # redrawn every epoch (clients accept directories of up to 4,096 nodes).
+    directory_size: int = 256
+    directory_epoch_s: float = 60.0
 
     def __post_init__(self) -> None:
         for address in self.nodes:
@@ -55,6 +60,9 @@ class GatewaySettings:
         _require_positive("attest_timeout_s", self.attest_timeout_s)
         _require_positive("health_timeout_s", self.health_timeout_s)
         _require_positive("first_byte_timeout_s", self.first_byte_timeout_s)
+        _require_positive("directory_epoch_s", self.directory_epoch_s)
+        if not 1 <= self.directory_size <= MAX_DIRECTORY_SIZE:
+            raise GatewaySettingsError(f"directory_size must be between 1 and {MAX_DIRECTORY_SIZE}")
         if self.key_grace_s < 0 or self.startup_admission_s < 0:
             raise GatewaySettingsError("key_grace_s and startup_admission_s must not be negative")
         for name in ("max_in_flight", "max_in_flight_per_node", "retry_after_s", "max_body_bytes"):
