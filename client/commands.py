@@ -33,16 +33,18 @@ def _register_chat(subparsers: argparse._SubParsersAction) -> None:
     chat.add_argument("--model", default=None, help="model id (default: the first one a verified node lists)")
     chat.add_argument("--show-attestation", action="store_true", help="print what was verified about each candidate")
     chat.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="print the answer as it comes")
-    chat.add_argument("--max-tokens", type=int, default=64)
-    chat.add_argument("--temperature", type=float, default=None)
-    chat.add_argument("--seed", type=int, default=None)
+    chat.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (default: 64)")
+    chat.add_argument("--temperature", type=float, default=None, help="sampling temperature, 0 = greedy (default: the node's)")
+    chat.add_argument("--seed", type=int, default=None, help="sampling seed: the same seed gives the same answer")
     chat.set_defaults(handler=_chat)
 
 
 def _register_up(subparsers: argparse._SubParsersAction) -> None:
     up = subparsers.add_parser("up", help="run a local fleet: a gateway and N nodes on loopback (SIMULATED attestation)")
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--gateway-port", type=int, default=8000)
+    up.add_argument("--nodes", type=int, default=3, help="node processes to start (default: 3)")
+    up.add_argument("--gateway-port", type=int, default=8000, help="loopback port of the gateway (default: 8000; 0 picks one)")
+    up.add_argument("--capacity", type=int, default=8,
+                    help="concurrent requests each node declares, at most the policy's max_node_capacity (default: 8)")
     up.add_argument("--model", type=Path, default=None, help="model folder (default: the built-in tiny model)")
     up.add_argument("--workdir", type=Path, default=None, help="where logs and audit files go (default: a temporary folder)")
     up.set_defaults(handler=_up)
@@ -142,7 +144,7 @@ def _up(args: argparse.Namespace) -> int:
 
     # The default simulated root, so that `veil chat` in another shell trusts this fleet as is.
     settings = FleetSettings(nodes=args.nodes, gateway_port=args.gateway_port, model_dir=args.model,
-                             workdir=args.workdir, sim_root_dir=sim_root_dir())
+                             workdir=args.workdir, sim_root_dir=sim_root_dir(), capacity=args.capacity)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     print(f"veil up: starting {args.nodes} node(s) and a gateway (SIMULATED attestation, development policy)",

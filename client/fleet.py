@@ -279,8 +279,8 @@ class Fleet:
                 if text.isdigit():
                     return int(text)
             if not process.alive:
-                raise FleetError(f"{process.name} exited with status {process.popen.returncode} while starting; "
-                                 f"its messages are in {process.stderr_path}")
+                raise FleetError(f"{process.name} exited with status {process.popen.returncode} while starting"
+                                 f"{_last_words(process)}")
             if time.monotonic() > deadline:
                 raise FleetError(f"{process.name} did not start in time; its messages are in {process.stderr_path}")
             time.sleep(_POLL_S)
@@ -308,6 +308,19 @@ def pinned(cpus: frozenset[int] | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, previous)
+
+
+def _last_words(process: FleetProcess) -> str:
+    """The last line a process wrote to stderr before it exited, to quote in the error.
+
+    The work folder holding the file may be removed with the fleet, so the line is quoted, not
+    pointed at. A process that has not served a request has nothing of one to say.
+    """
+    try:
+        lines = process.stderr_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    return f": {lines[-1][:500]}" if lines else f"; its messages are in {process.stderr_path}"
 
 
 def _optional(flag: str, value: float | None) -> list[str]:

@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="evidence backend (default: probe nvml, then tsm; sim only if the policy allows it)")
     node.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve gRPC on (port 0 picks a free one)")
     node.add_argument("--port-file", type=Path, default=None, help="write the chosen port here once serving")
-    node.add_argument("--capacity", type=int, default=16, help="concurrent requests served")
+    node.add_argument("--capacity", type=int, default=16,
+                      help="concurrent requests served (default: 16; at most the policy's max_node_capacity)")
     node.add_argument("--audit", default="none", help="audit sink: stdout, file:PATH or none")
     node.add_argument("--key-rotation-s", type=float, default=3600.0, help="HPKE key lifetime (0 = never rotate)")
     node.add_argument("--key-grace-s", type=float, default=300.0, help="how long the previous key still opens requests")

@@ -82,3 +82,10 @@ def test_a_fleet_starts_again_in_the_work_folder_of_a_stopped_one(tmp_path: Path
         with Fleet(settings) as fleet:
             assert fleet.pool_size() == 1
     assert (tmp_path / "fleet" / "run").is_dir()  # the same folder both times, port files and all
+
+
+@pytest.mark.slow
+def test_a_process_that_refuses_to_start_is_quoted_in_the_error(tmp_path: Path) -> None:
+    settings = FleetSettings(nodes=1, model_dir=write_tiny_model(tmp_path / "tiny"), capacity=100, torch_threads=1)
+    with pytest.raises(FleetError, match=r"node-0 exited with status 2 while starting: .*max_node_capacity"):
+        Fleet(settings).start()
