@@ -1,4 +1,4 @@
-"""`veil attest collect`, `veil attest verify` and `veil attest probe`."""
+"""`veil attest collect`, `veil attest verify`, `veil attest measure` and `veil attest probe`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.add_argument("--policy", required=True, help="policy name (strict, dev) or file")
     verify.add_argument("--nonce", help="the nonce the evidence must answer, in hex")
     verify.set_defaults(handler=_verify)
+
+    measure = commands.add_parser(
+        "measure", help="print this release's code, policy and model digests, for a policy's allowlists")
+    measure.add_argument("--model", help="model folder the node will serve")
+    measure.add_argument("--policy", default="strict", help="policy name or file the node will run under (default: strict)")
+    measure.add_argument("--json", action="store_true", help="print JSON instead of text")
+    measure.set_defaults(handler=_measure)
 
     probe = commands.add_parser("probe", help="say which attestation backends work on this machine")
     probe.set_defaults(handler=_probe)
@@ -87,6 +94,35 @@ def _verify(args: argparse.Namespace) -> int:
     if report.node.simulated:
         print(SIMULATED_BANNER, file=sys.stderr)
     print(f"VERIFIED node {report.node.node_id} under policy {policy.name!r}, valid until {report.node.expires_at:.0f}")
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> int:
+    import json
+
+    from attestation.errors import AttestationError
+    from attestation.measurement import DEFAULT_PACKAGES, measure
+    from policy import PolicyError
+    from policy.shipped import resolve_policy_path
+
+    try:
+        measurement = measure(policy_path=resolve_policy_path(args.policy), model_dir=args.model)
+    except (AttestationError, PolicyError, OSError) as error:
+        print(f"veil attest measure: {error}", file=sys.stderr)
+        return 1
+    digests = {"code_digest": measurement.code_digest.hex(), "policy_digest": measurement.policy_digest.hex(),
+               "model_digest": measurement.model_digest.hex(), "measurement": measurement.digest().hex()}
+    if args.json:
+        print(json.dumps(digests, indent=2))
+        return 0
+    print(f"code         {digests['code_digest']}  (packages {', '.join(sorted(DEFAULT_PACKAGES))})")
+    print(f"policy       {digests['policy_digest']}  ({args.policy})")
+    print(f"model        {digests['model_digest']}  ({args.model or 'no model'})")
+    print(f"measurement  {digests['measurement']}  (what evidence binds)")
+    print("\nTo admit this code and model under a policy, list them in its file (the policy's own digest")
+    print("then changes; clients verify nodes with that same file):")
+    print(f'  [attestation]\n  allowed_code_digests = ["{digests["code_digest"]}"]')
+    print(f'  [engine]\n  allowed_model_digests = ["{digests["model_digest"]}"]')
     return 0
 
 

@@ -98,3 +98,43 @@ def test_the_shell_pipeline(sim_root_dir: Path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("✓") == len(CHECK_NAMES) + 1  # every check plus the format line
     assert "SIMULATED" in result.stderr
+
+
+def test_measure_gives_the_digests_an_operator_pins_and_evidence_then_verifies_against_them(
+        capsys, monkeypatch, tmp_path: Path):
+    import json
+
+    from attestation.measurement import measure
+    from engine.tiny import write_tiny_model
+    from policy.shipped import shipped_policy_path
+
+    model = write_tiny_model(tmp_path / "model")
+    assert main(["attest", "measure", "--model", str(model), "--policy", "dev", "--json"]) == 0
+    digests = json.loads(capsys.readouterr().out)
+    expected = measure(policy_path=shipped_policy_path("dev"), model_dir=model)
+    assert digests == {"code_digest": expected.code_digest.hex(), "policy_digest": expected.policy_digest.hex(),
+                       "model_digest": expected.model_digest.hex(), "measurement": expected.digest().hex()}
+    assert main(["attest", "measure", "--model", str(model), "--policy", "dev"]) == 0
+    assert f'allowed_model_digests = ["{digests["model_digest"]}"]' in capsys.readouterr().out
+
+    # The operator's policy: only this code and this model, nothing unlisted.
+    pinned = (shipped_policy_path("dev").read_text()
+              .replace('name = "dev"', 'name = "lab"')
+              .replace("allowed_code_digests = []", f'allowed_code_digests = ["{digests["code_digest"]}"]')
+              .replace("accept_unlisted_code = true", "accept_unlisted_code = false")
+              .replace("allowed_model_digests = []", f'allowed_model_digests = ["{digests["model_digest"]}"]')
+              .replace("accept_unlisted_models = true", "accept_unlisted_models = false"))
+    policy_file = tmp_path / "lab.toml"
+    policy_file.write_text(pinned)
+    code, out = _verify(capsys, monkeypatch, _collect(capsys, "--model", str(model), "--policy", str(policy_file)),
+                        str(policy_file))
+    assert code == 0 and "✓ measurement:" in out
+    other = write_tiny_model(tmp_path / "other", seed=1)
+    code, out = _verify(capsys, monkeypatch, _collect(capsys, "--model", str(other), "--policy", str(policy_file)),
+                        str(policy_file))
+    assert code == 1 and "✗ measurement:" in out
+
+
+def test_measure_explains_a_missing_model_folder(capsys, tmp_path: Path):
+    assert main(["attest", "measure", "--model", str(tmp_path / "absent")]) == 1
+    assert "does not exist" in capsys.readouterr().err
