@@ -157,7 +157,10 @@ class RequestFinished(AuditEvent):
 
 @dataclass(frozen=True, slots=True)
 class BlocksZeroed(AuditEvent):
-    """One engine step's batch of freed KV blocks was zeroed.
+    """Freed KV blocks were zeroed: a node's tally of the batches its engine steps zeroed.
+
+    A tally spans at least a second and several ended requests (or a minute), so that its exact
+    block count does not tell one request's length; `step` is the last engine step it covers.
 
     `residue_blocks` is how many of the freed blocks a residue check found not
     all-zero afterwards: 0 on a healthy node, anything else is a red line.

@@ -84,6 +84,7 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._run, name="veil-engine", daemon=True)
         self._ids = iter(range(1 << 62))
         self._id_lock = threading.Lock()
+        self._requests_ended = 0  # finished, aborted or failed since take_requests_ended(); engine thread only
 
     def start(self) -> None:
         self._thread.start()
@@ -92,6 +93,11 @@ class EngineWorker:
         self._stopping.set()
         self._wake.set()
         self._thread.join(timeout=10)
+
+    def take_requests_ended(self) -> int:
+        """How many requests ended (and released their blocks) since the last call; on the engine thread."""
+        ended, self._requests_ended = self._requests_ended, 0
+        return ended
 
     @property
     def in_flight(self) -> int:
@@ -120,6 +126,7 @@ class EngineWorker:
         def abort_now() -> None:
             handle = self._handles.pop(request_id, None)
             if handle is not None:
+                self._requests_ended += 1
                 try:
                     self.engine.abort(request_id)
                 except UnknownRequestError:
@@ -171,6 +178,7 @@ class EngineWorker:
     def _fail_all(self) -> None:
         """Fails every request in flight with a generic error and frees (and zeroes) what it held."""
         for request_id, handle in list(self._handles.items()):
+            self._requests_ended += 1
             handle.queue.put(Failure(EngineError("the engine failed while serving this request")))
             try:
                 self.engine.abort(request_id)
@@ -196,3 +204,4 @@ class EngineWorker:
         handle.queue.put(delta)
         if delta.request_finished:
             del self._handles[delta.request_id]
+            self._requests_ended += 1

@@ -40,7 +40,11 @@ from policy import resolve_policy
 from policy.shipped import resolve_policy_path
 
 RELEASE = "0.1.0"
+# A BlocksZeroed event sums at least a second of zeroing and, unless a minute passes first, the
+# blocks of several requests: one request's exact block count would tell its length.
 ZEROED_REPORT_INTERVAL_S = 1.0
+ZEROED_REPORT_MIN_REQUESTS = 4
+ZEROED_REPORT_MAX_S = 60.0
 
 
 @dataclass(slots=True)
@@ -50,12 +54,22 @@ class ZeroingTally:
     blocks: int = 0
     residue: int = 0
     last_step: int = 0
+    requests: int = 0  # requests that ended (and released blocks) within the tally
     since: float = field(default_factory=time.monotonic)
 
-    def add(self, blocks: int, residue: int, step: int) -> None:
+    def add(self, blocks: int, residue: int, step: int, requests: int = 0) -> None:
         self.blocks += blocks
         self.residue += residue
         self.last_step = step
+        self.requests += requests
+
+    def due(self, now: float) -> bool:
+        """Whether to report now: residue at once (a red line waits for nothing), else when the
+        tally covers a second and several requests, or a minute whatever it covers."""
+        age = now - self.since
+        if self.residue or age >= ZEROED_REPORT_MAX_S:
+            return True
+        return age >= ZEROED_REPORT_INTERVAL_S and self.requests >= ZEROED_REPORT_MIN_REQUESTS
 _MAX_MESSAGE_BYTES = 4 << 20
 
 
@@ -147,16 +161,17 @@ class NodeServer:
         return bundle.to_json()
 
     def _audit_step(self, engine: LLMEngine, step: int) -> None:
-        """Residue-checks the blocks zeroed since the last step and reports them at most once a second.
+        """Residue-checks the blocks zeroed since the last step; reports them when the tally is due.
 
         Only blocks still free are checked: one zeroed early in a step may already hold a new request's
-        data. Aggregating over a second keeps the count from telling one request's length.
+        data. Aggregating over time and requests keeps the count from telling one request's length.
         """
         block_manager = engine.block_manager
         zeroed = block_manager.take_recently_scrubbed()
         still_free = [block for block in zeroed if block_manager.ref_count(block) == 0]
-        self._zeroed.add(len(zeroed), len(engine.runner.find_residue(still_free)), step)
-        if time.monotonic() - self._zeroed.since >= ZEROED_REPORT_INTERVAL_S:
+        residue = len(engine.runner.find_residue(still_free))
+        self._zeroed.add(len(zeroed), residue, step, self.worker.take_requests_ended())
+        if self._zeroed.due(time.monotonic()):
             self._flush_zeroed()
 
     def flush_audit(self) -> None:

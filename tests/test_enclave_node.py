@@ -348,3 +348,39 @@ def test_a_node_declaring_more_capacity_than_its_policy_allows_refuses_to_start(
     settings = NodeSettings(model=model_dir, policy="dev", attestation="sim", capacity=allowed + 1, kv_cache_gib=0.05)
     with pytest.raises(SelfCheckError, match="max_node_capacity.*non-targetability"):
         NodeServer(settings)
+
+
+def _zeroed_events(node) -> list[dict]:
+    node.audit.flush()
+    return [event for event in map(json.loads, node.audit_path.read_text().splitlines())
+            if event["kind"] == "blocks_zeroed"]
+
+
+def test_a_zeroing_report_never_covers_a_lone_request_within_the_minute(node, stub):
+    config = attest(stub)
+    deadline = time.monotonic() + 30
+    while node.worker.in_flight and time.monotonic() < deadline:  # earlier tests' requests end first
+        time.sleep(0.05)
+    node.flush_audit()  # whatever earlier tests left is reported now; the tally starts empty
+    before = len(_zeroed_events(node))
+    call_whole(stub, config, inner_request("/v1/completions", {"prompt": "Once upon", "max_tokens": 8, "seed": 1}))
+    time.sleep(1.2)  # over the one-second floor, so only the request count holds the report back
+    call_whole(stub, config, inner_request("/v1/completions", {"prompt": "Twice upon", "max_tokens": 8, "seed": 2}))
+    assert len(_zeroed_events(node)) == before  # two requests are not yet enough to report
+    node.flush_audit()  # shutdown and explicit flushes report whatever is pending
+    [report] = _zeroed_events(node)[before:]
+    assert report["blocks"] >= 2 and report["residue_blocks"] == 0
+
+
+@pytest.mark.parametrize(
+    ("age_s", "requests", "residue", "due"),
+    [(0.5, 10, 0, False), (1.5, 1, 0, False), (1.5, 3, 0, False), (1.5, 4, 0, True),
+     (30.0, 1, 0, False), (60.0, 1, 0, True), (0.0, 0, 1, True)],
+)
+def test_a_zeroing_tally_is_due_after_a_second_and_several_requests_or_a_minute_or_any_residue(
+        age_s, requests, residue, due):
+    from enclave.node import ZeroingTally
+
+    tally = ZeroingTally(since=100.0)
+    tally.add(blocks=5 + residue, residue=residue, step=1, requests=requests)
+    assert tally.due(100.0 + age_s) is due

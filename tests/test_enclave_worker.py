@@ -89,3 +89,17 @@ def test_nothing_is_read_past_the_last_delta_of_a_request(worker: EngineWorker) 
     handle.queue.put(last)
     assert list(handle.delta_batches()) == [[last]]
     assert list(handle.deltas()) == []  # finished: a second reader gets nothing, and never blocks
+
+
+def test_the_worker_counts_requests_that_ended_finished_or_aborted(worker: EngineWorker) -> None:
+    worker.call(lambda engine: worker.take_requests_ended())  # start from zero
+    handles = [worker.submit(f"count me {i}", SamplingParams(max_tokens=3, temperature=0.0)) for i in range(3)]
+    for handle in handles:
+        list(handle.deltas())
+    assert worker.call(lambda engine: worker.take_requests_ended()) == 3
+    assert worker.call(lambda engine: worker.take_requests_ended()) == 0  # taken once
+    long = worker.submit("aborted", LONG)
+    next(long.deltas())
+    long.close()
+    wait_until_idle(worker)
+    assert worker.call(lambda engine: worker.take_requests_ended()) == 1

@@ -204,8 +204,9 @@ def _nodes_section(doc: Document, report: ResidueReport, image: Path) -> None:
 
 def _method_section(doc: Document, report: ResidueReport) -> None:
     doc.heading("Method")
-    doc.paragraph("Each engine step zeroes the KV blocks freed in it as one batch and emits a blocks_zeroed "
-                  "event; when a residue check runs, residue_blocks counts freed blocks it still found "
+    doc.paragraph("Each engine step zeroes the KV blocks freed in it as one batch; a node reports its tally of "
+                  "such batches (at least a second and several requests' worth) as a blocks_zeroed event, "
+                  "and residue_blocks counts freed blocks the residue checks still found "
                   "non-zero. Any residue is a red line. A node's zeroed blocks must also cover the blocks its "
                   f"successful requests stored: at least ceil(prompt tokens / {report.block_size}) per request, "
                   "prompts counted at their bucket's lower bound.")
