@@ -53,6 +53,8 @@ NODE_ID_HEADER = "veil-node-id"
 # The gateway says so when a candidate left its pool or every tried node failed before its first
 # byte: no node read anything, so one retry with a fresh directory is safe.
 _RETRYABLE = {(404, "no_candidate"), (502, "node_failed")}
+# Waits longer than this are the caller's decision: the GatewayError carries retry_after.
+MAX_RETRY_AFTER_S = 30.0
 # Every client presents the same user agent, so it tells the gateway nothing about its user.
 _USER_AGENT = "veil-client/1"
 
@@ -96,15 +98,21 @@ class Client:
         timeout: float = 60.0,
         directory_ttl_s: float = 10.0,
         fresh_evidence: bool = False,
+        max_retries: int = 2,
         http: httpx.Client | None = None,
     ) -> None:
         if not 1 <= candidates <= 8:
             raise ValueError("candidates must be between 1 and 8 (the gateway accepts at most 8)")
+        if max_retries < 0:
+            raise ValueError("max_retries must not be negative")
         self.policy = policy if isinstance(policy, Policy) else resolve_policy(policy)
         self.candidates = candidates
         # Ask each candidate for evidence over a nonce of the client's own, on every request, instead of
         # trusting the freshness of the evidence the gateway obtained at admission.
         self.fresh_evidence = fresh_evidence
+        # A gateway at its bounds answers 503 with Retry-After before any node read anything; the
+        # request is sent again (freshly sealed) after that delay, at most this many times.
+        self.max_retries = max_retries
         self._http = http or httpx.Client(
             base_url=gateway_url, timeout=timeout, headers={"user-agent": _USER_AGENT},
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
@@ -180,6 +188,21 @@ class Client:
         return answer.events(), self._record(route, target.node_id), response.close
 
     def _send(
+        self, method: str, path: str, body: dict[str, Any] | None, streaming: bool
+    ) -> tuple[wire.SealedRequest, httpx.Response, Route]:
+        """Seal and post; when the gateway is overloaded, wait its Retry-After and send again."""
+        retries = 0
+        while True:
+            try:
+                return self._send_once(method, path, body, streaming)
+            except GatewayError as error:
+                wait = error.retry_after
+                if error.status != 503 or wait is None or wait > MAX_RETRY_AFTER_S or retries >= self.max_retries:
+                    raise
+                retries += 1
+                time.sleep(wait)
+
+    def _send_once(
         self, method: str, path: str, body: dict[str, Any] | None, streaming: bool
     ) -> tuple[wire.SealedRequest, httpx.Response, Route]:
         """Seal to verified candidates and post; one retry when the gateway says nothing was read."""

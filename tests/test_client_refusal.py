@@ -34,6 +34,7 @@ class StandIn:
     directory: dict
     infer_bodies: list[bytes] = field(default_factory=list)
     url: str = ""
+    retry_after: str = "2"
 
 
 def _node(root: Path) -> dict:
@@ -55,7 +56,7 @@ def _app(stand_in: StandIn) -> FastAPI:
     async def infer(request: Request) -> Response:
         stand_in.infer_bodies.append(await request.body())
         return Response('{"error": {"code": "overloaded", "message": "busy"}}', status_code=503,
-                        media_type="application/json", headers={"retry-after": "2"})
+                        media_type="application/json", headers={"retry-after": stand_in.retry_after})
 
     return app
 
@@ -102,7 +103,7 @@ def test_nothing_is_sent_when_no_candidate_verifies(stand_in: StandIn) -> None:
 def test_only_verified_candidates_are_encrypted_to(stand_in: StandIn) -> None:
     trusted, untrusted = (node["node_id"] for node in stand_in.directory["nodes"])
     before = len(stand_in.infer_bodies)
-    with Client(stand_in.url, policy="dev") as client, pytest.raises(GatewayError) as caught:
+    with Client(stand_in.url, policy="dev", max_retries=0) as client, pytest.raises(GatewayError) as caught:
         _ask(client)
     assert caught.value.status == 503 and caught.value.code == "overloaded" and caught.value.retry_after == 2.0
     [body] = stand_in.infer_bodies[before:]
@@ -125,3 +126,28 @@ def test_a_directory_that_lies_about_node_ids_is_refused(stand_in: StandIn) -> N
         stand_in.directory = original
     assert len(stand_in.infer_bodies) == before
     assert {f.check for f in caught.value.failures} == {"directory", "chain"}
+
+
+def test_an_overloaded_gateway_is_asked_again_after_its_retry_after_then_the_error_is_raised(
+        stand_in: StandIn) -> None:
+    stand_in.retry_after = "0.05"
+    try:
+        before = len(stand_in.infer_bodies)
+        with Client(stand_in.url, policy="dev", max_retries=2) as client, pytest.raises(GatewayError) as caught:
+            _ask(client)
+        assert caught.value.status == 503 and len(stand_in.infer_bodies) - before == 3  # the first and 2 retries
+        bodies = [json.loads(body)["candidates"][0]["encapsulated"] for body in stand_in.infer_bodies[before:]]
+        assert len(set(bodies)) == 3  # each attempt sealed afresh: nothing links them but timing
+    finally:
+        stand_in.retry_after = "2"
+
+
+def test_a_retry_after_longer_than_the_sdk_waits_is_left_to_the_caller(stand_in: StandIn) -> None:
+    stand_in.retry_after = "3600"
+    try:
+        before = len(stand_in.infer_bodies)
+        with Client(stand_in.url, policy="dev", max_retries=5) as client, pytest.raises(GatewayError) as caught:
+            _ask(client)
+        assert caught.value.retry_after == 3600.0 and len(stand_in.infer_bodies) - before == 1
+    finally:
+        stand_in.retry_after = "2"

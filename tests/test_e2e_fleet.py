@@ -248,6 +248,9 @@ class SkewedClock:
     def time(self) -> float:
         return time.time() + self.offset_s
 
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_with_a_wrong_clock_is_refused_once_then_corrects_it_from_the_nodes_date(
