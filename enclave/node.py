@@ -166,11 +166,7 @@ class NodeServer:
         Only blocks still free are checked: one zeroed early in a step may already hold a new request's
         data. Aggregating over time and requests keeps the count from telling one request's length.
         """
-        block_manager = engine.block_manager
-        zeroed = block_manager.take_recently_scrubbed()
-        still_free = [block for block in zeroed if block_manager.ref_count(block) == 0]
-        residue = len(engine.runner.find_residue(still_free))
-        self._zeroed.add(len(zeroed), residue, step, self.worker.take_requests_ended())
+        self._tally_zeroed(engine, step)
         if self._zeroed.due(time.monotonic()):
             self._flush_zeroed()
 
@@ -179,7 +175,17 @@ class NodeServer:
         self.worker.call(lambda engine: self._flush_zeroed())
         self.audit.flush()
 
+    def _tally_zeroed(self, engine: LLMEngine, step: int) -> None:
+        block_manager = engine.block_manager
+        zeroed = block_manager.take_recently_scrubbed()
+        still_free = [block for block in zeroed if block_manager.ref_count(block) == 0]
+        residue = len(engine.runner.find_residue(still_free))
+        self._zeroed.add(len(zeroed), residue, step, self.worker.take_requests_ended())
+
     def _flush_zeroed(self) -> None:
+        # Requests that ended since the last step count toward no tally: the next one then waits
+        # for four requests of its own, which errs on the side of holding back.
+        self.worker.take_requests_ended()
         tally, self._zeroed = self._zeroed, ZeroingTally()
         if tally.blocks:
             self.audit.emit(BlocksZeroed(self.node_id, tally.last_step, tally.blocks, tally.residue))
