@@ -155,9 +155,10 @@ def run_encrypted(client, model: str, jobs: list[Job], concurrency: int, referen
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 16 requests, 8 tokens, concurrency 1 and 4")
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level (default: 64)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (default: 32)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32],
+                        help="requests in flight at once, one run per value (default: 1 8 32)")
     parser.add_argument("--model", type=Path, default=None, help="model folder (default: the built-in tiny model)")
     parser.add_argument("--preset", choices=("tiny", "bench"), default="tiny",
                         help="built-in model when --model is not given: tiny (tests, demo) or bench (~46M parameters)")

@@ -95,7 +95,7 @@ def _left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=64, help="requests in the workload (default: 64)")
     parser.add_argument("--hf-batch-size", type=int, default=16, help="static batch size for transformers.generate")
     parser.add_argument("--quick", action="store_true", help="tiny model and short requests (a smoke run)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
