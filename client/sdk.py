@@ -404,6 +404,18 @@ def _parsed(parse: Callable[[Any], T], node_id: str | None) -> Callable[[Any], T
     return run
 
 
+W = TypeVar("W")
+
+
+def _create(client: Client, path: str, body: dict[str, Any], stream: bool,
+            chunk: Callable[[Any], T], whole: Callable[[Any, Route], W]) -> W | Stream[T]:
+    """POST `body` to `path`: a typed whole answer, or with `stream` a Stream of typed chunks."""
+    if stream:
+        return _stream_of(client, path, body, chunk)
+    data, route = client.request("POST", path, body)
+    return _parsed(lambda d: whole(d, route), route.node_id)(data)
+
+
 def _stream_of(client: Client, path: str, body: dict[str, Any], parse: Callable[[Any], T]) -> Stream[T]:
     payloads, route, close = client.stream(path, body)
     typed = _parsed(parse, route.node_id)
@@ -430,10 +442,8 @@ class _ChatCompletions:
         """A chat answer, or with `stream=True` an iterator of `ChatCompletionChunk`."""
         body = _body(model=model, messages=_messages(messages), stream=stream, n=n, temperature=temperature,
                      top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed)
-        if stream:
-            return _stream_of(self._client, "/v1/chat/completions", body, ChatCompletionChunk.from_dict)
-        data, route = self._client.request("POST", "/v1/chat/completions", body)
-        return _parsed(lambda d: ChatCompletion.from_dict(d, route), route.node_id)(data)
+        return _create(self._client, "/v1/chat/completions", body, stream,
+                       ChatCompletionChunk.from_dict, ChatCompletion.from_dict)
 
 
 class _Chat:
@@ -463,10 +473,7 @@ class _Completions:
             raise ValueError("prompt must be a string")
         body = _body(model=model, prompt=prompt, stream=stream, n=n, temperature=temperature,
                      top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed)
-        if stream:
-            return _stream_of(self._client, "/v1/completions", body, Completion.from_dict)
-        data, route = self._client.request("POST", "/v1/completions", body)
-        return _parsed(lambda d: Completion.from_dict(d, route), route.node_id)(data)
+        return _create(self._client, "/v1/completions", body, stream, Completion.from_dict, Completion.from_dict)
 
 
 class _Models:
