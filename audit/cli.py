@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from audit.records import AuditLog
+    from audit.reports.document import WrittenReport
 
 EXIT_OK = 0
 EXIT_RED_LINE = 1
@@ -115,46 +120,41 @@ def parse_capacities(pairs: list[str]) -> dict[str, int]:
 
 
 def _report_routes(args: argparse.Namespace) -> int:
-    from audit.errors import AuditError
-    from audit.records import read_audit_files
-
-    try:
+    def write(log: AuditLog) -> WrittenReport:
         from audit.reports.routes import build_routes_report, write_routes_report
 
         capacities = parse_capacities(args.capacity)
-        log = read_audit_files(args.files)
         report = build_routes_report(log.records, capacities, alpha=args.alpha, windows=args.windows)
-        written = write_routes_report(report, args.out)
-    except AuditError as error:
-        return _fail(error)
-    except OSError as error:
-        return _fail(f"cannot write the report into {args.out} ({error.strerror})")
-    except ImportError as error:
-        return _missing_extra(error)
-    print(f"routes report: {written.markdown} and {written.html} "
-          f"({'consistent' if written.passed else 'REJECTED'})")
-    return EXIT_OK if written.passed else EXIT_RED_LINE
+        return write_routes_report(report, args.out)
+
+    return _run_report(args, "routes", write, verdicts=("consistent", "REJECTED"))
 
 
 def _report_residue(args: argparse.Namespace) -> int:
+    def write(log: AuditLog) -> WrittenReport:
+        from audit.reports.residue import build_residue_report, write_residue_report
+
+        report = build_residue_report(log.records, block_size=args.block_size, truncated_tails=log.truncated_tails)
+        return write_residue_report(report, args.out)
+
+    return _run_report(args, "residue", write, verdicts=("zero residue", "RED LINE"))
+
+
+def _run_report(args: argparse.Namespace, name: str, write: Callable[[AuditLog], WrittenReport],
+                verdicts: tuple[str, str]) -> int:
+    """Reads the audit files, writes one report and says where; exit 1 when the report finds a red line."""
     from audit.errors import AuditError
     from audit.records import read_audit_files
 
     try:
-        from audit.reports.residue import build_residue_report, write_residue_report
-
-        log = read_audit_files(args.files)
-        report = build_residue_report(log.records, block_size=args.block_size,
-                                      truncated_tails=log.truncated_tails)
-        written = write_residue_report(report, args.out)
+        written = write(read_audit_files(args.files))
     except AuditError as error:
         return _fail(error)
     except OSError as error:
         return _fail(f"cannot write the report into {args.out} ({error.strerror})")
     except ImportError as error:
         return _missing_extra(error)
-    print(f"residue report: {written.markdown} and {written.html} "
-          f"({'zero residue' if written.passed else 'RED LINE'})")
+    print(f"{name} report: {written.markdown} and {written.html} ({verdicts[0] if written.passed else verdicts[1]})")
     return EXIT_OK if written.passed else EXIT_RED_LINE
 
 

@@ -18,35 +18,11 @@ from ohttp.bhttp import (
     encode_response,
 )
 from ohttp.errors import MalformedError
+from tests.http_strategies import requests, responses
 from ohttp.varint import MAX_VARINT, decode_varint, encode_varint
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
-names = st.binary(min_size=1, max_size=24).map(bytes.lower)
-fields = st.lists(st.tuples(names, st.binary(max_size=64)), max_size=6)
-small_content = st.binary(max_size=512)
-large_content = st.tuples(st.integers(0, 1 << 20), st.integers(0, 2**32)).map(
-    lambda spec: random.Random(spec[1]).randbytes(spec[0])
-)
-content = st.one_of(small_content, large_content)
-requests = st.builds(
-    Request,
-    method=st.sampled_from([b"GET", b"POST", b"PUT", b"DELETE"]) | st.binary(max_size=12),
-    scheme=st.sampled_from([b"https", b"http", b""]),
-    authority=st.binary(max_size=40),
-    path=st.binary(max_size=80),
-    headers=fields,
-    content=content,
-    trailers=fields,
-)
-responses = st.builds(
-    Response,
-    status=st.integers(200, 599),
-    headers=fields,
-    content=content,
-    trailers=fields,
-    informational=st.lists(st.builds(InformationalResponse, st.integers(100, 199), fields), max_size=3),
-)
 layouts = st.fixed_dictionaries(
     {"known_length": st.booleans(), "padding": st.integers(0, 40), "truncate": st.booleans()}
 )

@@ -7,39 +7,16 @@ import random
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ohttp.bhttp import InformationalResponse, Request, Response, decode_request, decode_response, encode_request, encode_response
+from ohttp.bhttp import Request, Response, decode_request, decode_response, encode_request, encode_response
 from ohttp.chunked import DEFAULT_MAX_CHUNK_SIZE, ChunkedRequestOpener, ChunkedRequestSealer
 from ohttp.keys import DEFAULT_SUITES, KeyRing, generate_key_pair
 from ohttp.message import ClientRequest, decapsulate_request
+from tests.http_strategies import requests, responses
 
 SETTINGS = settings(max_examples=40, deadline=None)
 RING = KeyRing(generate_key_pair(11))
 ONE_MIB = random.Random(2).randbytes(1 << 20)
 
-names = st.binary(min_size=1, max_size=24).map(bytes.lower)
-fields = st.lists(st.tuples(names, st.binary(max_size=48)), max_size=5)
-content = st.one_of(
-    st.binary(max_size=300),
-    st.tuples(st.integers(0, 1 << 20), st.integers(0, 2**32)).map(lambda s: random.Random(s[1]).randbytes(s[0])),
-)
-requests = st.builds(
-    Request,
-    method=st.sampled_from([b"GET", b"POST"]) | st.binary(max_size=10),
-    scheme=st.sampled_from([b"https", b"http"]),
-    authority=st.binary(max_size=30),
-    path=st.binary(max_size=60),
-    headers=fields,
-    content=content,
-    trailers=fields,
-)
-responses = st.builds(
-    Response,
-    status=st.integers(200, 599),
-    headers=fields,
-    content=content,
-    trailers=fields,
-    informational=st.lists(st.builds(InformationalResponse, st.integers(100, 199), fields), max_size=2),
-)
 suites = st.sampled_from(DEFAULT_SUITES)
 cut_points = st.lists(st.floats(0, 1), max_size=12)
 
