@@ -1,9 +1,11 @@
 """The gRPC service: Attest, Infer, Health. Nothing else is exposed.
 
-Infer decapsulates with the node's keys, answers through the inner API, and seals the answer back:
+Infer decapsulates with the node's keys, says at once that it accepted the request (a message with
+no data, before any work on its content), answers through the inner API, and seals the answer back:
 one OHTTP response for `message/ohttp-req`, chunked OHTTP (one chunk per engine delta, or per
-batch of deltas that waited for a slow reader) for `message/ohttp-chunked-req`. Failures before decapsulation get one generic status; failures after
-it travel encrypted, as HTTP errors inside the response.
+batch of deltas that waited for a slow reader) for `message/ohttp-chunked-req`. Failures before
+decapsulation get one generic status; failures after it travel encrypted, as HTTP errors inside the
+response.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ NOT_DECAPSULATED = "the request could not be decapsulated"
 MAX_ENCAPSULATED_BYTES = 2 << 20
 _SSE_CONTENT_TYPE = [(b"content-type", b"text/event-stream")]
 _JSON_CONTENT_TYPE = [(b"content-type", b"application/json")]
+# What the gateway learns from it, that the request decapsulated, it learns from any answer anyway;
+# sent before generation, it lets a slow answer be told apart from a node that never took the request.
+_ACCEPTED = node_pb2.InferChunk(accepted=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +92,10 @@ class NodeService(node_pb2_grpc.NodeServicer):
         result = _Result()
         first_byte = None
         try:
-            for data in self._infer(request, result):
-                first_byte = first_byte or time.monotonic()
-                yield node_pb2.InferChunk(data=data)
+            for message in self._infer(request, result):
+                if message.data:
+                    first_byte = first_byte or time.monotonic()
+                yield message
         except _Undecapsulated:
             result.status = "decrypt_error"
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, NOT_DECAPSULATED)
@@ -106,7 +112,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
                 metrics.prompt_tokens if metrics else 0, metrics.output_tokens if metrics else 0,
             ))
 
-    def _infer(self, request: node_pb2.InferRequest, result: _Result) -> Iterator[bytes]:
+    def _infer(self, request: node_pb2.InferRequest, result: _Result) -> Iterator[node_pb2.InferChunk]:
         if len(request.encapsulated) > MAX_ENCAPSULATED_BYTES:
             raise _Undecapsulated()
         if request.media_type == OHTTP_REQUEST:
@@ -116,11 +122,12 @@ class NodeService(node_pb2_grpc.NodeServicer):
         else:
             raise _Undecapsulated()
 
-    def _infer_whole(self, encapsulated: bytes, result: _Result) -> Iterator[bytes]:
+    def _infer_whole(self, encapsulated: bytes, result: _Result) -> Iterator[node_pb2.InferChunk]:
         try:
             plaintext, server_context = decapsulate_request(self._keyring(), encapsulated)
         except OHTTPError:
             raise _Undecapsulated() from None
+        yield _ACCEPTED
         response = self._answer(plaintext)
         try:
             body = response.body if not response.streaming else b"".join(response.events)
@@ -128,15 +135,16 @@ class NodeService(node_pb2_grpc.NodeServicer):
             _close(response, result)
         encoded = bhttp.encode_response(bhttp.Response(response.status, self._headers(response), body))
         result.status = _status_of(response.status)
-        yield server_context.seal_response(encoded)
+        yield _data(server_context.seal_response(encoded))
 
-    def _infer_chunked(self, encapsulated: bytes, result: _Result) -> Iterator[bytes]:
+    def _infer_chunked(self, encapsulated: bytes, result: _Result) -> Iterator[node_pb2.InferChunk]:
         opener = ChunkedRequestOpener(self._keyring())
         try:
             pieces = opener.feed(encapsulated)
             pieces.append(opener.finish())
         except OHTTPError:
             raise _Undecapsulated() from None
+        yield _ACCEPTED
         sealer = opener.response_sealer()
         response = self._answer(b"".join(pieces))
         try:
@@ -146,10 +154,10 @@ class NodeService(node_pb2_grpc.NodeServicer):
             # chunk fewer per request costs no latency.
             first = next(pieces, None)
             head = bhttp_stream.encode_response_head(response.status, headers)
-            yield sealer.seal_chunk(head + (b"" if first is None else bhttp_stream.encode_content_chunk(first)))
+            yield _data(sealer.seal_chunk(head + (b"" if first is None else bhttp_stream.encode_content_chunk(first))))
             for piece in pieces:
-                yield sealer.seal_chunk(bhttp_stream.encode_content_chunk(piece))
-            yield sealer.seal_chunk(bhttp_stream.encode_response_end(), final=True)
+                yield _data(sealer.seal_chunk(bhttp_stream.encode_content_chunk(piece)))
+            yield _data(sealer.seal_chunk(bhttp_stream.encode_response_end(), final=True))
             result.status = _status_of(response.status)
         finally:
             _close(response, result)
@@ -184,6 +192,10 @@ def _status_of(http_status: int) -> str:
     if http_status < 400:
         return "ok"
     return "client_error" if http_status < 500 else "engine_error"
+
+
+def _data(sealed: bytes) -> node_pb2.InferChunk:
+    return node_pb2.InferChunk(data=sealed)
 
 
 def _nonempty(body: bytes, piece: int = 64 * 1024) -> list[bytes]:

@@ -52,7 +52,7 @@ from gateway.settings import GatewaySettings
 from policy import resolve_policy
 
 _NODE_ID = re.compile(NODE_ID_PATTERN.strip("^$"), re.ASCII)
-_ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 502, 503)}
+_ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 502, 503, 504)}
 
 
 @dataclass(slots=True)
@@ -105,7 +105,7 @@ def _build_runtime(settings: GatewaySettings, audit_sink: AuditSink | None,
     pool = NodePool(policy, signer, key_grace_s=settings.key_grace_s)
     keeper = PoolKeeper(settings, pool, auditor)
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_node, settings.retry_after_s)
-    forwarder = Forwarder(keeper, limiter, auditor, settings.first_byte_timeout_s, routing_rng)
+    forwarder = Forwarder(keeper, limiter, auditor, settings.accept_timeout_s, routing_rng)
     return GatewayRuntime(settings, pool, keeper, forwarder, DirectoryCache(pool, settings.directory_size, settings.directory_epoch_s), auditor, signer)
 
 

@@ -69,6 +69,17 @@ class NodeFailedError(GatewayError):
     code = "node_failed"
 
 
+class FinalRefusalError(GatewayError):
+    """The chosen node's answer ends routing: the request must not be sent to another candidate."""
+
+
+class AcceptTimeoutError(FinalRefusalError):
+    """The node neither refused nor accepted the request in time; it may hold it, so no other node gets it."""
+
+    status = 504
+    code = "node_timeout"
+
+
 class OverloadedError(GatewayError):
     """The gateway or the chosen node is at its in-flight bound; retry after `retry_after_s`."""
 

@@ -1,12 +1,17 @@
 """Forwarding one request: pick a candidate, open the node's answer, relay its bytes, audit the route.
 
-Before the first byte the gateway may still change its mind: a node that
-fails, cannot open the ciphertext, or is at its in-flight bound is skipped
-for the next candidate in the random failover order (a node that broke is
-also evicted). When no candidate has room the answer is 503 with
-Retry-After; when every candidate failed, 502. After the first
-byte the answer is committed to that node: a failure just ends the stream,
-and the client's decryption reports the truncation.
+Until a node accepts the request the gateway may still change its mind: a
+node that provably never took it (the call failed before the node sent
+anything) or is at its in-flight bound is skipped for the next candidate in
+the random failover order (a node that broke is also evicted). When no
+candidate has room the answer is 503 with Retry-After; when every candidate
+failed, 502. A node accepts right after decapsulating, before any work on the
+request; from then on the answer is committed to that node, however long it
+takes: the response head goes out at once, a slow answer is never a failure,
+and a failure just ends the stream (the client's decryption reports the
+truncation). A node that neither refuses nor accepts within the accept
+timeout may hold the request, so that is a 504 and the request goes nowhere
+else.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from audit.events import RouteOutcome
 from gateway.audit import GatewayAuditor
 from gateway.backpressure import InFlightLimiter, Permit
 from gateway.errors import (
+    FinalRefusalError,
     GatewayError,
     NoCandidateError,
     NodeBusyError,
@@ -57,12 +63,12 @@ class Forwarder:
     """Routes requests through the pool, within the in-flight bounds, auditing each one."""
 
     def __init__(self, keeper: PoolKeeper, limiter: InFlightLimiter, auditor: GatewayAuditor,
-                 first_byte_timeout_s: float, rng: random.Random | None = None) -> None:
+                 accept_timeout_s: float, rng: random.Random | None = None) -> None:
         self.keeper = keeper
         self.rng = rng
         self.limiter = limiter
         self.auditor = auditor
-        self.first_byte_timeout_s = first_byte_timeout_s
+        self.accept_timeout_s = accept_timeout_s
 
     async def open(self, candidates: Sequence[Candidate]) -> RelayedAnswer:
         """Route `candidates` and return the node's answer to relay, or raise a GatewayError."""
@@ -92,7 +98,11 @@ class Forwarder:
             if entry is None or entry.address in failed_addresses:
                 continue  # evicted meanwhile, or the same node under its other id
             tried.append(candidate.node_id)
-            attempt = await self._try_node(candidate, entry.address, failed_over=len(tried) > 1)
+            try:
+                attempt = await self._try_node(candidate, entry.address, failed_over=len(tried) > 1)
+            except FinalRefusalError:
+                self.auditor.route(ids, candidate.node_id, RouteOutcome.NODE_ERROR, started)
+                raise
             if isinstance(attempt, OpenRoute):
                 return attempt
             busy = busy or attempt is _Attempt.BUSY
@@ -117,7 +127,7 @@ class Forwarder:
             return _Attempt.BUSY
         try:
             stream = await self.keeper.client(address).open_infer(
-                candidate.media_type, candidate.encapsulated, self.first_byte_timeout_s)
+                candidate.media_type, candidate.encapsulated, self.accept_timeout_s)
         except NodeBusyError:
             node_permit.release()
             return _Attempt.BUSY
@@ -155,14 +165,13 @@ class RelayedAnswer:
         self._started = started
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The node's bytes as they come; a failure after the first byte ends the stream early."""
+        """The node's bytes as they come; a failure ends the stream early."""
         route = self.route
-        yield route.stream.first
         try:
-            async for chunk in route.stream.rest():
+            async for chunk in route.stream.data():
                 yield chunk
         except GatewayError:
-            # Nothing to fail over to after the first byte: end the stream and evict the node.
+            # Nothing to fail over to once the node accepted: end the stream and evict the node.
             route.outcome = RouteOutcome.NODE_ERROR
             self._forwarder.keeper.report_failure(route.address)
             return

@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 
 from enclave.proto import node_pb2, node_pb2_grpc
-from gateway.errors import NodeBusyError, NodeRejectedError, NodeUnreachableError
+from gateway.errors import AcceptTimeoutError, NodeBusyError, NodeRejectedError, NodeUnreachableError
 from gateway.pool import HealthReport
 
 _MiB = 1024 * 1024
@@ -61,16 +61,21 @@ class NodeClient:
             raise NodeUnreachableError("the node did not answer the health check") from None
         return HealthReport(answer.serving, answer.in_flight, answer.capacity, answer.node_id)
 
-    async def open_infer(self, media_type: str, encapsulated: bytes, first_byte_timeout_s: float) -> InferStream:
-        """Start `Node.Infer` and wait for its first bytes; raise before any byte is returned."""
+    async def open_infer(self, media_type: str, encapsulated: bytes, accept_timeout_s: float) -> InferStream:
+        """Start `Node.Infer` and wait until the node accepts the request; raise if it does not.
+
+        NodeUnreachableError means the node provably never took the request (the call failed before
+        the node sent anything), so it may go to another candidate; AcceptTimeoutError means the
+        node may hold it, so it must go nowhere else.
+        """
         request = node_pb2.InferRequest(media_type=media_type, encapsulated=encapsulated)
         call = self._stub.Infer(request, metadata=_NO_METADATA)
         stream = InferStream(call)
         try:
-            await asyncio.wait_for(stream.read_first(), first_byte_timeout_s)
+            await asyncio.wait_for(stream.read_acceptance(), accept_timeout_s)
         except TimeoutError:
             call.cancel()
-            raise NodeUnreachableError("the node sent nothing before the first-byte deadline") from None
+            raise AcceptTimeoutError("the node did not accept the request in time; send it again later") from None
         except BaseException:
             call.cancel()
             raise
@@ -81,36 +86,36 @@ class NodeClient:
 
 
 class InferStream:
-    """The node's encrypted answer: its first bytes (already received), then the rest."""
+    """The node's encrypted answer, once the node has accepted the request: its bytes as they come."""
 
     def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
         self._call = call
-        self.first = b""
+        self._pending = b""  # data that came with the acceptance (from a node that does not say it apart)
 
-    async def read_first(self) -> None:
-        while not self.first:
-            chunk = await self._read()
-            if chunk is None:
-                raise NodeUnreachableError("the node ended its answer without sending anything")
-            self.first = chunk
+    async def read_acceptance(self) -> None:
+        """Wait for the node's first message: its acceptance, or already data."""
+        message = await self._read()
+        if message is None:
+            raise NodeUnreachableError("the node ended its answer without sending anything")
+        self._pending = bytes(message.data)
 
-    async def rest(self) -> AsyncIterator[bytes]:
-        """The bytes after the first; a failure here simply ends the iteration with an error."""
-        while (chunk := await self._read()) is not None:
-            if chunk:
-                yield chunk
+    async def data(self) -> AsyncIterator[bytes]:
+        """The answer's bytes; a failure here ends the iteration with a NodeUnreachableError."""
+        if self._pending:
+            yield self._pending
+        while (message := await self._read()) is not None:
+            if message.data:
+                yield bytes(message.data)
 
     def cancel(self) -> None:
         self._call.cancel()
 
-    async def _read(self) -> bytes | None:
+    async def _read(self) -> node_pb2.InferChunk | None:
         try:
             message = await self._call.read()
         except grpc.aio.AioRpcError as error:
             raise _classify(error.code()) from None
-        if message is grpc.aio.EOF:
-            return None
-        return bytes(message.data)
+        return None if message is grpc.aio.EOF else message
 
 
 def _classify(code: grpc.StatusCode) -> NodeUnreachableError:

@@ -42,8 +42,10 @@ class GatewaySettings:
     max_candidates: int = MAX_CANDIDATES
     attest_timeout_s: float = 10.0
     health_timeout_s: float = 2.0
-    # How long the first byte of an answer may take before the node counts as failed.
-    first_byte_timeout_s: float = 120.0
+    # How long a node may take to accept a request (it does so on decapsulating it, before any work);
+    # past it the answer is 504 and the request goes to no other node. The answer itself may take
+    # as long as it takes: a slow answer is never a failure.
+    accept_timeout_s: float = 30.0
     # How long startup waits for the configured nodes' first admission.
     startup_admission_s: float = 15.0
     # A pool larger than this is published as a uniformly random sample of this many nodes,
@@ -59,7 +61,7 @@ class GatewaySettings:
         _require_positive("health_s", self.health_s)
         _require_positive("attest_timeout_s", self.attest_timeout_s)
         _require_positive("health_timeout_s", self.health_timeout_s)
-        _require_positive("first_byte_timeout_s", self.first_byte_timeout_s)
+        _require_positive("accept_timeout_s", self.accept_timeout_s)
         _require_positive("directory_epoch_s", self.directory_epoch_s)
         if not 1 <= self.directory_size <= MAX_DIRECTORY_SIZE:
             raise GatewaySettingsError(f"directory_size must be between 1 and {MAX_DIRECTORY_SIZE}")

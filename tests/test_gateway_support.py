@@ -88,7 +88,8 @@ class Received:
 @dataclass
 class Behaviour:
     """How the recording node answers Infer: `echo`, `fail`, `busy`, `reject`, `die_mid_stream`, `hold`
-    (before the first chunk, until released) or `hold_after_first` (until the call is cancelled)."""
+    (before the first chunk, until released), `hold_after_first` (until the call is cancelled) or
+    `accept_then_hold` (says it accepted the request, then holds its data until released)."""
 
     mode: str = "echo"
     release: threading.Event = field(default_factory=threading.Event)
@@ -133,7 +134,9 @@ class RecordingNode(node_pb2_grpc.NodeServicer):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy")
         if mode == "reject":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request could not be decapsulated")
-        if mode == "hold":
+        if mode == "accept_then_hold":
+            yield node_pb2.InferChunk(accepted=True)
+        if mode in ("hold", "accept_then_hold"):
             self.behaviour.release.wait(10)
         yield node_pb2.InferChunk(data=bytes(request.encapsulated))
         if mode == "hold_after_first":

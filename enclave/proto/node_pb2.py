@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65nclave/proto/node.proto\x12\x0cveil.node.v1\"\x1e\n\rAttestRequest\x12\r\n\x05nonce\x18\x01 \x01(\x0c\";\n\x0e\x41ttestResponse\x12\x17\n\x0f\x65vidence_bundle\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\"8\n\x0cInferRequest\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x14\n\x0c\x65ncapsulated\x18\x02 \x01(\x0c\"\x1a\n\nInferChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x0f\n\rHealthRequest\"W\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\x12\x0f\n\x07node_id\x18\x04 \x01(\t2\xd1\x01\n\x04Node\x12\x43\n\x06\x41ttest\x12\x1b.veil.node.v1.AttestRequest\x1a\x1c.veil.node.v1.AttestResponse\x12?\n\x05Infer\x12\x1a.veil.node.v1.InferRequest\x1a\x18.veil.node.v1.InferChunk0\x01\x12\x43\n\x06Health\x12\x1b.veil.node.v1.HealthRequest\x1a\x1c.veil.node.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65nclave/proto/node.proto\x12\x0cveil.node.v1\"\x1e\n\rAttestRequest\x12\r\n\x05nonce\x18\x01 \x01(\x0c\";\n\x0e\x41ttestResponse\x12\x17\n\x0f\x65vidence_bundle\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\"8\n\x0cInferRequest\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x14\n\x0c\x65ncapsulated\x18\x02 \x01(\x0c\",\n\nInferChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\"\x0f\n\rHealthRequest\"W\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\x12\x0f\n\x07node_id\x18\x04 \x01(\t2\xd1\x01\n\x04Node\x12\x43\n\x06\x41ttest\x12\x1b.veil.node.v1.AttestRequest\x1a\x1c.veil.node.v1.AttestResponse\x12?\n\x05Infer\x12\x1a.veil.node.v1.InferRequest\x1a\x18.veil.node.v1.InferChunk0\x01\x12\x43\n\x06Health\x12\x1b.veil.node.v1.HealthRequest\x1a\x1c.veil.node.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,11 +38,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFERREQUEST']._serialized_start=135
   _globals['_INFERREQUEST']._serialized_end=191
   _globals['_INFERCHUNK']._serialized_start=193
-  _globals['_INFERCHUNK']._serialized_end=219
-  _globals['_HEALTHREQUEST']._serialized_start=221
-  _globals['_HEALTHREQUEST']._serialized_end=236
-  _globals['_HEALTHRESPONSE']._serialized_start=238
-  _globals['_HEALTHRESPONSE']._serialized_end=325
-  _globals['_NODE']._serialized_start=328
-  _globals['_NODE']._serialized_end=537
+  _globals['_INFERCHUNK']._serialized_end=237
+  _globals['_HEALTHREQUEST']._serialized_start=239
+  _globals['_HEALTHREQUEST']._serialized_end=254
+  _globals['_HEALTHRESPONSE']._serialized_start=256
+  _globals['_HEALTHRESPONSE']._serialized_end=343
+  _globals['_NODE']._serialized_start=346
+  _globals['_NODE']._serialized_end=555
 # @@protoc_insertion_point(module_scope)

@@ -62,7 +62,7 @@ class NodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Infer(self, request, context):
-        """An OHTTP-encapsulated request in, the encapsulated response out as it is produced.
+        """An OHTTP-encapsulated request in; an `accepted` message, then the encapsulated response as it is produced.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
