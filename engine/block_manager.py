@@ -3,6 +3,10 @@
 Zero on free: a block whose reference count drops to zero is not reusable until `scrub` has
 overwritten its K and V in every layer. Freed blocks are scrubbed together, in one batched call,
 at the end of each engine step (or earlier, if an allocation needs them first).
+
+Copy on write is eager: the shared block is copied the moment a sample takes its private block,
+while the source is still referenced. A deferred copy could read a source that a preemption later
+in the same step freed, and an allocation then zeroed and handed to another request.
 """
 
 from __future__ import annotations
@@ -13,17 +17,18 @@ from collections.abc import Callable
 from engine.sequence import Sequence
 
 Scrub = Callable[[list[int]], None]
+CopyBlock = Callable[[int, int], None]  # (source, destination): K and V of every layer
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, scrub: Scrub) -> None:
+    def __init__(self, num_blocks: int, block_size: int, scrub: Scrub, copy: CopyBlock) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._scrub = scrub
+        self._copy = copy
         self._free: deque[int] = deque(range(num_blocks))
         self._freed_unscrubbed: list[int] = []
         self._ref_counts = [0] * num_blocks
-        self.pending_copies: list[tuple[int, int]] = []  # (source, destination) for copy-on-write
         self.scrub_calls = 0
         self.blocks_scrubbed = 0
         # Ids zeroed since an observer last took them; kept only once someone asks (the node's audit).
@@ -111,9 +116,9 @@ class BlockManager:
         index = seq.num_computed_tokens // self.block_size
         shared = seq.block_table[index]
         private = self._take()
+        self._copy(shared, private)  # now: `seq` still holds `shared`, so nothing can have freed it
         self._ref_counts[shared] -= 1
         seq.block_table[index] = private
-        self.pending_copies.append((shared, private))
 
     def _take(self) -> int:
         if not self._free:

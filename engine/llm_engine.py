@@ -46,7 +46,9 @@ class LLMEngine:
         self.model_config = self.runner.model_config
         self.max_model_len = min(self.config.max_model_len or 1 << 62, self.model_config.max_context)
         scrub = _skip_scrub if self.config.unsafe_skip_zeroing else self.runner.zero_blocks
-        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size, scrub)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, self.config.block_size, scrub, self.runner.copy_block
+        )
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.sampler = Sampler()
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
@@ -98,7 +100,7 @@ class LLMEngine:
         chunks = self.scheduler.schedule() if self.scheduler.has_work() else []
         if chunks:
             sampling = [chunk.seq for chunk in chunks if chunk.samples]
-            logits = self.runner.run(chunks, self._take_copies())
+            logits = self.runner.run(chunks)
             self.num_tokens_computed += sum(chunk.num_tokens for chunk in chunks)
             for chunk in chunks:
                 chunk.seq.num_computed_tokens += chunk.num_tokens
@@ -187,10 +189,6 @@ class LLMEngine:
         # Distinct, reproducible streams for the samples of one seeded request.
         derived = (seed * 1_000_003 + index) % (1 << 63)
         return torch.Generator(device=self.runner.device).manual_seed(derived)
-
-    def _take_copies(self) -> list[tuple[int, int]]:
-        copies, self.block_manager.pending_copies = self.block_manager.pending_copies, []
-        return copies
 
     def _sample(self, sampling: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
         requests: list[SampleRequest] = []

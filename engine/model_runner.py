@@ -57,10 +57,8 @@ class ModelRunner:
         return int(budget // self.block_bytes())
 
     @torch.inference_mode()
-    def run(self, chunks: list[ScheduledChunk], copies: list[tuple[int, int]]) -> torch.Tensor:
+    def run(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """Runs one step and returns the logits of the rows that sample, in chunk order."""
-        if copies:
-            self._copy_blocks(copies)
         inputs = self.prepare(chunks)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
         return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
@@ -105,10 +103,9 @@ class ModelRunner:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
 
-    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        sources = torch.tensor([s for s, _ in copies], dtype=torch.int64, device=self.device)
-        destinations = torch.tensor([d for _, d in copies], dtype=torch.int64, device=self.device)
-        self.kv_cache.index_copy_(1, destinations, self.kv_cache.index_select(1, sources))
+    def copy_block(self, source: int, destination: int) -> None:
+        """Copies one block's K and V in every layer (copy on write of a block shared by samples)."""
+        self.kv_cache[:, destination].copy_(self.kv_cache[:, source])
 
     def zero_blocks(self, block_ids: list[int]) -> None:
         # Host ids: the range check needs no device round trip.

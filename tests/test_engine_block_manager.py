@@ -1,7 +1,8 @@
 """Block bookkeeping without a model: reference counts, forks, copy-on-write, and zero on free.
 
-The scrub callable records what it is asked to zero, so the tests can check that no freed block is
-handed out again before it was scrubbed, and that everything freed is scrubbed in one call.
+The scrub and copy callables record what they are asked to do, so the tests can check that no freed
+block is handed out again before it was scrubbed, that everything freed is scrubbed in one call, and
+that a copy on write only ever reads a block some sample still holds.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ BLOCK_SIZE = 4
 
 
 class ScrubRecorder:
-    """Stands in for the model runner's zeroing: remembers every call, and what was clean after it."""
+    """Stands in for the model runner's zeroing and copying: remembers every call, in order."""
 
     def __init__(self) -> None:
         self.calls: list[list[int]] = []
+        self.copies: list[tuple[int, int]] = []
+        self.events: list[tuple[str, object]] = []  # ("scrub", ids) and ("copy", (source, destination))
         self.manager: BlockManager | None = None
 
     def __call__(self, block_ids: list[int]) -> None:
@@ -32,6 +35,16 @@ class ScrubRecorder:
         assert self.manager is not None
         assert all(self.manager.ref_count(b) == 0 for b in block_ids)
         self.calls.append(list(block_ids))
+        self.events.append(("scrub", list(block_ids)))
+
+    def copy(self, source: int, destination: int) -> None:
+        # The source is shared by the writer and a sibling; the destination is the writer's fresh block.
+        assert self.manager is not None
+        assert self.manager.ref_count(source) >= 2
+        assert self.manager.ref_count(destination) == 1
+        assert source not in self.manager.free_block_ids()
+        self.copies.append((source, destination))
+        self.events.append(("copy", (source, destination)))
 
     @property
     def scrubbed(self) -> list[int]:
@@ -40,7 +53,7 @@ class ScrubRecorder:
 
 def make_manager(num_blocks: int = 8) -> tuple[BlockManager, ScrubRecorder]:
     recorder = ScrubRecorder()
-    manager = BlockManager(num_blocks, BLOCK_SIZE, recorder)
+    manager = BlockManager(num_blocks, BLOCK_SIZE, recorder, recorder.copy)
     recorder.manager = manager
     return manager, recorder
 
@@ -152,7 +165,7 @@ def test_fork_shares_blocks_and_only_the_last_free_releases_them():
 
 
 def test_shared_partial_last_block_is_copied_on_write():
-    manager, _ = make_manager(8)
+    manager, recorder = make_manager(8)
     parent = make_seq(6)  # blocks: [full, partial with 2 of 4 slots used]
     prefill(manager, parent)
     child = fork(manager, parent)
@@ -163,15 +176,32 @@ def test_shared_partial_last_block_is_copied_on_write():
     manager.reserve(child, 1)
     assert child.block_table[0] == full
     assert child.block_table[1] != partial
-    assert manager.pending_copies == [(partial, child.block_table[1])]
+    assert recorder.copies == [(partial, child.block_table[1])]  # copied at once, not later
     assert manager.ref_count(full) == 2
     assert manager.ref_count(partial) == 1
     assert manager.ref_count(child.block_table[1]) == 1
     # The parent now owns the partial block alone: it writes in place, with no second copy.
-    manager.pending_copies.clear()
     decode_one(manager, parent)
     assert parent.block_table == [full, partial]
-    assert manager.pending_copies == []
+    assert len(recorder.copies) == 1
+
+
+def test_copy_on_write_reads_the_shared_block_before_a_preempted_sibling_frees_it():
+    """One step: sample 0 copies the shared block, sample 1 is preempted, a newcomer takes the freed block."""
+    manager, recorder = make_manager(3)
+    first = make_seq(6)  # a full block and a half-filled one, shared by both samples
+    prefill(manager, first)
+    second = fork(manager, first)
+    first.append_token(3)
+    manager.reserve(first, 1)  # copy on write into a private block
+    _, shared = second.block_table
+    manager.free(second)  # preempted: the shared half-filled block has no holder left
+    newcomer = make_seq(4)
+    prefill(manager, newcomer)  # the free list is empty: the freed block is zeroed and handed out
+    assert newcomer.block_table == [shared]
+    copy_at = recorder.events.index(("copy", (shared, first.block_table[1])))
+    scrub_at = next(i for i, (kind, ids) in enumerate(recorder.events) if kind == "scrub" and shared in ids)
+    assert copy_at < scrub_at, "the shared block was zeroed before its copy was made"
 
 
 def test_copy_on_write_counts_against_the_pool():
@@ -184,7 +214,7 @@ def test_copy_on_write_counts_against_the_pool():
 
 
 def test_shared_full_blocks_are_not_copied():
-    manager, _ = make_manager(8)
+    manager, recorder = make_manager(8)
     parent = make_seq(8)  # exactly two full blocks
     prefill(manager, parent)
     child = fork(manager, parent)
@@ -192,7 +222,7 @@ def test_shared_full_blocks_are_not_copied():
     manager.reserve(child, 1)
     assert child.block_table[:2] == parent.block_table
     assert len(child.block_table) == 3
-    assert manager.pending_copies == []
+    assert recorder.copies == []
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
@@ -214,7 +244,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.dirty -= set(call)
         new_blocks = set(seq.block_table) - before
         self.handed_out_dirty += sorted(new_blocks & self.dirty)
-        self.manager.pending_copies.clear()  # the runner would copy them now
 
     @rule(prompt_len=st.integers(1, 20))
     def admit(self, prompt_len: int) -> None:

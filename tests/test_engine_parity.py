@@ -185,3 +185,24 @@ def test_sharded_checkpoint_gives_the_same_greedy_tokens(tmp_path, batch, refere
     sharded = output_tokens(LLMEngine(folder, EngineConfig(num_blocks=128, block_size=4)), prompts[:4], params)
     whole = output_tokens(LLMEngine(reference.folder, EngineConfig(num_blocks=128, block_size=4)), prompts[:4], params)
     assert sharded == whole
+
+
+def test_n_samples_match_transformers_when_a_sibling_is_preempted_before_its_copy_on_write(reference_models):
+    """A request of two greedy samples shares a half-filled prompt block beside a second request.
+
+    In the first decode step sample 0 copies the shared block on write, then the second request needs
+    a block and preempts sample 1, the other holder: the shared block is freed and zeroed in that very
+    step. Sample 0 must still attend to its real prompt, token for token as `transformers` does.
+    """
+    reference = reference_models["qwen3"]
+    shared_prompt = random_prompts(1, 6, 6, seed=21)[0]  # one full block and half of another
+    other_prompt = random_prompts(1, 8, 8, seed=22)[0]  # exactly two blocks
+    engine = LLMEngine(reference.folder, EngineConfig(num_blocks=5, block_size=4))
+
+    pair, other = engine.generate([shared_prompt, other_prompt], [greedy(6, n=2), greedy(6)])
+
+    expected = hf_greedy(reference.model, shared_prompt, 6)
+    assert [sample.token_ids for sample in pair.outputs] == [expected, expected]
+    assert other.outputs[0].token_ids == hf_greedy(reference.model, other_prompt, 6)
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.residue_check() == []
