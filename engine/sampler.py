@@ -44,7 +44,9 @@ class Sampler:
         probs = filter_probs(probs, params)
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, using only this sample's generator.
         noise = torch.empty_like(probs).exponential_(generator=generator)
-        return int((probs / noise).argmax())
+        drawn = (probs / noise).argmax()
+        # One host sync for both: the draw stands only if `probs` is a distribution at all.
+        return int(torch.where(_is_distribution(probs), drawn, _most_likely(logits)))
 
     def _logprobs(
         self, logits: torch.Tensor, tokens: list[int], requests: list[SampleRequest]
@@ -62,6 +64,20 @@ class Sampler:
             alternatives = tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()
             results.append(TokenLogprob(tokens[i], float(log_probs[i, tokens[i]]), alternatives))
         return results
+
+
+def _is_distribution(probs: torch.Tensor) -> torch.Tensor:
+    """Finite, non-negative and not all zero: anything else draws an arbitrary token (NaN wins argmax)."""
+    return torch.isfinite(probs).all() & (probs >= 0).all() & (probs.sum() > 0)
+
+
+def _most_likely(logits: torch.Tensor) -> torch.Tensor:
+    """The greedy pick, NaN logits ranked last: what a distribution collapsed onto one token means.
+
+    Needed only where scaled logits overflow, when one token holds all the mass; failing the request
+    instead would cut off a stream its caller has partly received, for no better answer.
+    """
+    return torch.nan_to_num(logits, nan=-torch.inf).argmax()
 
 
 def filter_probs(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -10,11 +10,18 @@ MAX_SAMPLES = 16
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 8
 MAX_STOP_STRING_LENGTH = 256
+# Below this the scaled logits can overflow fp32 (at about 1e-37 they do); the distribution has
+# collapsed onto its most likely token long before, so such temperatures are greedy.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to pick tokens. `temperature == 0` means greedy."""
+    """How to pick tokens.
+
+    `temperature` is in [0, 100]; any value below `MIN_TEMPERATURE` (1e-5), 0 included, means greedy:
+    the most likely token every time, with no random draw.
+    """
 
     max_tokens: int = 64
     temperature: float = 1.0
@@ -30,7 +37,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_TEMPERATURE
 
     def validate(self, vocab_size: int) -> None:
         """Raises RequestRejected naming the first setting of the wrong type or out of range."""

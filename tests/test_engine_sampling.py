@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
-from engine.sampler import filter_probs
+from engine.sampler import SampleRequest, Sampler, filter_probs
+from engine.sampling_params import MIN_TEMPERATURE
 from tests.engine_models import (  # noqa: F401 (fixtures)
     greedy,
     one_torch_thread,
@@ -78,6 +79,34 @@ def test_filters_that_leave_one_token_equal_greedy(settings):
     params = SamplingParams(max_tokens=16, temperature=1.5, seed=11, ignore_eos=True, **settings)
     assert sampled_tokens(engine, PROMPTS[1], params) == expected
 
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-30, MIN_TEMPERATURE / 2])
+def test_temperatures_below_the_floor_are_greedy(temperature):
+    """At 1e-38 the scaled logits overflow fp32: without the floor every token came out as id 0."""
+    engine = tiny_engine(num_blocks=64, block_size=4)
+    expected = sampled_tokens(engine, PROMPTS[1], greedy(16))
+    assert set(expected) != {0}
+    params = SamplingParams(max_tokens=16, temperature=temperature, seed=3, ignore_eos=True)
+    assert params.greedy
+    assert sampled_tokens(engine, PROMPTS[1], params) == expected
+
+
+def test_the_floor_itself_still_samples():
+    assert not SamplingParams(temperature=MIN_TEMPERATURE).greedy
+
+
+@pytest.mark.parametrize(
+    ("poison", "expected"),
+    [(math.nan, 26), (math.inf, 3)],  # NaN ranks last; an infinite logit is a certain token
+    ids=["nan", "inf"],
+)
+def test_non_finite_probabilities_are_never_drawn_from(poison, expected):
+    """A non-finite logit makes softmax all NaN, and NaN wins argmax: the draw falls back to greedy."""
+    logits = torch.linspace(-2.0, 2.0, 32).roll(-5).unsqueeze(0)  # the best finite logit is at index 26
+    logits[0, 3] = poison
+    request = SampleRequest(0, SamplingParams(temperature=1.0, seed=0), torch.Generator().manual_seed(0))
+    [(token, _)] = Sampler()(logits, [request])
+    assert token == expected
 
 # ----- ending -------------------------------------------------------------------------------
 
