@@ -50,9 +50,10 @@ from policy.shipped import resolve_policy
 
 INFER_PATH = "/v1/infer"
 NODE_ID_HEADER = "veil-node-id"
-# The gateway says so when a candidate left its pool or every tried node failed before its first
-# byte: no node read anything, so one retry with a fresh directory is safe.
-_RETRYABLE = {(404, "no_candidate"), (502, "node_failed")}
+# The gateway says so when a candidate left its pool, every tried node failed before accepting, or
+# the node no longer holds the key sealed to: no node read anything, so one retry with a fresh
+# directory is safe.
+_RETRYABLE = {(404, "no_candidate"), (502, "node_failed"), (400, "unknown_key")}
 # Waits longer than this are the caller's decision: the GatewayError carries retry_after.
 MAX_RETRY_AFTER_S = 30.0
 # Every client presents the same user agent, so it tells the gateway nothing about its user.
@@ -272,7 +273,7 @@ class Client:
         finally:
             response.close()
         retry_after = _retry_after(response)
-        hint = f"retry after {retry_after:g} s" if retry_after is not None else "see the error code"
+        hint = f"retry after {retry_after:g} s" if retry_after is not None else wire.gateway_advice(code)
         raise GatewayError(response.status_code, code, f"the request was not served; {hint}", retry_after)
 
     def _record(self, route: Route, node_id: str) -> Route:

@@ -109,6 +109,22 @@ class InnerResponse:
             return None
 
 
+# The gateway's refusals that waiting does not cure, and what to do about each (its codes, never its text).
+_GATEWAY_ADVICE = {
+    "undecryptable": "the node could not decrypt the request (altered on the way, or not sealed to its key); "
+                     "sending the same bytes again cannot help",
+    "unknown_key": "the node does not hold the key the request was sealed to, even in a freshly fetched "
+                   "directory; send it again once the gateway lists the node's current key",
+    "node_timeout": "the node did not accept the request in time and may still run it; send it again only "
+                    "if running it twice is acceptable",
+}
+
+
+def gateway_advice(code: str) -> str:
+    """What to do about a gateway refusal with error code `code`."""
+    return _GATEWAY_ADVICE.get(code, "see the error code")
+
+
 def error_code(content: bytes) -> str:
     """The `error.code` of an OpenAI-style error body, or "unknown" (the message is never shown)."""
     try:

@@ -3,13 +3,16 @@
 Infer decapsulates with the node's keys, says at once that it accepted the request (a message with
 no data, before any work on its content), answers through the inner API, and seals the answer back:
 one OHTTP response for `message/ohttp-req`, chunked OHTTP (one chunk per engine delta, or per
-batch of deltas that waited for a slow reader) for `message/ohttp-chunked-req`. Failures before
-decapsulation get one generic status; failures after it travel encrypted, as HTTP errors inside the
-response.
+batch of deltas that waited for a slow reader) for `message/ohttp-chunked-req`. A request that does
+not decapsulate gets one of two fixed statuses: NOT_FOUND when its cleartext header names a key
+identifier or suite the node does not hold (fetch the key configuration again), INVALID_ARGUMENT for
+anything else; neither says more than that header already shows. Failures after decapsulation travel
+encrypted, as HTTP errors inside the response.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,12 +24,13 @@ from enclave.api import ApiError, InnerApi, InnerResponse, error_response
 from enclave.proto import node_pb2, node_pb2_grpc
 from ohttp import bhttp, bhttp_stream
 from ohttp.chunked import ChunkedRequestOpener
-from ohttp.errors import OHTTPError
+from ohttp.errors import OHTTPError, UnknownKeyError, UnsupportedSuiteError
 from ohttp.keys import KeyRing
 from ohttp.media_types import OHTTP_CHUNKED_REQUEST, OHTTP_REQUEST
 from ohttp.message import decapsulate_request
 
 NOT_DECAPSULATED = "the request could not be decapsulated"
+KEY_UNKNOWN = "the request names a key or suite this node does not hold; fetch its key configuration again"
 MAX_ENCAPSULATED_BYTES = 2 << 20
 _SSE_CONTENT_TYPE = [(b"content-type", b"text/event-stream")]
 _JSON_CONTENT_TYPE = [(b"content-type", b"application/json")]
@@ -96,9 +100,9 @@ class NodeService(node_pb2_grpc.NodeServicer):
                 if message.data:
                     first_byte = first_byte or time.monotonic()
                 yield message
-        except _Undecapsulated:
+        except _Undecapsulated as refusal:
             result.status = "decrypt_error"
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, NOT_DECAPSULATED)
+            context.abort(refusal.code, refusal.details)
         except GeneratorExit:
             result.status = "aborted"
             raise
@@ -123,10 +127,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
             raise _Undecapsulated()
 
     def _infer_whole(self, encapsulated: bytes, result: _Result) -> Iterator[node_pb2.InferChunk]:
-        try:
+        with _decapsulating():
             plaintext, server_context = decapsulate_request(self._keyring(), encapsulated)
-        except OHTTPError:
-            raise _Undecapsulated() from None
         yield _ACCEPTED
         response = self._answer(plaintext)
         try:
@@ -139,11 +141,9 @@ class NodeService(node_pb2_grpc.NodeServicer):
 
     def _infer_chunked(self, encapsulated: bytes, result: _Result) -> Iterator[node_pb2.InferChunk]:
         opener = ChunkedRequestOpener(self._keyring())
-        try:
+        with _decapsulating():
             pieces = opener.feed(encapsulated)
             pieces.append(opener.finish())
-        except OHTTPError:
-            raise _Undecapsulated() from None
         yield _ACCEPTED
         sealer = opener.response_sealer()
         response = self._answer(b"".join(pieces))
@@ -185,7 +185,23 @@ class _Result:
 
 
 class _Undecapsulated(Exception):
-    """Raised inside Infer; mapped to one generic status that reveals nothing."""
+    """Raised inside Infer; mapped to a fixed status that reveals nothing beyond the cleartext header."""
+
+    def __init__(self, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT, details: str = NOT_DECAPSULATED):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+@contextlib.contextmanager
+def _decapsulating() -> Iterator[None]:
+    """Turns the OHTTP errors of opening a request into the node's two refusals."""
+    try:
+        yield
+    except (UnknownKeyError, UnsupportedSuiteError):
+        raise _Undecapsulated(grpc.StatusCode.NOT_FOUND, KEY_UNKNOWN) from None
+    except OHTTPError:
+        raise _Undecapsulated() from None
 
 
 def _status_of(http_status: int) -> str:

@@ -73,6 +73,19 @@ class FinalRefusalError(GatewayError):
     """The chosen node's answer ends routing: the request must not be sent to another candidate."""
 
 
+class UndecryptableError(FinalRefusalError):
+    """The node could not decapsulate the request (RFC 9458 section 5.2: a 4xx); it is not the node's fault."""
+
+    status = 400
+    code = "undecryptable"
+
+
+class UnknownKeyError(UndecryptableError):
+    """The request names a key configuration the node does not hold (rotated away, or never its own)."""
+
+    code = "unknown_key"
+
+
 class AcceptTimeoutError(FinalRefusalError):
     """The node neither refused nor accepted the request in time; it may hold it, so no other node gets it."""
 
@@ -119,12 +132,6 @@ class GatewaySettingsError(GatewayError):
     """The gateway's configuration is invalid (a bad address, bound or policy)."""
 
     code = "settings"
-
-
-class NodeRejectedError(NodeUnreachableError):
-    """The node could not decapsulate the request (wrong or retired key, bad ciphertext)."""
-
-    code = "node_rejected"
 
 
 class NodeBusyError(NodeUnreachableError):

@@ -9,9 +9,11 @@ failed, 502. A node accepts right after decapsulating, before any work on the
 request; from then on the answer is committed to that node, however long it
 takes: the response head goes out at once, a slow answer is never a failure,
 and a failure just ends the stream (the client's decryption reports the
-truncation). A node that neither refuses nor accepts within the accept
-timeout may hold the request, so that is a 504 and the request goes nowhere
-else.
+truncation). Two answers end routing at once: a ciphertext the node cannot
+decapsulate is a 400 (RFC 9458 section 5.2; the node is not at fault, and
+sending the request again cannot help), and a node that neither refuses nor
+accepts within the accept timeout may hold the request, so that is a 504 and
+the request goes nowhere else. Neither evicts the node.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from gateway.errors import (
     NoCandidateError,
     NodeBusyError,
     NodeFailedError,
-    NodeRejectedError,
     NodeUnreachableError,
     OverloadedError,
 )
@@ -131,9 +132,6 @@ class Forwarder:
         except NodeBusyError:
             node_permit.release()
             return _Attempt.BUSY
-        except NodeRejectedError:
-            node_permit.release()
-            return _Attempt.FAILED  # the node is fine; this ciphertext is not for its current keys
         except NodeUnreachableError:
             node_permit.release()
             self.keeper.report_failure(address)

@@ -16,7 +16,14 @@ import grpc
 import grpc.aio
 
 from enclave.proto import node_pb2, node_pb2_grpc
-from gateway.errors import AcceptTimeoutError, NodeBusyError, NodeRejectedError, NodeUnreachableError
+from gateway.errors import (
+    AcceptTimeoutError,
+    GatewayError,
+    NodeBusyError,
+    NodeUnreachableError,
+    UndecryptableError,
+    UnknownKeyError,
+)
 from gateway.pool import HealthReport
 
 _MiB = 1024 * 1024
@@ -118,9 +125,17 @@ class InferStream:
         return None if message is grpc.aio.EOF else message
 
 
-def _classify(code: grpc.StatusCode) -> NodeUnreachableError:
+_UNDECRYPTABLE = ("the node could not decrypt the request: it was altered or not sealed to the node's key, "
+                  "so sending it again cannot help")
+_UNKNOWN_KEY = ("the request is sealed to a key configuration the node does not hold; fetch /v1/nodes "
+                "again and seal the request to the key it lists")
+
+
+def _classify(code: grpc.StatusCode) -> GatewayError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return NodeRejectedError("the node could not decapsulate the request")
+        return UndecryptableError(_UNDECRYPTABLE)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return UnknownKeyError(_UNKNOWN_KEY)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return NodeBusyError("the node is at its capacity")
     return NodeUnreachableError("the node failed while answering")

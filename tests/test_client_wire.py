@@ -170,3 +170,10 @@ def test_a_node_refusing_the_clock_says_so_and_other_refusals_say_what_to_fix() 
     assert "parameters" in str(NodeError(400, "invalid_sampling", node_id))
     assert "send it again" in str(NodeError(500, "engine_error", node_id))
     assert "parameters" not in str(NodeError(500, "engine_error", node_id))
+
+
+def test_gateway_refusals_that_waiting_cannot_cure_each_say_what_to_do() -> None:
+    assert "cannot help" in wire.gateway_advice("undecryptable")
+    assert "current key" in wire.gateway_advice("unknown_key")
+    assert "twice" in wire.gateway_advice("node_timeout")
+    assert wire.gateway_advice("no_such_code") == "see the error code"

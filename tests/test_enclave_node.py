@@ -19,7 +19,7 @@ from enclave.api import REQUEST_DATE_WINDOW_S
 from enclave.errors import SelfCheckError
 from enclave.node import NodeServer
 from enclave.proto import node_pb2, node_pb2_grpc
-from enclave.service import NOT_DECAPSULATED
+from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
 from enclave.settings import NodeSettings
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.tiny import write_tiny_model
@@ -178,8 +178,13 @@ def test_errors_after_decapsulation_travel_encrypted_and_echo_nothing(stub, path
     assert CANARY not in response.content.decode()
 
 
-@pytest.mark.parametrize("mangle", ["garbage", "flip", "unknown_key", "media_type"])
-def test_errors_before_decapsulation_are_generic(stub, mangle):
+@pytest.mark.parametrize(("mangle", "code", "details"), [
+    ("garbage", grpc.StatusCode.NOT_FOUND, KEY_UNKNOWN),  # its first byte, as a key id, names no key of the node
+    ("flip", grpc.StatusCode.INVALID_ARGUMENT, NOT_DECAPSULATED),
+    ("unknown_key", grpc.StatusCode.NOT_FOUND, KEY_UNKNOWN),
+    ("media_type", grpc.StatusCode.INVALID_ARGUMENT, NOT_DECAPSULATED),
+])
+def test_errors_before_decapsulation_are_generic(stub, mangle, code, details):
     config = attest(stub)
     encapsulated, _ = ClientRequest.encapsulate(config, inner_request("/v1/models", None, method=b"GET"))
     media_type = "message/ohttp-req"
@@ -193,8 +198,7 @@ def test_errors_before_decapsulation_are_generic(stub, mangle):
         media_type = "text/plain"
     with pytest.raises(grpc.RpcError) as error:
         list(stub.Infer(node_pb2.InferRequest(media_type=media_type, encapsulated=encapsulated)))
-    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error.value.details() == NOT_DECAPSULATED
+    assert (error.value.code(), error.value.details()) == (code, details)
     # ... and the node keeps serving.
     assert call_whole(stub, config, inner_request("/v1/models", None, method=b"GET")).status == 200
 
@@ -211,7 +215,7 @@ def test_previous_key_is_honoured_for_the_grace_period(node, stub):
     encapsulated, _ = ClientRequest.encapsulate(old_config, inner_request("/v1/models", None, method=b"GET"))
     with pytest.raises(grpc.RpcError) as error:
         list(stub.Infer(node_pb2.InferRequest(media_type="message/ohttp-req", encapsulated=encapsulated)))
-    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.value.code(), error.value.details()) == (grpc.StatusCode.NOT_FOUND, KEY_UNKNOWN)
 
 
 def test_over_capacity_is_refused_not_queued(node, stub):

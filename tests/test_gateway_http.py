@@ -166,16 +166,36 @@ def test_failover_when_the_chosen_node_fails_before_its_first_byte(gateway, node
 
 
 def test_every_candidate_failing_is_a_502_that_echoes_nothing(gateway, nodes) -> None:
-    nodes[0].servicer.behaviour.mode = "reject"
-    nodes[1].servicer.behaviour.mode = "reject"
+    nodes[0].servicer.behaviour.mode = "fail"
+    nodes[1].servicer.behaviour.mode = "fail"
     before = len(routes(gateway))
     with client(gateway.url) as http:
         answer = infer(http, candidate(nodes[0].node_id, CANARY.encode()), candidate(nodes[1].node_id, CANARY.encode()))
     assert answer.status_code == 502
     assert answer.json()["error"]["code"] == "node_failed"
     assert CANARY not in answer.text and nodes[0].node_id not in answer.text
-    assert gateway.runtime.pool.lookup(nodes[0].node_id) is not None  # a bad ciphertext is not the node's fault
-    assert RouteOutcome.NODE_ERROR in {route.outcome for route in routes(gateway)[before:]}
+    gateway.wait_for(lambda: RouteOutcome.NODE_ERROR in {route.outcome for route in routes(gateway)[before:]})
+
+
+@pytest.mark.parametrize(("mode", "code"), [("reject", "undecryptable"), ("unknown_key", "unknown_key")])
+def test_a_ciphertext_the_node_cannot_open_is_a_400_sent_to_no_other_node(gateway, nodes, mode, code) -> None:
+    for node in nodes[:2]:
+        node.servicer.behaviour.mode = mode
+    received = [len(node.servicer.received) for node in nodes[:2]]
+    before = len(routes(gateway))
+    with client(gateway.url) as http:
+        answer = infer(http, candidate(nodes[0].node_id, CANARY.encode()), candidate(nodes[1].node_id, CANARY.encode()))
+        raw = http.post(f"/v1/nodes/{nodes[0].node_id}/ohttp", content=CANARY.encode(),
+                        headers={"content-type": "message/ohttp-req"})
+    for refused in (answer, raw):
+        assert refused.status_code == 400  # RFC 9458 section 5.2: the node is not at fault
+        assert refused.json()["error"]["code"] == code
+        assert CANARY not in refused.text and nodes[0].node_id not in refused.text
+    tried = [len(node.servicer.received) - count for node, count in zip(nodes[:2], received)]
+    assert sum(tried) == 2 and tried[0] >= 1  # one node per request: no failover to the other candidate
+    assert all(gateway.runtime.pool.lookup(node.node_id) is not None for node in nodes)  # nothing evicted
+    gateway.wait_for(lambda: len(routes(gateway)) - before == 2)
+    assert {route.outcome for route in routes(gateway)[before:]} == {RouteOutcome.NODE_ERROR}
 
 
 def test_a_node_dying_mid_stream_ends_that_stream_and_is_evicted(gateway, nodes) -> None:

@@ -12,6 +12,7 @@ import pytest
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import verify
 from audit.events import NodeEvicted
+from client.sdk import Client
 from enclave.node import NodeServer
 from enclave.settings import NodeSettings
 from engine.tiny import write_tiny_model
@@ -27,9 +28,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
-def start_node(model_dir: Path) -> NodeServer:
+def start_node(model_dir: Path, key_grace_s: float = 3600) -> NodeServer:
     settings = NodeSettings(model=model_dir, policy="dev", attestation="sim", capacity=4, audit="none",
-                            key_rotation_s=0, key_grace_s=3600, kv_cache_gib=0.05, model_name="tiny")
+                            key_rotation_s=0, key_grace_s=key_grace_s, kv_cache_gib=0.05, model_name="tiny")
     server = NodeServer(settings)
     server.start()
     return server
@@ -140,6 +141,29 @@ def test_a_rotated_node_keeps_serving_clients_holding_the_old_directory(gateway,
         assert bhttp.decode_response(answer.context.open_response(answer.content)).status == 200
         new_config = KeyConfig.decode(base64.b64decode(listed[node.node_id]["key_config"]))
         assert models_via_infer(http, node.node_id, new_config).status_code == 200
+
+
+def test_a_key_retired_past_its_grace_is_400_unknown_key_and_the_sdk_refetches_the_directory_once(
+        sim_root: Path, model_dir: Path) -> None:
+    node = start_node(model_dir, key_grace_s=0)
+    try:
+        with LiveGateway(gateway_settings([f"127.0.0.1:{node.port}"])) as gateway, client(gateway.url) as http, \
+                Client(gateway.url, policy="dev", candidates=1, directory_ttl_s=3600) as sdk:
+            assert sdk.models.list().data  # the directory is cached from here on
+            old_id = node.node_id
+            old_config = KeyConfig.decode(base64.b64decode(directory(http)[old_id]["key_config"]))
+            node.rotate_key()
+            node.keys.expire_previous()  # no grace: the old key opens nothing any more
+            gateway.run_round()  # the gateway lists the new id, and still routes the old one to the node
+            stale = http.post(f"/v1/nodes/{old_id}/ohttp", headers={"content-type": "message/ohttp-req"},
+                              content=ClientRequest.encapsulate(old_config, inner_request("/v1/models"))[0])
+            assert stale.status_code == 400 and stale.json()["error"]["code"] == "unknown_key"
+            answer = sdk.completions.create(model="tiny", prompt="Once upon", max_tokens=3)
+            assert answer.route.node_id == node.node_id != old_id
+            assert gateway.runtime.pool.lookup(old_id) is not None  # a stale key is not the node's failure
+            assert not any(isinstance(event, NodeEvicted) for event in gateway.audit.events)
+    finally:
+        node.stop(grace=0)
 
 
 def test_a_strict_gateway_never_admits_simulated_nodes(nodes) -> None:

@@ -29,6 +29,7 @@ from attestation.measurement import NO_MODEL_DIGEST, Measurement
 from attestation.verifier import node_id_for
 from audit.sink import MemorySink
 from enclave.proto import node_pb2, node_pb2_grpc
+from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
 from gateway.app import create_app
 from gateway.serve import bind_listener, uvicorn_config_options
 from gateway.settings import GatewaySettings
@@ -87,7 +88,8 @@ class Received:
 
 @dataclass
 class Behaviour:
-    """How the recording node answers Infer: `echo`, `fail`, `busy`, `reject`, `die_mid_stream`, `hold`
+    """How the recording node answers Infer: `echo`, `fail`, `busy`, `reject` (does not decapsulate),
+    `unknown_key` (names a key the node does not hold), `die_mid_stream`, `hold`
     (before the first chunk, until released), `hold_after_first` (until the call is cancelled) or
     `accept_then_hold` (says it accepted the request, then holds its data until released)."""
 
@@ -133,7 +135,9 @@ class RecordingNode(node_pb2_grpc.NodeServicer):
         if mode == "busy":
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy")
         if mode == "reject":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request could not be decapsulated")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, NOT_DECAPSULATED)
+        if mode == "unknown_key":
+            context.abort(grpc.StatusCode.NOT_FOUND, KEY_UNKNOWN)
         if mode == "accept_then_hold":
             yield node_pb2.InferChunk(accepted=True)
         if mode in ("hold", "accept_then_hold"):

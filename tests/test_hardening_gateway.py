@@ -60,6 +60,8 @@ _MiB = 1 << 20
 CHAT = "/v1/chat/completions"
 # The deliberate 5xx answers of the contract; any other 5xx is a failure.
 DELIBERATE_5XX = {(502, "node_failed"), (503, "overloaded")}
+# What a ciphertext the node cannot open gets (RFC 9458 section 5.2: a 4xx, never the node's failure).
+UNOPENED = {"undecryptable", "unknown_key"}
 H11_HEAD_BOUND = 16 * 1024
 MEDIA_TYPE_VARIANTS = ["", "MESSAGE/OHTTP-REQ", "message/ohttp-req; x=1", "message/ohttp-res", "application/json",
                        "text/plain", "multipart/form-data; boundary=" + CANARY, CANARY, "message/ohttp-chunked-res"]
@@ -258,19 +260,19 @@ def test_unknown_nodes_are_a_404_that_names_none_of_them(http, heartbeat) -> Non
 @fuzz_settings()
 @given(garbage=with_canary(300), node_index=st.integers(0, 1),
        media_type=st.sampled_from([OHTTP_REQUEST, OHTTP_CHUNKED_REQUEST]), raw_route=st.booleans())
-def test_garbage_ciphertext_for_a_real_node_is_a_502_and_never_evicts_it(
+def test_garbage_ciphertext_for_a_real_node_is_a_400_and_never_evicts_it(
         http, nodes, gateway, heartbeat, garbage: bytes, node_index: int, media_type: str, raw_route: bool) -> None:
     heartbeat.beat()
     node_id = nodes[node_index].node_id
     answer = post_ohttp(http, node_id, media_type, garbage) if raw_route else \
         post_infer(http, candidate(node_id, media_type, b64(garbage)))
-    assert (answer.status_code, assert_refused(answer)["code"]) == (502, "node_failed")
+    assert assert_refused(answer, 400)["code"] in UNOPENED
     assert gateway.runtime.pool.lookup(node_id) is not None
 
 
 @fuzz_settings()
 @given(mutation=mutations, chunked=st.booleans(), node_index=st.integers(0, 1), raw_route=st.booleans())
-def test_truncated_or_flipped_real_ciphertexts_are_a_502(
+def test_truncated_or_flipped_real_ciphertexts_are_a_400(
         http, nodes, gateway, heartbeat, mutation: tuple, chunked: bool, node_index: int, raw_route: bool) -> None:
     heartbeat.beat()
     node_id = nodes[node_index].node_id
@@ -280,7 +282,22 @@ def test_truncated_or_flipped_real_ciphertexts_are_a_502(
         return  # an empty body is a different case (a 400), covered below
     answer = post_ohttp(http, node_id, sealed.media_type, mangled) if raw_route else \
         post_infer(http, candidate(node_id, sealed.media_type, b64(mangled)))
-    assert (answer.status_code, assert_refused(answer)["code"]) == (502, "node_failed")
+    assert assert_refused(answer, 400)["code"] in UNOPENED
+    assert gateway.runtime.pool.lookup(node_id) is not None
+
+
+@pytest.mark.parametrize("raw_route", [False, True], ids=["infer", "ohttp"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+def test_a_retired_key_id_is_400_unknown_key_and_a_forged_tag_400_undecryptable(
+        http, nodes, gateway, heartbeat, chunked: bool, raw_route: bool) -> None:
+    node_id = nodes[0].node_id
+    sealed = seal(key_configs(http)[node_id], inner_request(CHAT, chat_body(content=CANARY)), chunked)
+    other_key = bytes([(sealed.encapsulated[0] + 128) % 256]) + sealed.encapsulated[1:]
+    forged_tag = sealed.encapsulated[:-1] + bytes([sealed.encapsulated[-1] ^ 1])
+    for mangled, code in ((other_key, "unknown_key"), (forged_tag, "undecryptable")):
+        answer = post_ohttp(http, node_id, sealed.media_type, mangled) if raw_route else \
+            post_infer(http, candidate(node_id, sealed.media_type, b64(mangled)))
+        assert assert_refused(answer, 400)["code"] == code
     assert gateway.runtime.pool.lookup(node_id) is not None
 
 
@@ -375,8 +392,11 @@ def test_the_ohttp_route_refuses_other_media_types_with_415(http, nodes, heartbe
         return  # not a header value an HTTP client can send at all
     # Media types are case-insensitive and may carry parameters: those name an OHTTP request and are forwarded.
     forwarded = content_type.split(";", 1)[0].strip().lower() in (OHTTP_REQUEST, OHTTP_CHUNKED_REQUEST)
-    expected = (502, "node_failed") if forwarded else (415, "unsupported_media_type")
-    assert (answer.status_code, assert_refused(answer, 415)["code"]) == expected
+    code = assert_refused(answer, 400, 415)["code"]
+    if forwarded:
+        assert answer.status_code == 400 and code in UNOPENED
+    else:
+        assert (answer.status_code, code) == (415, "unsupported_media_type")
 
 
 @pytest.mark.parametrize("node_id", [CANARY, "a" * 65, "A" * 32, "0" * 15, "%00" + CANARY])
