@@ -18,7 +18,7 @@ from engine.errors import RequestRejected, UnknownRequestError
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestMetrics, RequestOutput, StreamDelta
 from engine.sampler import SampleRequest, Sampler
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, is_integer
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceStatus
 from engine.tokenizer import Tokenizer
@@ -65,10 +65,8 @@ class LLMEngine:
         """Queues a request and returns its id; raises RequestRejected (only this request fails)."""
         params = params or SamplingParams()
         request_id = self._new_request_id(request_id)
-        if isinstance(prompt, str) and not prompt:
-            raise RequestRejected("empty_prompt", "the prompt is empty")
         params.validate(self.model_config.vocab_size)
-        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        prompt_ids = self._prompt_ids(prompt)
         max_tokens = self._check_fits(prompt_ids, params)
         first = self._new_sequence(request_id, 0, prompt_ids, params, max_tokens)
         first.forks_pending = params.n - 1
@@ -144,6 +142,18 @@ class LLMEngine:
         if request_id in self._requests:
             raise RequestRejected("duplicate_request_id", "a request with this id is already running")
         return request_id
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestRejected("empty_prompt", "the prompt is empty")
+            return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)):
+            raise RequestRejected("invalid_prompt", "the prompt must be a string or a list of token ids")
+        # Never coerced: 6.7 would run as 6 and True as 1, a different prompt from the one sent.
+        if not all(is_integer(t) for t in prompt):
+            raise RequestRejected("invalid_token", "token ids must be integers")
+        return list(prompt)
 
     def _check_fits(self, prompt_ids: list[int], params: SamplingParams) -> int:
         prompt_len = len(prompt_ids)

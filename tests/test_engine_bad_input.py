@@ -95,6 +95,16 @@ def serving_with_deltas() -> tuple[LLMEngine, list[str], list]:
         pytest.param([CANARY_ID, VOCAB_SIZE], greedy(4), "invalid_token", id="id-at-vocab-size"),
         pytest.param([-1, CANARY_ID], greedy(4), "invalid_token", id="negative-id"),
         pytest.param([CANARY_ID, 4_242_424], greedy(4), "invalid_token", id="huge-id"),
+        # Never coerced to another prompt: 6.7 is not token 6, True is not token 1.
+        pytest.param([CANARY_ID, 6.7, 7], greedy(4), "invalid_token", id="float-id"),
+        pytest.param([CANARY_ID, 7.0], greedy(4), "invalid_token", id="integral-float-id"),
+        pytest.param([CANARY_ID, True, 7], greedy(4), "invalid_token", id="bool-id"),
+        pytest.param([CANARY_ID, "6", 7], greedy(4), "invalid_token", id="string-id"),
+        pytest.param([CANARY_ID, None], greedy(4), "invalid_token", id="none-id"),
+        pytest.param([CANARY_ID, [7]], greedy(4), "invalid_token", id="nested-id"),
+        pytest.param(None, greedy(4), "invalid_prompt", id="no-prompt"),
+        pytest.param(b"CANARY", greedy(4), "invalid_prompt", id="bytes-prompt"),
+        pytest.param({CANARY_ID: 1}, greedy(4), "invalid_prompt", id="mapping-prompt"),
     ],
 )
 def test_bad_prompt_fails_only_its_request(serving_with_deltas, expected_good_outputs, prompt, params, reason):
@@ -143,6 +153,11 @@ INVALID_SAMPLING = {
     "long stop": {"stop": ("x" * 257,)},
     "stop id at vocab": {"stop_token_ids": (VOCAB_SIZE,)},
     "stop id negative": {"stop_token_ids": (-1,)},
+    "stop id float": {"stop_token_ids": (6.7,)},
+    "stop id bool": {"stop_token_ids": (True,)},
+    "stop id str": {"stop_token_ids": ("6",)},
+    "stop id None": {"stop_token_ids": (None,)},
+    "stop ids bare int": {"stop_token_ids": 6},
     "logprobs<0": {"logprobs": -1},
     "logprobs>20": {"logprobs": 21},
 }
