@@ -24,6 +24,7 @@ from gateway.errors import (
     RequestTooLargeError,
 )
 from gateway.forwarding import RelayedAnswer
+from ohttp.media_types import OHTTP_CHUNKED_RESPONSE
 
 NODE_ID_HEADER = "veil-node-id"
 
@@ -33,6 +34,10 @@ class RelayResponse(StreamingResponse):
 
     def __init__(self, answer: RelayedAnswer) -> None:
         headers = {NODE_ID_HEADER: answer.route.node_id, "cache-control": "no-store"}
+        if answer.route.response_media_type == OHTTP_CHUNKED_RESPONSE:
+            # Chunked OHTTP is only useful delivered as it comes: RFC 9842 asks every intermediary
+            # (a relay, a load balancer) to forward this response incrementally, never to buffer it.
+            headers["incremental"] = "?1"
         super().__init__(answer.chunks(), media_type=answer.route.response_media_type, headers=headers)
         self._answer = answer
 

@@ -114,12 +114,14 @@ def test_relays_the_chosen_nodes_bytes_with_its_id(gateway, nodes) -> None:
     assert answer.headers["veil-node-id"] == nodes[0].node_id
     assert answer.content == payload + b"|" + nodes[0].node_id.encode()
     assert answer.headers["cache-control"] == "no-store"
+    assert "incremental" not in answer.headers  # a whole answer is one message; nothing to deliver early
 
 
 def test_chunked_requests_get_the_chunked_response_media_type(gateway, nodes) -> None:
     with client(gateway.url) as http:
         answer = infer(http, candidate(nodes[1].node_id, b"chunked", "message/ohttp-chunked-req"))
     assert answer.headers["content-type"] == "message/ohttp-chunked-res"
+    assert answer.headers["incremental"] == "?1"  # RFC 9842: intermediaries must not buffer it
     assert nodes[1].servicer.received[-1].media_type == "message/ohttp-chunked-req"
 
 
