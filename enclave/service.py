@@ -167,6 +167,9 @@ class NodeService(node_pb2_grpc.NodeServicer):
             request = bhttp.decode_request(plaintext)
         except OHTTPError:
             return error_response(ApiError(400, "invalid_request", "the inner request is not valid Binary HTTP"))
+        if any(name.lower() == b"expect" for name, _ in request.headers):
+            # RFC 9458 section 5.1: an encapsulated answer has no room for a 100 (Continue).
+            return error_response(ApiError(417, "expectation_failed", "an encapsulated request must not carry Expect"))
         return self._api.handle(request)
 
     def _headers(self, response: InnerResponse) -> list[tuple[bytes, bytes]]:

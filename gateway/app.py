@@ -25,6 +25,7 @@ from gateway.auth import Admission, authorize_anonymously
 from gateway.backpressure import InFlightLimiter
 from gateway.directory import DirectoryCache
 from gateway.errors import (
+    ExpectationFailedError,
     MalformedRequestError,
     NoCandidateError,
     NodeFailedError,
@@ -52,7 +53,7 @@ from gateway.settings import GatewaySettings
 from policy import resolve_policy
 
 _NODE_ID = re.compile(NODE_ID_PATTERN.strip("^$"), re.ASCII)
-_ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 502, 503, 504)}
+_ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 417, 502, 503, 504)}
 
 
 @dataclass(slots=True)
@@ -126,7 +127,8 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
 
     @app.post("/v1/infer", responses=_ERRORS, openapi_extra=_body_schema(InferBody),
               summary="Forward one of the client's encapsulations to a uniformly chosen healthy candidate")
-    async def infer(request: Request, _: Admission = Depends(authorize_anonymously)) -> Response:
+    async def infer(request: Request, _: Admission = Depends(authorize_anonymously),
+                    __: None = Depends(refuse_expectations)) -> Response:
         body = await read_bounded(request, settings.max_body_bytes)
         candidates = parse_infer_body(body, settings.max_candidates)
         return relay_response(await runtime.forwarder.open(candidates))
@@ -134,7 +136,8 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
     @app.post("/v1/nodes/{node_id}/ohttp", responses=_ERRORS,
               summary="Forward a standard RFC 9458 or chunked OHTTP request to one node")
     async def ohttp(request: Request, node_id: str = Path(max_length=64),
-                    _: Admission = Depends(authorize_anonymously)) -> Response:
+                    _: Admission = Depends(authorize_anonymously),
+                    __: None = Depends(refuse_expectations)) -> Response:
         media_type = _request_media_type(request)
         if not _is_node_id(node_id):
             raise NoCandidateError("that path does not name an admitted node; fetch /v1/nodes")
@@ -166,6 +169,17 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
             address = parse_register_body(await read_bounded(request, 4096))
             admission = await runtime.keeper.register(address)
             return {"node_id": admission.entry.node_id}
+
+
+async def refuse_expectations(request: Request) -> None:
+    """Refuse (417) an OHTTP request that carries `Expect`, before a byte of its body is read.
+
+    RFC 9458 section 5.1 forbids the 100-continue expectation for OHTTP; answering before reading
+    the body means no 100 (Continue) interim response is ever sent.
+    """
+    if "expect" in request.headers:
+        raise ExpectationFailedError("OHTTP requests must not carry Expect (RFC 9458 section 5.1); send the "
+                                     "request without it, body included")
 
 
 def _request_media_type(request: Request) -> str:

@@ -62,6 +62,13 @@ class UnsupportedMediaTypeError(GatewayError):
     code = "unsupported_media_type"
 
 
+class ExpectationFailedError(GatewayError):
+    """An OHTTP request carried `Expect` (RFC 9458 section 5.1 forbids 100-continue): send it without one."""
+
+    status = 417
+    code = "expectation_failed"
+
+
 class NodeFailedError(GatewayError):
     """Every node tried failed before sending its first byte."""
 

@@ -203,6 +203,16 @@ def test_errors_before_decapsulation_are_generic(stub, mangle, code, details):
     assert call_whole(stub, config, inner_request("/v1/models", None, method=b"GET")).status == 200
 
 
+def test_an_encapsulated_request_expecting_100_continue_gets_an_encrypted_417(stub):
+    config = attest(stub)
+    fields = [(b"content-type", b"application/json"), (b"expect", b"100-continue")]
+    request = bhttp.Request(b"POST", b"https", b"veil.node", b"/v1/completions", fields,
+                            json.dumps({"prompt": "Once upon", "max_tokens": 2}).encode())
+    response = call_whole(stub, config, bhttp.encode_request(request))
+    assert response.status == 417
+    assert json.loads(response.content)["error"]["code"] == "expectation_failed"
+
+
 def test_previous_key_is_honoured_for_the_grace_period(node, stub):
     old_config = attest(stub)
     old_id = node.node_id
