@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer as FastTokenizer
+from tokenizers import models
 
 from engine.errors import ModelLoadError, RequestRejected
 
@@ -26,6 +27,7 @@ class Tokenizer:
         if not path.is_file():
             raise ModelLoadError(f"no tokenizer.json in model folder {folder}")
         self._tokenizer = FastTokenizer.from_file(str(path))
+        _turn_off_word_cache(self._tokenizer)
         self._settings = _read_settings(folder)
         self.chat_template: str | None = self._settings.get("chat_template")
         self.bos_token: str | None = _token_text(self._settings.get("bos_token"))
@@ -40,6 +42,8 @@ class Tokenizer:
             return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         except (TypeError, ValueError):  # e.g. lone surrogates: not text the tokenizer can read
             raise RequestRejected("invalid_text", "the text is not valid Unicode") from None
+        finally:
+            _forget_words(self._tokenizer)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
@@ -68,6 +72,27 @@ class Tokenizer:
     def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
         # Templates write the BOS token themselves, so special tokens are not added a second time.
         return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+
+# Models whose word cache maps the words of past texts to their tokens for the life of the process.
+_CACHING_MODELS = (models.BPE, models.Unigram)
+
+
+def _turn_off_word_cache(tokenizer: FastTokenizer) -> None:
+    """A prompt's words must not outlive its request in the tokenizer's memory."""
+    model = tokenizer.model
+    if not isinstance(model, _CACHING_MODELS):
+        return
+    if not hasattr(model, "_resize_cache"):
+        raise ModelLoadError("this tokenizers version cannot turn off its word cache; install tokenizers >= 0.21")
+    model._resize_cache(0)
+
+
+def _forget_words(tokenizer: FastTokenizer) -> None:
+    # Also after every encode: a library version may keep a few words even at capacity zero.
+    model = tokenizer.model
+    if isinstance(model, _CACHING_MODELS):
+        model._clear_cache()
 
 
 def _read_settings(folder: Path) -> dict:

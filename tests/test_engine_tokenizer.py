@@ -6,8 +6,9 @@ import json
 import shutil
 
 import pytest
+from tokenizers import Tokenizer as FastTokenizer
 
-from engine import ModelLoadError, RequestRejected
+from engine import EngineConfig, LLMEngine, ModelLoadError, RequestRejected, SamplingParams
 from engine.tiny import BOS, EOT
 from engine.tokenizer import ChatMessage, Tokenizer
 from tests.engine_models import tiny_model_dir
@@ -89,3 +90,52 @@ def test_malformed_tokenizer_config_is_a_load_error(tmp_path):
     (folder / "tokenizer_config.json").write_text("{ nope")
     with pytest.raises(ModelLoadError):
         Tokenizer(folder)
+
+
+# ----- no word cache ------------------------------------------------------------------------
+
+CANARY_WORDS = " zebraquokkacanary"  # not in the tiny vocabulary whole: several merged pieces
+
+
+def fresh_tokenizer() -> FastTokenizer:
+    return FastTokenizer.from_file(str(tiny_model_dir() / "tokenizer.json"))
+
+
+def word_is_cached(tokenizer: FastTokenizer, word: str) -> bool:
+    """Whether the BPE model answers `word` from its cache: a changed model splits an uncached word otherwise.
+
+    With a continuing-subword prefix no merged piece is in the vocabulary any more, so only a cached
+    answer still gives the tokens the unchanged model gives. (This changes `tokenizer`: probe it last.)
+    """
+    unchanged = fresh_tokenizer().encode(word, add_special_tokens=False).ids
+    tokenizer.model.continuing_subword_prefix = "##"
+    return tokenizer.encode(word, add_special_tokens=False).ids == unchanged
+
+
+def test_the_cache_probe_sees_a_cached_word_and_only_that():
+    """Control: the library's default tokenizer keeps the word, and the probe tells it from a new one."""
+    tokenizer = fresh_tokenizer()
+    tokenizer.encode(f"Hello{CANARY_WORDS}!")
+    assert word_is_cached(tokenizer, CANARY_WORDS)
+    assert not word_is_cached(fresh_tokenizer(), CANARY_WORDS)
+
+
+def test_a_served_prompt_leaves_no_word_in_the_tokenizer():
+    engine = LLMEngine(tiny_model_dir(), EngineConfig(num_blocks=16, block_size=4))
+    engine.generate([f"Hello{CANARY_WORDS}!"], SamplingParams(max_tokens=3, temperature=0.0))
+    assert not engine.has_unfinished()
+    assert not word_is_cached(engine.tokenizer._tokenizer, CANARY_WORDS)
+
+
+def test_an_encoded_conversation_leaves_no_word_in_the_tokenizer():
+    tokenizer = Tokenizer(tiny_model_dir())
+    tokenizer.encode_chat([ChatMessage("user", f"Hello{CANARY_WORDS}!")])
+    assert not word_is_cached(tokenizer._tokenizer, CANARY_WORDS)
+
+
+def test_words_are_forgotten_after_each_encode_even_where_the_cache_keeps_some():
+    """As a library version that keeps a few words at capacity zero would: the clear after encode still runs."""
+    tokenizer = Tokenizer(tiny_model_dir())
+    tokenizer._tokenizer.model._resize_cache(10_000)
+    tokenizer.encode(f"Hello{CANARY_WORDS}!")
+    assert not word_is_cached(tokenizer._tokenizer, CANARY_WORDS)
