@@ -35,6 +35,17 @@ def register(subparsers: Any) -> None:
                         help="bound on requests in flight to one node")
     parser.add_argument("--directory-size", type=int, default=DEFAULTS.directory_size,
                         help="publish a larger pool as a random sample of this many nodes, redrawn every minute")
+    parser.add_argument("--accept-timeout-s", type=float, default=DEFAULTS.accept_timeout_s,
+                        help="how long a node may take to accept a request (it does so before generating); "
+                             "past it the answer is 504 and no other node gets the request (default: %(default)s)")
+    parser.add_argument("--header-timeout-s", type=float, default=DEFAULTS.header_timeout_s,
+                        help="close a connection whose request head takes longer (default: %(default)s)")
+    parser.add_argument("--body-timeout-s", type=float, default=DEFAULTS.body_timeout_s,
+                        help="close a connection whose request body takes longer (default: %(default)s)")
+    parser.add_argument("--keep-alive-s", type=float, default=DEFAULTS.keep_alive_s,
+                        help="close an idle connection after this long (default: %(default)s)")
+    parser.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
+                        help="past this many open connections, answer 503 (default: %(default)s)")
     parser.add_argument("--allow-registration", action="store_true",
                         help="let nodes ask to join through POST /v1/nodes/register (each is attested first)")
     parser.set_defaults(handler=run_gateway)
@@ -51,6 +62,8 @@ def run_gateway(args: argparse.Namespace) -> int:
             audit=args.audit, allow_registration=args.allow_registration, reattest_s=args.reattest_s,
             health_s=args.health_s, key_grace_s=args.key_grace_s, max_in_flight=args.max_in_flight,
             max_in_flight_per_node=args.max_in_flight_per_node, directory_size=args.directory_size,
+            accept_timeout_s=args.accept_timeout_s, header_timeout_s=args.header_timeout_s,
+            body_timeout_s=args.body_timeout_s, keep_alive_s=args.keep_alive_s, max_connections=args.max_connections,
         )
         return serve(settings)
     except (GatewayStartError, GatewayError) as error:

@@ -1,20 +1,31 @@
-"""Serving the gateway application with uvicorn: no access log, no server or date header.
+"""Serving the gateway application with uvicorn: no access log, no server or date header, bounded reads.
 
 `serve` binds the listening socket itself (so that port 0 yields a known
 port), writes the port file atomically once uvicorn is serving, and returns 0
 when SIGINT or SIGTERM has stopped the server cleanly.
+
+uvicorn bounds an idle keep-alive connection and the size of a request head,
+but not how long a client may take to send its head or its body: a client
+sending a byte now and then would hold its connection (and, past the
+connection cap, everyone's) forever. `DeadlineH11Protocol` gives each request
+a deadline for its head and one for its body, closing the connection (with a
+408 when no answer has begun) when either passes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings, parse_address
@@ -27,8 +38,80 @@ class GatewayStartError(Exception):
     """The gateway cannot start; the message says why and what to change."""
 
 
-def uvicorn_config_options() -> dict[str, object]:
-    """The uvicorn options that keep the server from recording or revealing anything about callers."""
+_TIMEOUT_BODY = b'{"error":{"code":"timeout","message":"the request was not received in time; send it again, faster"}}'
+REQUEST_TIMEOUT_ANSWER = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: " + str(len(_TIMEOUT_BODY)).encode() + b"\r\n\r\n" + _TIMEOUT_BODY
+)
+
+
+class DeadlineH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline for each request's head and one for its body.
+
+    The head deadline runs from the connection's start, or from the first byte of a later request,
+    until the head is complete; the body deadline from then until the body is. Waiting for a next
+    request is uvicorn's keep-alive timeout; sending the answer is not bounded (answers stream).
+    """
+
+    def __init__(self, *args: Any, header_timeout_s: float, body_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Keyed by the client's h11 state while that part is being read: IDLE until the head is whole.
+        self._timeouts: dict[object, float] = {h11.IDLE: header_timeout_s, h11.SEND_BODY: body_timeout_s}
+        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline_for: object = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(h11.IDLE)
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and self.conn.their_state is h11.IDLE:
+            self._arm(h11.IDLE)  # the first byte of a next request: its head is on the clock
+        super().data_received(data)
+        self._follow_request()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow_request()  # a pipelined request may have been read just now
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _follow_request(self) -> None:
+        """Keep the deadline of the part of the request being read: head, body, or none once read."""
+        state = self.conn.their_state
+        if state is h11.SEND_BODY and self._deadline_for is not h11.SEND_BODY:
+            self._arm(h11.SEND_BODY)
+        elif state not in self._timeouts:
+            self._disarm()
+
+    def _arm(self, state: object) -> None:
+        self._disarm()
+        self._deadline_for = state
+        self._deadline = self.loop.call_later(self._timeouts[state], self._too_slow, state)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self._deadline_for = None
+
+    def _too_slow(self, state: object) -> None:
+        self._deadline = self._deadline_for = None
+        if self.transport.is_closing():
+            return
+        # A head that never completed has no answer yet; a body's request may already have one
+        # (refused early), and then only the connection is closed.
+        if state is h11.IDLE or not self.cycle.response_started:
+            self.transport.write(REQUEST_TIMEOUT_ANSWER)
+        self.transport.close()
+
+
+def uvicorn_config_options(settings: GatewaySettings) -> dict[str, object]:
+    """The uvicorn options that keep the server from recording or revealing anything about callers,
+    and that bound what one connection can hold (`settings`: timeouts and the connection cap)."""
+    protocol = functools.partial(DeadlineH11Protocol, header_timeout_s=settings.header_timeout_s,
+                                 body_timeout_s=settings.body_timeout_s)
     return {
         "access_log": False,
         "server_header": False,
@@ -37,6 +120,10 @@ def uvicorn_config_options() -> dict[str, object]:
         "log_level": "warning",
         "log_config": None,
         "lifespan": "on",
+        "http": protocol,
+        "timeout_keep_alive": settings.keep_alive_s,
+        # Past this many open connections, uvicorn answers each new request 503 and closes it.
+        "limit_concurrency": settings.max_connections,
     }
 
 
@@ -57,7 +144,7 @@ def serve(settings: GatewaySettings) -> int:
         print(f"veil gateway: WARNING policy {app.state.runtime.pool.policy.name!r} admits nodes with SIMULATED "
               "attestation; nothing protects user data on them. Development only.", file=sys.stderr)
     sock = bind_listener(settings.listen)
-    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_config_options()))
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_config_options(settings)))
     # uvicorn stops cleanly on SIGINT/SIGTERM and then re-raises the signal to the handler it
     # found; this one makes that a normal exit (status 0) instead of death by signal.
     for stop_signal in (signal.SIGINT, signal.SIGTERM):

@@ -52,6 +52,14 @@ class GatewaySettings:
     # redrawn every epoch (clients accept directories of up to 4,096 nodes).
     directory_size: int = 256
     directory_epoch_s: float = 60.0
+    # How long a client may take to send a request's head, and then its body; past either the
+    # connection is closed (with 408), so a client sending a byte now and then holds nothing.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    # How long an idle connection is kept open for a next request.
+    keep_alive_s: float = 5.0
+    # Open connections past this many get 503 for each request, and are closed.
+    max_connections: int = 1024
 
     def __post_init__(self) -> None:
         for address in self.nodes:
@@ -63,11 +71,13 @@ class GatewaySettings:
         _require_positive("health_timeout_s", self.health_timeout_s)
         _require_positive("accept_timeout_s", self.accept_timeout_s)
         _require_positive("directory_epoch_s", self.directory_epoch_s)
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            _require_positive(name, getattr(self, name))
         if not 1 <= self.directory_size <= MAX_DIRECTORY_SIZE:
             raise GatewaySettingsError(f"directory_size must be between 1 and {MAX_DIRECTORY_SIZE}")
         if self.key_grace_s < 0 or self.startup_admission_s < 0:
             raise GatewaySettingsError("key_grace_s and startup_admission_s must not be negative")
-        for name in ("max_in_flight", "max_in_flight_per_node", "retry_after_s", "max_body_bytes"):
+        for name in ("max_in_flight", "max_in_flight_per_node", "retry_after_s", "max_body_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise GatewaySettingsError(f"{name} must be at least 1")
         if not 1 <= self.max_candidates <= MAX_CANDIDATES:

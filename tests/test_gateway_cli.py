@@ -90,3 +90,16 @@ def test_refuses_to_start_on_a_bad_policy_or_address(env, tmp_path: Path) -> Non
         _, stderr = process.communicate(timeout=60)
         assert process.returncode == 2
         assert "veil gateway: cannot start:" in stderr
+
+
+def test_connection_bounds_are_options_whose_defaults_the_help_shows(env) -> None:
+    helped = veil("gateway", "--help", env=env)
+    text, _ = helped.communicate(timeout=60)
+    assert helped.returncode == 0
+    flat = " ".join(text.split())
+    for option, default in (("--accept-timeout-s", "30.0"), ("--header-timeout-s", "10.0"),
+                            ("--body-timeout-s", "60.0"), ("--keep-alive-s", "5.0"), ("--max-connections", "1024")):
+        assert option in flat and f"(default: {default})" in flat
+    refused = veil("gateway", "--listen", "127.0.0.1:0", "--policy", "dev", "--header-timeout-s", "0", env=env)
+    _, stderr = refused.communicate(timeout=60)
+    assert refused.returncode == 2 and "header_timeout_s must be a positive number of seconds" in stderr

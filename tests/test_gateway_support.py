@@ -184,7 +184,7 @@ class LiveGateway:
         self._socket = bind_listener("127.0.0.1:0")
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, **uvicorn_config_options()))
+        self._server = uvicorn.Server(uvicorn.Config(self.app, **uvicorn_config_options(settings)))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 
     def __enter__(self) -> LiveGateway:
