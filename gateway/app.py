@@ -53,7 +53,9 @@ from gateway.settings import GatewaySettings
 from policy import resolve_policy
 
 _NODE_ID = re.compile(NODE_ID_PATTERN.strip("^$"), re.ASCII)
-_ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 413, 417, 502, 503, 504)}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody} for status in (400, 404, 413, 417, 502, 503, 504)
+}
 
 
 @dataclass(slots=True)

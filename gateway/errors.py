@@ -55,6 +55,13 @@ class RequestTooLargeError(GatewayError):
     code = "too_large"
 
 
+class RequestTimeoutError(GatewayError):
+    """A request's head or body did not arrive within the gateway's timeouts."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class UnsupportedMediaTypeError(GatewayError):
     """A forwarded OHTTP request does not declare an OHTTP request media type."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, RequestTimeoutError
 from gateway.settings import GatewaySettings, parse_address
 
 if TYPE_CHECKING:
@@ -38,7 +39,9 @@ class GatewayStartError(Exception):
     """The gateway cannot start; the message says why and what to change."""
 
 
-_TIMEOUT_BODY = b'{"error":{"code":"timeout","message":"the request was not received in time; send it again, faster"}}'
+_TIMED_OUT = RequestTimeoutError("the request did not arrive within the gateway's timeouts; send it again in one go")
+_TIMEOUT_BODY = json.dumps({"error": {"code": _TIMED_OUT.code, "message": _TIMED_OUT.message}}).encode()
+# Written below the application (no request was handed to it, or it is still reading the body).
 REQUEST_TIMEOUT_ANSWER = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
     b"content-length: " + str(len(_TIMEOUT_BODY)).encode() + b"\r\n\r\n" + _TIMEOUT_BODY
