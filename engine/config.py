@@ -37,6 +37,15 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ModelLoadError(f"unsupported dtype {name!r}; use one of float32, bfloat16, float16") from None
 
 
+# transformers' names for SiLU; the decoder implements no other activation.
+_SILU_NAMES = ("silu", "swish")
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# transformers' defaults where a config leaves the window out.
+_DEFAULT_WINDOW = 4096
+_DEFAULT_MAX_WINDOW_LAYERS = 28
+
+
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
     """Llama 3 style frequency scaling; `rope_type == "default"` means none."""
@@ -65,7 +74,9 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: RopeScaling
-    attention_bias: bool
+    attention_bias: bool  # q, k and v projections
+    output_bias: bool  # the attention output projection
+    mlp_bias: bool
     qk_norm: bool
     tie_word_embeddings: bool
     torch_dtype: torch.dtype
@@ -75,8 +86,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
+        """Reads a config the decoder computes exactly as `transformers` does; refuses any other by name."""
         architecture = _architecture(raw)
         family = SUPPORTED_ARCHITECTURES[architecture]
+        _check_computation(raw)
+        qkv_bias, output_bias, mlp_bias = _biases(raw, family)
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         return cls(
@@ -93,14 +107,15 @@ class ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=float(_rope_parameters(raw).get("rope_theta", raw.get("rope_theta", 10000.0))),
             rope_scaling=_rope_scaling(raw),
-            # Qwen2 always has q/k/v biases; Llama and Mistral make it optional.
-            attention_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
+            attention_bias=qkv_bias,
+            output_bias=output_bias,
+            mlp_bias=mlp_bias,
             qk_norm=family == "qwen3",
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_flag(raw, "tie_word_embeddings", False),
             torch_dtype=parse_dtype(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
             eos_token_ids=_token_ids(raw.get("eos_token_id")),
             bos_token_id=raw.get("bos_token_id"),
-            sliding_window=_sliding_window(raw, family),
+            sliding_window=_sliding_window(raw, family, int(raw["num_hidden_layers"])),
         )
 
     @classmethod
@@ -121,7 +136,8 @@ class ModelConfig:
 
     @property
     def max_context(self) -> int:
-        """Longest sequence served: the sliding window caps it because the engine has no windowed attention."""
+        """Longest sequence served. The engine has no windowed attention, so the sliding window caps it:
+        up to the window, windowed and full attention see the same tokens."""
         if self.sliding_window:
             return min(self.max_position_embeddings, self.sliding_window)
         return self.max_position_embeddings
@@ -145,24 +161,78 @@ def _rope_parameters(raw: dict) -> dict:
 def _rope_scaling(raw: dict) -> RopeScaling:
     scaling = raw.get("rope_scaling") or _rope_parameters(raw)
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if scaling.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ModelLoadError("unsupported partial_rotary_factor; this engine rotates the whole head (1.0)")
     if rope_type == "default":
         return RopeScaling()
     if rope_type != "llama3":
         raise ModelLoadError(f"unsupported rope scaling {rope_type!r}; supported: default, llama3")
+    missing = [key for key in _LLAMA3_KEYS if key not in scaling]
+    if missing:
+        raise ModelLoadError(f"llama3 rope scaling lacks {', '.join(missing)}; every one of {', '.join(_LLAMA3_KEYS)} is needed")
     return RopeScaling(
         rope_type="llama3",
         factor=float(scaling["factor"]),
-        low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(scaling.get("original_max_position_embeddings", 8192)),
+        low_freq_factor=float(scaling["low_freq_factor"]),
+        high_freq_factor=float(scaling["high_freq_factor"]),
+        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
     )
 
 
-def _sliding_window(raw: dict, family: str) -> int | None:
-    window = raw.get("sliding_window")
-    if family in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+def _check_computation(raw: dict) -> None:
+    """Refuses settings that change what the decoder computes and that it does not implement."""
+    activation = raw.get("hidden_act", "silu")
+    if activation not in _SILU_NAMES:
+        raise ModelLoadError(f"unsupported hidden_act {activation!r}; this engine implements silu only")
+    if raw.get("quantization_config"):
+        raise ModelLoadError("quantized checkpoints (quantization_config) are not supported; use unquantized weights")
+
+
+def _biases(raw: dict, family: str) -> tuple[bool, bool, bool]:
+    """(q/k/v, attention output, MLP) biases, as `transformers` builds each family."""
+    if family == "qwen2":
+        return True, False, False  # always on q, k and v; attention_bias is not read
+    if family == "mistral":
+        return False, False, False  # transformers reads neither attention_bias nor mlp_bias here
+    attention = _flag(raw, "attention_bias", False)
+    mlp = _flag(raw, "mlp_bias", False) if family == "llama" else False
+    return attention, attention, mlp
+
+
+def _flag(raw: dict, name: str, default: bool) -> bool:
+    value = raw.get(name, default)
+    if not isinstance(value, bool):
+        raise ModelLoadError(f"config.json field {name} must be true or false")
+    return value
+
+
+def _sliding_window(raw: dict, family: str, num_layers: int) -> int | None:
+    """The attention window if any layer has one; Llama has none (transformers ignores the field)."""
+    if family == "llama":
         return None
-    return int(window) if window else None
+    if family in ("qwen2", "qwen3") and not _slides(raw, num_layers):
+        return None
+    window = raw.get("sliding_window", _DEFAULT_WINDOW)
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ModelLoadError("config.json field sliding_window must be a positive integer or null")
+    return window
+
+
+def _slides(raw: dict, num_layers: int) -> bool:
+    """Whether any Qwen layer uses windowed attention, read the way transformers reads it."""
+    layer_types = raw.get("layer_types")
+    if layer_types is not None:
+        unknown = sorted({str(t) for t in layer_types} - set(_LAYER_TYPES))
+        if unknown:
+            raise ModelLoadError(f"unsupported layer_types {', '.join(unknown)}; supported: {', '.join(_LAYER_TYPES)}")
+    if not _flag(raw, "use_sliding_window", False):
+        return False
+    if layer_types is None:
+        first = raw.get("max_window_layers", _DEFAULT_MAX_WINDOW_LAYERS)
+        return first < num_layers
+    return "sliding_attention" in layer_types
 
 
 def _token_ids(value: int | list[int] | None) -> tuple[int, ...]:

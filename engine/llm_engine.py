@@ -165,12 +165,14 @@ class LLMEngine:
         if prompt_len >= self.max_model_len:
             raise RequestRejected(
                 "prompt_too_long",
-                f"the prompt has {prompt_len} tokens; this model serves at most {self.max_model_len - 1} prompt tokens",
+                f"the prompt has {prompt_len} tokens; this model serves at most {self.max_model_len - 1} prompt tokens"
+                + self._window_note(),
             )
         if prompt_len + params.max_tokens > self.max_model_len:
             raise RequestRejected(
                 "max_tokens_too_large",
-                f"prompt ({prompt_len}) + max_tokens ({params.max_tokens}) exceeds the context of {self.max_model_len} tokens",
+                f"prompt ({prompt_len}) + max_tokens ({params.max_tokens}) exceeds the context of {self.max_model_len} tokens"
+                + self._window_note(),
             )
         if self.block_manager.blocks_for(prompt_len + params.max_tokens) > self.block_manager.num_blocks:
             raise RequestRejected(
@@ -178,6 +180,13 @@ class LLMEngine:
                 f"prompt + max_tokens needs more KV blocks than this node's pool of {self.block_manager.num_blocks}",
             )
         return params.max_tokens
+
+    def _window_note(self) -> str:
+        """Says so when the model's sliding window is what limits the context."""
+        window = self.model_config.sliding_window
+        if window is None or self.max_model_len < window:
+            return ""
+        return f" (the model's sliding window of {window} tokens: windowed attention is not implemented, so no sequence may exceed it)"
 
     def _new_sequence(
         self, request_id: str, index: int, prompt_ids: list[int], params: SamplingParams, max_tokens: int

@@ -58,6 +58,9 @@ def _hf_classes(name: str):
         "mistral": (MistralForCausalLM, MistralConfig, {"sliding_window": None}),
         # Llama 3 frequency scaling, with an original context short enough that it changes most frequencies.
         "llama3-rope": (LlamaForCausalLM, LlamaConfig, {"rope_scaling": LLAMA3_ROPE, "rope_theta": 500000.0}),
+        # Biases on every attention projection (the output one too) and on the MLP.
+        "llama-biases": (LlamaForCausalLM, LlamaConfig, {"attention_bias": True, "mlp_bias": True}),
+        "qwen3-biases": (Qwen3ForCausalLM, Qwen3Config, {"head_dim": 32, "attention_bias": True}),
     }[name]
 
 
@@ -69,7 +72,7 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 64,
 }
 REFERENCE_NAMES = ("llama", "qwen2", "qwen3")  # the three the generate parity runs on
-MORE_REFERENCE_NAMES = ("mistral", "llama3-rope")  # logits parity only
+MORE_REFERENCE_NAMES = ("mistral", "llama3-rope", "llama-biases", "qwen3-biases")  # logits parity only
 
 
 @cache

@@ -320,3 +320,26 @@ def test_mistral_and_qwen2_configs_load_as_their_families(tmp_path):
     assert output_tokens(engine, GOOD_PROMPTS[:1], GOOD_PARAMS[:1]) == output_tokens(
         LLMEngine(tiny_model_dir(), POOL), GOOD_PROMPTS[:1], GOOD_PARAMS[:1]
     )
+
+
+@pytest.mark.parametrize("activation", ["gelu_pytorch_tanh", "relu"])
+def test_an_activation_the_decoder_does_not_compute_is_a_load_error(tmp_path, activation):
+    """The weights fit the layout, so only the activation check stands between this and SiLU run silently."""
+    folder = copy_of_tiny(tmp_path)
+    edit_config(folder, hidden_act=activation)
+    message = str(load_error(folder))
+    assert activation in message and "hidden_act" in message
+
+
+@pytest.mark.parametrize(("prompt_len", "max_tokens", "reason"), [(40, 1, "prompt_too_long"), (20, 20, "max_tokens_too_large")])
+def test_a_context_capped_by_the_sliding_window_says_so(tmp_path, prompt_len, max_tokens, reason):
+    folder = copy_of_tiny(tmp_path)
+    edit_config(folder, architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=32)
+    engine = LLMEngine(folder, POOL)
+    assert engine.max_model_len == 32
+    error = rejected(engine, [CANARY_ID] * prompt_len, greedy(max_tokens))
+    assert error.reason == reason
+    assert "sliding window of 32 tokens" in str(error)
+    assert_clean_message(error)
+    engine.add_request([CANARY_ID] * 20, greedy(12))  # exactly the window: served
+    assert sum(len(d.token_ids) for d in engine.stream()) == 12

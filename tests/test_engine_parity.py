@@ -117,11 +117,13 @@ def test_prefill_logits_match_transformers(name, batch, reference_models):
 
 @pytest.mark.parametrize("name", MORE_REFERENCE_NAMES)
 def test_more_families_prefill_logits_match_transformers(name, batch):
-    """Mistral, and Llama 3 frequency scaling (read from the saved config's rope parameters)."""
+    """Mistral, Llama 3 frequency scaling (read from the saved config's rope parameters), and the optional biases."""
     prompts, _ = batch
     reference = reference_model(name)
     engine = LLMEngine(reference.folder, EngineConfig(num_blocks=256, block_size=4))
     assert engine.model_config.family == name.split("-")[0].replace("llama3", "llama")
+    if name.endswith("-biases"):
+        assert engine.model_config.attention_bias and engine.model_config.output_bias
     if name == "llama3-rope":
         assert engine.model_config.rope_scaling.rope_type == "llama3"
     chosen = prompts[:4]

@@ -18,9 +18,10 @@ class DecoderLayer(nn.Module):
             config.num_key_value_heads,
             config.head_dim,
             bias=config.attention_bias,
+            output_bias=config.output_bias,
             qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
         )
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
