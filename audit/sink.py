@@ -242,12 +242,20 @@ def _open_target(target: str | os.PathLike[str] | TextIO) -> tuple[TextIO, bool]
     return target, False
 
 
+SINK_FORMS = "an audit sink must be 'stdout', 'stderr', 'file:PATH', 'jsonl:PATH' or 'none'"
+# A policy's `audit.sink` names a file as `jsonl:PATH`; the command line says `file:PATH`.
+_FILE_PREFIXES = ("file:", "jsonl:")
+
+
 def open_sink(spec: str) -> AuditSink:
-    """A sink from its specification: `stdout`, `file:PATH` or `none`."""
+    """A sink from its specification: `stdout`, `stderr`, `file:PATH` or `jsonl:PATH` (the same), or `none`."""
     if spec == "stdout":
         return JsonLinesSink(sys.stdout)
+    if spec == "stderr":
+        return JsonLinesSink(sys.stderr)
     if spec == "none":
         return NullSink()
-    if spec.startswith("file:") and len(spec) > len("file:"):
-        return JsonLinesSink(spec[len("file:"):])
-    raise AuditSinkError("an audit sink must be 'stdout', 'file:PATH' or 'none'")
+    for prefix in _FILE_PREFIXES:
+        if spec.startswith(prefix) and len(spec) > len(prefix):
+            return JsonLinesSink(spec[len(prefix):])
+    raise AuditSinkError(SINK_FORMS)

@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     node.add_argument("--port-file", type=Path, default=None, help="write the chosen port here once serving")
     node.add_argument("--capacity", type=int, default=16,
                       help="concurrent requests served (default: 16; at most the policy's max_node_capacity)")
-    node.add_argument("--audit", default="none", help="audit sink: stdout, file:PATH or none")
+    node.add_argument("--audit", default=None,
+                      help="audit sink: stdout, stderr, file:PATH, jsonl:PATH or none (default: the policy's audit.sink)")
     node.add_argument("--key-rotation-s", type=float, default=3600.0, help="HPKE key lifetime (0 = never rotate)")
     node.add_argument("--key-grace-s", type=float, default=300.0, help="how long the previous key still opens requests")
     node.add_argument("--model-name", default=None, help="the model id clients ask for (default: the folder name)")
@@ -29,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_node(args: argparse.Namespace) -> int:
     from attestation.errors import AttestationError
+    from audit.errors import AuditError
     from enclave.errors import NodeError
     from enclave.node import NodeServer
     from enclave.settings import NodeSettings
@@ -43,7 +45,7 @@ def _run_node(args: argparse.Namespace) -> int:
     try:
         node = NodeServer(settings)
         port = node.start()
-    except (PolicyError, NodeError, AttestationError, EngineError, OSError) as error:
+    except (PolicyError, NodeError, AttestationError, AuditError, EngineError, OSError) as error:
         print(f"veil node: refusing to start: {error}", file=sys.stderr)
         return 2
     if node.policy.is_development:

@@ -81,7 +81,8 @@ class NodeServer:
         limits = check_node_settings(settings, self.policy, self.measurement.model_digest)
         self.backend = get_backend(settings.attestation, policy=self.policy)
         self.keys = NodeKeys(settings.key_rotation_s, settings.key_grace_s)
-        self.audit = open_sink(settings.audit)
+        # The operator's --audit overrides the sink the measured policy names.
+        self.audit = open_sink(settings.audit if settings.audit is not None else self.policy.audit.sink)
         engine = LLMEngine(
             settings.model,
             EngineConfig(kv_cache_gib=limits.kv_cache_gib, max_model_len=limits.max_model_len,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from audit.events import SCHEMA_VERSION
 from enclave.errors import SelfCheckError
 from enclave.settings import NodeSettings
 from policy import Policy
@@ -24,8 +25,8 @@ def check_node_settings(settings: NodeSettings, policy: Policy, model_digest: by
             f"policy {policy.name!r} refuses simulated attestation (verifiable transparency); "
             "run on a confidential-computing node with --attestation nvml or tsm"
         )
-    if engine.prefix_sharing not in ("request", "off"):
-        raise SelfCheckError("prefix sharing beyond one request breaks stateless computation")
+    _check_prefix_sharing(engine.prefix_sharing)
+    _check_audit_schema(policy)
     if not engine.accept_unlisted_models and model_digest.hex() not in engine.allowed_model_digests:
         raise SelfCheckError(
             f"the model weights' digest is not in policy {policy.name!r}'s allowlist (verifiable transparency)"
@@ -44,3 +45,29 @@ def check_node_settings(settings: NodeSettings, policy: Policy, model_digest: by
     if not (Path(settings.model) / "config.json").is_file():
         raise SelfCheckError(f"no model folder at {settings.model}")
     return EngineLimits(max_model_len=engine.max_context_tokens, kv_cache_gib=requested)
+
+
+def emitted_schema_version() -> int:
+    """The version number of the audit events this node emits ("veil.audit/1" is 1)."""
+    return int(SCHEMA_VERSION.rsplit("/", 1)[1])
+
+
+def _check_prefix_sharing(prefix_sharing: str) -> None:
+    if prefix_sharing == "off":
+        # The engine computes a prompt once for a request's n samples and shares its blocks among
+        # them: a policy promising no sharing at all is a promise this node cannot keep.
+        raise SelfCheckError(
+            "engine.prefix_sharing = \"off\" cannot be honoured: the engine shares a prompt's blocks "
+            "among one request's samples; run under prefix_sharing = \"request\""
+        )
+    if prefix_sharing != "request":
+        raise SelfCheckError("prefix sharing beyond one request breaks stateless computation")
+
+
+def _check_audit_schema(policy: Policy) -> None:
+    emitted = emitted_schema_version()
+    if policy.audit.schema_version != emitted:
+        raise SelfCheckError(
+            f"policy {policy.name!r} requires audit schema version {policy.audit.schema_version}, but this "
+            f"node emits {SCHEMA_VERSION}; run a release that emits that version or correct the policy"
+        )

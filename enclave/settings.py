@@ -14,7 +14,7 @@ class NodeSettings:
     listen: str = "127.0.0.1:0"
     port_file: Path | None = None
     capacity: int = 16  # concurrent requests
-    audit: str = "none"  # stdout, file:PATH or none
+    audit: str | None = None  # stdout, stderr, file:PATH, jsonl:PATH or none; None: the policy's audit.sink
     key_rotation_s: float = 3600.0
     key_grace_s: float = 300.0
     model_name: str | None = None

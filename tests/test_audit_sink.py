@@ -24,6 +24,7 @@ from audit import (
     open_sink,
 )
 from audit.records import read_audit_files
+from audit.sink import SINK_FORMS
 from tests.conftest import REPO_ROOT
 from tests.test_audit_events import NODE_A, sample_events
 
@@ -137,11 +138,36 @@ def test_open_sink_specs(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["reason"] == "policy_violation"
 
 
-@pytest.mark.parametrize("spec", ["", "file:", "syslog", "http://collector.example/prompt"])
+def test_open_sink_accepts_the_policys_forms(tmp_path, capsys):
+    """`audit.sink` in a policy is `stderr` or `jsonl:PATH`; both open, so a node can honour it."""
+    path = tmp_path / "policy-audit.jsonl"
+    file_sink = open_sink(f"jsonl:{path}")
+    file_sink.emit(NodeStopped(NODE_A, "shutdown"))
+    file_sink.close()
+    assert json.loads(path.read_text())["node_id"] == NODE_A
+    stderr_sink = open_sink("stderr")
+    stderr_sink.emit(NodeStopped(NODE_A, "policy_violation"))
+    stderr_sink.close()
+    captured = capsys.readouterr()
+    assert captured.out == "" and json.loads(captured.err)["reason"] == "policy_violation"
+
+
+def test_every_shipped_policys_sink_is_a_form_open_sink_accepts(tmp_path):
+    from policy import shipped_policy
+    from policy.shipped import SHIPPED_NAMES
+
+    for name in SHIPPED_NAMES:
+        sink = shipped_policy(name).audit.sink
+        kind, _, path = sink.partition(":")
+        spec = f"{kind}:{tmp_path / 'audit.jsonl'}" if path else sink  # the path itself may not exist here
+        open_sink(spec).close()
+
+
+@pytest.mark.parametrize("spec", ["", "file:", "jsonl:", "syslog", "http://collector.example/prompt"])
 def test_bad_sink_specs_are_refused_without_echo(spec):
     with pytest.raises(AuditSinkError) as caught:
         open_sink(spec)
-    assert str(caught.value) == "an audit sink must be 'stdout', 'file:PATH' or 'none'"
+    assert str(caught.value) == SINK_FORMS
 
 
 def test_unopenable_file_is_a_sink_error(tmp_path):

@@ -398,3 +398,41 @@ def test_a_zeroing_tally_is_due_after_a_second_and_several_requests_or_a_minute_
     tally = ZeroingTally(since=100.0)
     tally.add(blocks=5 + residue, residue=residue, step=1, requests=requests)
     assert tally.due(100.0 + age_s) is due
+
+
+def _dev_policy_file(folder: Path, old: str, new: str) -> Path:
+    from policy import shipped_policy_path
+
+    text = shipped_policy_path("dev").read_text()
+    assert old in text
+    path = folder / "policy.toml"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def test_a_node_refuses_a_policy_whose_audit_schema_it_does_not_emit(sim_root, model_dir, tmp_path):
+    policy = _dev_policy_file(tmp_path, "schema_version = 1", "schema_version = 2")
+    with pytest.raises(SelfCheckError, match="audit schema version 2.*veil.audit/1"):
+        NodeServer(NodeSettings(model=model_dir, policy=str(policy), attestation="sim", kv_cache_gib=0.05))
+
+
+def test_a_node_refuses_a_policy_promising_no_prefix_sharing_at_all(sim_root, model_dir, tmp_path):
+    policy = _dev_policy_file(tmp_path, 'prefix_sharing = "request"', 'prefix_sharing = "off"')
+    with pytest.raises(SelfCheckError, match="cannot be honoured"):
+        NodeServer(NodeSettings(model=model_dir, policy=str(policy), attestation="sim", kv_cache_gib=0.05))
+
+
+def test_a_node_audits_to_the_sink_its_policy_names_unless_the_operator_overrides_it(sim_root, model_dir, tmp_path):
+    named = tmp_path / "named-by-policy.jsonl"
+    policy = _dev_policy_file(tmp_path, 'sink = "stderr"', f'sink = "jsonl:{named}"')
+    node = NodeServer(NodeSettings(model=model_dir, policy=str(policy), attestation="sim", kv_cache_gib=0.05))
+    node.start()
+    node.stop()
+    assert "node_started" in [json.loads(line)["kind"] for line in named.read_text().splitlines()]
+    named.unlink()
+    chosen = tmp_path / "chosen-by-operator.jsonl"
+    node = NodeServer(NodeSettings(model=model_dir, policy=str(policy), attestation="sim", kv_cache_gib=0.05,
+                                   audit=f"file:{chosen}"))
+    node.start()
+    node.stop()
+    assert "node_started" in chosen.read_text() and not named.exists()
