@@ -20,6 +20,17 @@ def boolean(where: str, value: Any) -> bool:
     return value
 
 
+def only_true(reason: str) -> Reader:
+    """A boolean whose one supported value is true; `reason` says why false is refused."""
+
+    def read(where: str, value: Any) -> bool:
+        if value is not True:
+            raise InvalidValueError(f"{where} must be true: {reason}")
+        return True
+
+    return read
+
+
 def integer(low: int, high: int) -> Reader:
     def read(where: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:

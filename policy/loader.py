@@ -43,12 +43,16 @@ SCHEMA: dict[str, dict[str, fields.Reader]] = {
         "accept_unlisted_models": fields.boolean,
     },
     "routing": {
-        "candidates": fields.integer(1, 16),
-        "capacity_weighting": fields.boolean,
+        # The most nodes a client encrypts one request to; the gateway accepts at most 8.
+        "candidates": fields.integer(1, 8),
+        "capacity_weighting": fields.only_true(
+            "clients always draw candidates in proportion to capacity, which is what bounds any "
+            "node's share of requests to its capacity share"),
         "max_node_capacity": fields.integer(1, 1 << 16),
     },
     "audit": {
-        "schema_version": fields.integer(1, 1),
+        # Nodes refuse to start unless it is the version of the events they emit (enclave/selfcheck.py).
+        "schema_version": fields.integer(1, 1 << 16),
         "sink": fields.audit_sink,
     },
 }

@@ -63,7 +63,7 @@ def _semantic_edits() -> list[tuple[str, str, object]]:
         ("engine", "allowed_model_digests", ["22" * 32]),
         ("engine", "speculation", "draft-model"),
         ("routing", "candidates", 4),
-        ("routing", "capacity_weighting", False),
+        ("audit", "schema_version", 2),
         ("routing", "max_node_capacity", 65),
         ("audit", "sink", "stderr"),
     ]
