@@ -47,14 +47,22 @@ class NoVerifiedNodeError(VeilClientError):
         super().__init__("\n".join(lines))
 
 
+# The status of a GatewayError raised before any answer: the gateway was never reached.
+UNREACHABLE = 0
+
+
 class GatewayError(VeilClientError):
-    """The gateway refused or failed the request (HTTP status and error code)."""
+    """The gateway refused or failed the request (HTTP status and error code), or could not be reached
+    (status UNREACHABLE: no answer came, so there is no status)."""
 
     def __init__(self, status: int, code: str, message: str, retry_after: float | None = None) -> None:
         self.status = status
         self.code = safe_code(code)
         self.retry_after = retry_after
-        super().__init__(f"gateway answered {status} ({self.code}): {message}")
+        if status == UNREACHABLE:
+            super().__init__(f"the gateway could not be reached: {message}")
+        else:
+            super().__init__(f"gateway answered {status} ({self.code}): {message}")
 
 
 class NodeError(VeilClientError):

@@ -32,6 +32,7 @@ from client.errors import (
     NodeError,
     NoVerifiedNodeError,
     ResponseIntegrityError,
+    UNREACHABLE,
     StreamTruncatedError,
     VeilClientError,
 )
@@ -88,26 +89,30 @@ class Stream(Generic[T]):
 
 
 class Client:
-    """Talks to one gateway; verifies nodes itself under `policy` ("dev", "strict", a file or a Policy)."""
+    """Talks to one gateway; verifies nodes itself under `policy` ("strict", "dev", a file or a Policy).
+
+    The default is `strict`: `dev` accepts simulated evidence and any code, so it must be asked for.
+    `candidates` (K, the nodes each request is encrypted to) defaults to the policy's
+    `routing.candidates`, which is also the most allowed: the gateway chooses among the candidates,
+    so fewer of them leave it less choice (down to none with 1) and more would give it more.
+    """
 
     def __init__(
         self,
         gateway_url: str,
         *,
-        policy: str | Policy = "dev",
-        candidates: int = 3,
+        policy: str | Policy = "strict",
+        candidates: int | None = None,
         timeout: float = 60.0,
         directory_ttl_s: float = 10.0,
         fresh_evidence: bool = False,
         max_retries: int = 2,
         http: httpx.Client | None = None,
     ) -> None:
-        if not 1 <= candidates <= 8:
-            raise ValueError("candidates must be between 1 and 8 (the gateway accepts at most 8)")
         if max_retries < 0:
             raise ValueError("max_retries must not be negative")
         self.policy = policy if isinstance(policy, Policy) else resolve_policy(policy)
-        self.candidates = candidates
+        self.candidates = _candidate_count(candidates, self.policy)
         # Ask each candidate for evidence over a nonce of the client's own, on every request, instead of
         # trusting the freshness of the evidence the gateway obtained at admission.
         self.fresh_evidence = fresh_evidence
@@ -257,8 +262,8 @@ class Client:
             request = self._http.build_request("POST", INFER_PATH, json=payload)
             return self._http.send(request, stream=True)
         except httpx.HTTPError as error:
-            raise GatewayError(0, "unreachable", f"the gateway could not be reached ({type(error).__name__}); "
-                               "check that it runs and send again") from None
+            raise GatewayError(UNREACHABLE, "unreachable", f"the request could not be sent ({type(error).__name__}); "
+                               "check that the gateway runs and send again") from None
 
     def _should_retry(self, response: httpx.Response, attempt: int) -> bool:
         if attempt > 0 or (response.status_code, _gateway_code(response)) not in _RETRYABLE:
@@ -281,6 +286,17 @@ class Client:
         with self._route_lock:
             self.last_route = served
         return served
+
+
+def _candidate_count(requested: int | None, policy: Policy) -> int:
+    """K: the policy's `routing.candidates`, or fewer when the caller asks for fewer."""
+    most = policy.routing.candidates
+    if requested is None:
+        return most
+    if not 1 <= requested <= most:
+        raise ValueError(f"candidates must be between 1 and {most}, the most policy {policy.name!r} allows: "
+                         "the gateway chooses among the candidates, so more would give it more choice")
+    return requested
 
 
 def _served(sealed: Sequence[wire.SealedRequest], response: httpx.Response) -> wire.SealedRequest:
