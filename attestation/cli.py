@@ -15,9 +15,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = parser.add_subparsers(dest="attest_command", metavar="ACTION", required=True)
 
     collect = commands.add_parser("collect", help="collect an evidence bundle on this machine (JSON to stdout)")
-    collect.add_argument("--backend", choices=("sim", "nvml", "tsm"), help="evidence source (default: probe)")
+    collect.add_argument("--attestation", choices=("sim", "nvml", "tsm"), default=None,
+                         help="evidence backend, named as `veil node --attestation` names it "
+                              "(default: probe nvml, then tsm; sim only if asked for)")
+    # The name this option had before it was made the same as the node's: kept, not advertised.
+    collect.add_argument("--backend", dest="attestation", choices=("sim", "nvml", "tsm"), help=argparse.SUPPRESS)
     collect.add_argument("--nonce", help="32-byte freshness nonce in hex (default: random)")
-    collect.add_argument("--model", help="model folder to measure")
+    collect.add_argument("--model", help="model folder to measure (default: none, measured as no model)")
     collect.add_argument("--policy", help="policy name or file the node runs under (default: dev for sim, else strict)")
     collect.add_argument("--key-config", help="file holding the OHTTP key configuration to bind (default: a throwaway one)")
     collect.set_defaults(handler=_collect)
@@ -25,12 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify = commands.add_parser("verify", help="verify an evidence bundle and print every check")
     verify.add_argument("bundle", metavar="BUNDLE|-", help="bundle file, or - for standard input")
     verify.add_argument("--policy", required=True, help="policy name (strict, dev) or file")
-    verify.add_argument("--nonce", help="the nonce the evidence must answer, in hex")
+    verify.add_argument("--nonce", help="the nonce the evidence must answer, in hex "
+                                        "(default: none; then only the evidence's age is checked)")
     verify.set_defaults(handler=_verify)
 
     measure = commands.add_parser(
         "measure", help="print this release's code, policy and model digests, for a policy's allowlists")
-    measure.add_argument("--model", help="model folder the node will serve")
+    measure.add_argument("--model", help="model folder the node will serve (default: none, measured as no model)")
     measure.add_argument("--policy", default="strict", help="policy name or file the node will run under (default: strict)")
     measure.add_argument("--json", action="store_true", help="print JSON instead of text")
     measure.set_defaults(handler=_measure)
@@ -49,13 +54,13 @@ def _collect(args: argparse.Namespace) -> int:
     from policy import PolicyError, resolve_policy
     from policy.shipped import resolve_policy_path
 
-    policy_name = args.policy or ("dev" if args.backend == "sim" else "strict")
+    policy_name = args.policy or ("dev" if args.attestation == "sim" else "strict")
     try:
         nonce = _hex_argument(args.nonce, "--nonce") if args.nonce else secrets.token_bytes(32)
         policy = resolve_policy(policy_name)
         measurement = measure(policy_path=resolve_policy_path(policy_name), model_dir=args.model)
         key_config = Path(args.key_config).read_bytes() if args.key_config else _throwaway_key_config()
-        backend = get_backend(args.backend, policy=policy)
+        backend = get_backend(args.attestation, policy=policy)
         bundle = backend.collect(key_config, measurement, nonce)
     except (AttestationError, PolicyError, ValueError, OSError) as error:
         print(f"veil attest collect: {error}", file=sys.stderr)

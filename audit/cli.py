@@ -49,7 +49,7 @@ def _register_routes(reports: Any) -> None:
     routes.add_argument("files", nargs="+", metavar="FILE", help="gateway audit JSON lines files")
     routes.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the report")
     routes.add_argument("--capacity", action="append", default=[], metavar="NODE=CAP",
-                        help="capacity of a node (overrides node_admitted events); repeatable")
+                        help="capacity of a node, repeatable (default: none; capacities come from node_admitted events)")
     routes.add_argument("--alpha", type=_probability, default=0.01, help="significance level (default 0.01)")
     routes.add_argument("--windows", type=_positive_int, default=10,
                         help="time windows for the p-value plot (default 10)")

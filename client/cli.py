@@ -25,6 +25,31 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Says every option's default in its help, unless the help already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or "default" in text or not has_default(action):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def has_default(action: argparse.Action) -> bool:
+    """Whether the option has a value when not given (a flag off, an absent option or an empty list has none)."""
+    default = action.default
+    return not (default is None or default is False or default == [] or default == argparse.SUPPRESS)
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Gives `parser` and every subcommand parser under it the DefaultsHelpFormatter."""
+    parser.formatter_class = DefaultsHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _show_defaults(subparser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="veil",
@@ -39,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    # Subcommands are registered by their own packages; every one shows its defaults the same way.
+    _show_defaults(parser)
     return parser
 
 

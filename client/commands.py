@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _register_up(subparsers)
     _register_proxy(subparsers)
     demo = subparsers.add_parser("demo", help="start a local fleet, send encrypted requests, show what was verified")
-    demo.add_argument("--nodes", type=int, default=3, help="node processes to start")
+    demo.add_argument("--nodes", type=int, default=3, help="node processes to start (default: 3)")
     demo.add_argument("--model", type=Path, default=None, help="model folder (default: the built-in tiny model)")
     demo.set_defaults(handler=_demo)
 
@@ -35,7 +35,8 @@ def _register_chat(subparsers: argparse._SubParsersAction) -> None:
     chat.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="print the answer as it comes")
     chat.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (default: 64)")
     chat.add_argument("--temperature", type=float, default=None, help="sampling temperature, 0 = greedy (default: the node's)")
-    chat.add_argument("--seed", type=int, default=None, help="sampling seed: the same seed gives the same answer")
+    chat.add_argument("--seed", type=int, default=None,
+                      help="sampling seed: the same seed gives the same answer (default: none, a fresh random draw)")
     chat.set_defaults(handler=_chat)
 
 
@@ -52,7 +53,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
 
 def _register_proxy(subparsers: argparse._SubParsersAction) -> None:
     proxy = subparsers.add_parser("proxy", help="a local OpenAI-compatible server forwarding through the SDK")
-    proxy.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on")
+    proxy.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (default: 127.0.0.1:8080)")
     _add_gateway_arguments(proxy)
     proxy.set_defaults(handler=_proxy)
 
@@ -60,8 +61,11 @@ def _register_proxy(subparsers: argparse._SubParsersAction) -> None:
 def _add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway", default=os.environ.get(GATEWAY_ENV, DEFAULT_GATEWAY),
                         help=f"gateway URL (default: ${GATEWAY_ENV} or {DEFAULT_GATEWAY})")
-    parser.add_argument("--policy", default="dev", help="policy to verify nodes with: strict, dev or a file")
-    parser.add_argument("--candidates", type=int, default=3, help="nodes to encrypt each request to (K)")
+    parser.add_argument("--policy", default="strict",
+                        help="policy to verify nodes with: strict, dev (simulated evidence, development only) or a file")
+    parser.add_argument("--candidates", type=int, default=None,
+                        help="nodes to encrypt each request to, K (default: the policy's routing.candidates, "
+                             "which is also the most allowed)")
     parser.add_argument("--fresh-evidence", action="store_true",
                         help="ask each candidate for evidence over this client's own nonce on every request")
 

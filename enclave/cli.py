@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     node.add_argument("--attestation", choices=("sim", "nvml", "tsm"), default=None,
                       help="evidence backend (default: probe nvml, then tsm; sim only if the policy allows it)")
     node.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve gRPC on (port 0 picks a free one)")
-    node.add_argument("--port-file", type=Path, default=None, help="write the chosen port here once serving")
+    node.add_argument("--port-file", type=Path, default=None,
+                      help="write the chosen port here once serving (default: none, not written)")
     node.add_argument("--capacity", type=int, default=16,
                       help="concurrent requests served (default: 16; at most the policy's max_node_capacity)")
     node.add_argument("--audit", default=None,

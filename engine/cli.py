@@ -30,10 +30,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (default: 64)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature, 0 = greedy (default: %(default)s, greedy)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0, off)")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (default: 0, off)")
-    parser.add_argument("--seed", type=int, default=None, help="sampling seed: the same seed gives the same text")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="sampling seed: the same seed gives the same text (default: none, a fresh random draw)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="compute dtype (default: the model's own)")
     parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="KV pool size on CPU")

@@ -22,9 +22,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT to serve on (port 0 picks a free one)")
     parser.add_argument("--node", action="append", default=[], metavar="HOST:PORT",
-                        help="a node's gRPC address to admit (repeat for several)")
+                        help="a node's gRPC address to admit, repeatable (default: none)")
     parser.add_argument("--policy", default="strict", help="dev, strict or a policy file (default: strict)")
-    parser.add_argument("--port-file", type=Path, help="write the chosen port here once serving")
+    parser.add_argument("--port-file", type=Path, help="write the chosen port here once serving (default: none, not written)")
     parser.add_argument("--audit", default="none", help="audit sink: stdout, file:PATH or none (default: none)")
     parser.add_argument("--reattest-s", type=float, default=DEFAULTS.reattest_s, help="re-attest admitted nodes this often")
     parser.add_argument("--health-s", type=float, default=DEFAULTS.health_s, help="health-check nodes this often")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import CHECK_NAMES
 from client.cli import main
@@ -17,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _collect(capsys, *arguments: str) -> str:
-    assert main(["attest", "collect", "--backend", "sim", *arguments]) == 0
+    assert main(["attest", "collect", "--attestation", "sim", *arguments]) == 0
     captured = capsys.readouterr()
     assert "SIMULATED" in captured.err
     return captured.out
@@ -70,14 +72,14 @@ def test_a_malformed_bundle_fails_at_format(capsys, monkeypatch):
 
 
 def test_collect_with_nvml_on_this_machine_explains_itself(capsys):
-    code = main(["attest", "collect", "--backend", "nvml"])
+    code = main(["attest", "collect", "--attestation", "nvml"])
     err = capsys.readouterr().err
     assert code == 1
     assert "NVML is missing" in err or "confidential computing is not in production mode" in err
 
 
 def test_bad_arguments_are_reported(capsys):
-    assert main(["attest", "collect", "--backend", "sim", "--nonce", "zz"]) == 1
+    assert main(["attest", "collect", "--attestation", "sim", "--nonce", "zz"]) == 1
     assert "hexadecimal" in capsys.readouterr().err
     assert main(["attest", "verify", "/nonexistent/bundle.json", "--policy", "dev"]) == 2
 
@@ -92,7 +94,7 @@ def test_the_shell_pipeline(sim_root_dir: Path):
     environment = {**os.environ, "VEIL_SIM_ROOT_DIR": str(sim_root_dir)}
     veil = f"{sys.executable} -m client.cli"
     result = subprocess.run(
-        f"{veil} attest collect --backend sim | {veil} attest verify - --policy dev",
+        f"{veil} attest collect --attestation sim | {veil} attest verify - --policy dev",
         shell=True, cwd=REPO, env=environment, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -138,3 +140,16 @@ def test_measure_gives_the_digests_an_operator_pins_and_evidence_then_verifies_a
 def test_measure_explains_a_missing_model_folder(capsys, tmp_path: Path):
     assert main(["attest", "measure", "--model", str(tmp_path / "absent")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_collect_names_its_backend_option_as_the_node_does(capsys):
+    """`veil attest collect --attestation` and `veil node --attestation`; `--backend` still works."""
+    from client.cli import build_parser
+
+    parser = build_parser()
+    for command in (["attest", "collect"], ["node", "--model", "m"]):
+        assert parser.parse_args([*command, "--attestation", "sim"]).attestation == "sim"
+    assert parser.parse_args(["attest", "collect", "--backend", "tsm"]).attestation == "tsm"
+    with pytest.raises(SystemExit):
+        main(["attest", "collect", "--help"])
+    assert "--backend" not in capsys.readouterr().out
