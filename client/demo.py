@@ -11,12 +11,14 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from attestation.sim_root import ROOT_DIR_ENV
 from client.commands import describe_route
 from client.fleet import Fleet, FleetSettings
 from client.sdk import Client
+from client.types import ChatCompletionChunk
 
 PROMPTS = ("What does a confidential-computing GPU protect?", "Name three prime numbers.")
 COMPLETION_PROMPT = "Once upon a time"
@@ -69,12 +71,24 @@ def _requests(client: Client) -> None:
     print(f"[streamed chat] > {STREAMED_PROMPT}\n  < ", end="", flush=True)
     with client.chat.completions.create(model=model, messages=[{"role": "user", "content": STREAMED_PROMPT}],
                                         stream=True, max_tokens=32, temperature=0.8, seed=11) as stream:
-        for chunk in stream:
-            print("".join(choice.delta.content or "" for choice in chunk.choices), end="", flush=True)
+        print_streamed(stream)
         print(f"\n  served by node {stream.route.node_id[:16]} "
               f"(chosen by the gateway among {_verified(stream.route)} verified candidate(s))\n")
     print("what the client verified itself for chat #1 (never trusting the gateway):")
     print(describe_route(first_route, compact=True))
+
+
+def print_streamed(chunks: Iterable[ChatCompletionChunk]) -> None:
+    """Prints a streamed answer as it comes, escaped like the whole answers: a model's output may hold
+    control bytes, which must not reach the terminal as commands."""
+    for chunk in chunks:
+        text = "".join(choice.delta.content or "" for choice in chunk.choices)
+        print(escaped(text), end="", flush=True)
+
+
+def escaped(text: str) -> str:
+    """`text` with every unprintable character written as its Python escape, as `repr` writes it."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def _show(label: str, prompt: str, text: str, route: object) -> None:

@@ -81,3 +81,16 @@ def test_chat_against_an_unreachable_gateway_says_it_could_not_be_reached(capsys
     error = capsys.readouterr().err
     assert "could not be reached" in error and "answered 0" not in error
     assert "a private question" not in error
+
+
+def test_the_demo_escapes_control_bytes_of_a_streamed_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    from client.demo import print_streamed
+    from client.types import ChatCompletionChunk
+
+    pieces = ["plain ", "\x1b[2J\x1b]0;title\x07", "tab\there\r\n", "é\u2028"]
+    chunks = [ChatCompletionChunk.from_dict({"choices": [{"index": 0, "delta": {"content": piece}}]})
+              for piece in pieces]
+    print_streamed(chunks)
+    out = capsys.readouterr().out
+    assert out == "plain \\x1b[2J\\x1b]0;title\\x07tab\\there\\r\\né\\u2028"
+    assert not any(not char.isprintable() for char in out)
