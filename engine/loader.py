@@ -1,4 +1,9 @@
-"""Loading a Hugging Face model folder: config.json and (sharded) safetensors, read straight into memory."""
+"""Loading a Hugging Face model folder: config.json and (sharded) safetensors, read straight into memory.
+
+The checkpoint keeps every projection apart; the model stacks q/k/v and gate/up into one matrix each
+(`MergedLinear`), so after the names and shapes are checked against the checkpoint's own layout, the parts
+are concatenated as they are assigned.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from safetensors.torch import load_file
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models import LlamaFamilyForCausalLM
+from engine.models.layers import MergedLinear
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -37,6 +43,7 @@ def load_model(folder: str | Path, dtype: torch.dtype | None, device: torch.devi
         model = LlamaFamilyForCausalLM(config)
     state = _read_state(folder, device)
     _check_names(model, state)
+    _merge_projections(model, state)
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -58,20 +65,41 @@ def _read_state(folder: Path, device: torch.device) -> dict[str, torch.Tensor]:
     return state
 
 
-def _check_names(model: LlamaFamilyForCausalLM, state: dict[str, torch.Tensor]) -> None:
-    expected = {name for name, _ in model.named_parameters()}
+def checkpoint_layout(model: LlamaFamilyForCausalLM) -> dict[str, tuple[int, ...]]:
+    """Every parameter the checkpoint must hold, by its Hugging Face name, with its shape."""
+    layout: dict[str, tuple[int, ...]] = {}
+    for module_name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            if isinstance(module, MergedLinear):
+                layout |= module.checkpoint_names(module_name, param_name)
+            else:
+                layout[f"{module_name}.{param_name}" if module_name else param_name] = tuple(param.shape)
     if model.config.tie_word_embeddings:
-        expected.discard("lm_head.weight")
+        layout.pop("lm_head.weight", None)
+    return layout
+
+
+def _check_names(model: LlamaFamilyForCausalLM, state: dict[str, torch.Tensor]) -> None:
+    expected = checkpoint_layout(model)
+    if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     given = {name for name in state if not name.endswith("rotary_emb.inv_freq")}
-    missing, unexpected = sorted(expected - given), sorted(given - expected)
+    missing, unexpected = sorted(expected.keys() - given), sorted(given - expected.keys())
     if missing or unexpected:
         raise ModelLoadError(
             f"weights do not match the {model.config.architecture} layout: "
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})"
         )
-    for name, param in model.named_parameters():
-        if name in state and tuple(state[name].shape) != tuple(param.shape):
-            raise ModelLoadError(
-                f"weight {name} has shape {tuple(state[name].shape)}, config implies {tuple(param.shape)}"
-            )
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
+            raise ModelLoadError(f"weight {name} has shape {tuple(state[name].shape)}, config implies {shape}")
+
+
+def _merge_projections(model: LlamaFamilyForCausalLM, state: dict[str, torch.Tensor]) -> None:
+    """Replaces each merged module's parts in `state` with their concatenation, one module at a time."""
+    for module_name, module in model.named_modules():
+        if not isinstance(module, MergedLinear):
+            continue
+        for param_name, _ in module.named_parameters(recurse=False):
+            parts = [state.pop(name) for name in module.checkpoint_names(module_name, param_name)]
+            state[f"{module_name}.{param_name}"] = torch.cat(parts)

@@ -23,6 +23,29 @@ class AttentionMetadata:
     max_seqlen_q: int
 
 
+class MergedLinear(nn.Linear):
+    """Several projections of the same input as one matrix product: their weights stacked by output row.
+
+    Checkpoints keep the parts apart (Hugging Face's `q_proj`, `k_proj`, `v_proj`, siblings of this module);
+    the loader stacks them in `parts` order, so one launch replaces several small ones on every layer.
+    """
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool) -> None:
+        super().__init__(in_features, sum(parts.values()), bias=bias)
+        self.parts = dict(parts)  # checkpoint name of each part -> its output features, in stacking order
+
+    def split_forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each part's output, as views of the one product."""
+        return self(hidden).split(list(self.parts.values()), dim=-1)
+
+    def checkpoint_names(self, module_name: str, param_name: str) -> dict[str, tuple[int, ...]]:
+        """The checkpoint's names and shapes for this module's `param_name` ("weight" or "bias"), in order."""
+        parent = module_name.rpartition(".")[0]
+        prefix = f"{parent}." if parent else ""
+        rest = tuple(getattr(self, param_name).shape[1:])
+        return {f"{prefix}{part}.{param_name}": (size, *rest) for part, size in self.parts.items()}
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -97,9 +120,11 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.qkv_proj = MergedLinear(
+            hidden_size,
+            {"q_proj": num_heads * head_dim, "k_proj": num_kv_heads * head_dim, "v_proj": num_kv_heads * head_dim},
+            bias=bias,
+        )
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=output_bias)
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)
@@ -117,9 +142,10 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
-        query = self.q_proj(hidden).view(tokens, self.num_heads, self.head_dim)
-        key = self.k_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
-        value = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        query, key, value = self.qkv_proj.split_forward(hidden)
+        query = query.view(tokens, self.num_heads, self.head_dim)
+        key = key.view(tokens, self.num_kv_heads, self.head_dim)
+        value = value.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             query, key = self.q_norm(query), self.k_norm(key)
         query, key = rotary(positions, query, key)
@@ -142,9 +168,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.gate_up_proj = MergedLinear(hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size}, bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(hidden)) * self.up_proj(hidden))
+        gate, up = self.gate_up_proj.split_forward(hidden)
+        return self.down_proj(nn.functional.silu(gate) * up)
