@@ -84,6 +84,16 @@ def _hint(status: int, code: str) -> str:
     return "fix the request's parameters or model name and send it again"
 
 
+class ModelNotFoundError(VeilClientError):
+    """No verified node lists the model asked for (OpenAI's 404 `model_not_found`)."""
+
+    status = 404
+    code = "model_not_found"
+
+    def __init__(self) -> None:
+        super().__init__("no verified node serves the requested model; list the models served and ask for one of them")
+
+
 class StreamTruncatedError(VeilClientError):
     """The answer ended before its authenticated end: the node or the connection failed mid-answer."""
 

@@ -16,11 +16,11 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from client.errors import GatewayError, NodeError, NoVerifiedNodeError, VeilClientError
+from client.errors import GatewayError, ModelNotFoundError, NodeError, NoVerifiedNodeError, VeilClientError
 from client.sdk import Client, Stream
 
 MAX_BODY_BYTES = 1 << 20
-_PARAMETERS = ("n", "temperature", "top_p", "max_tokens", "stop", "seed")
+_PARAMETERS = ("n", "temperature", "top_p", "max_tokens", "stop", "seed", "stream_options")
 
 
 def create_proxy_app(client: Client) -> FastAPI:
@@ -34,7 +34,7 @@ def create_proxy_app(client: Client) -> FastAPI:
             return body
         return await _forward(lambda: client.chat.completions.create(
             model=body.get("model", ""), messages=body.get("messages", []), stream=body.get("stream") is True,
-            **_parameters(body)))
+            **_parameters(body)), include_usage=_include_usage(body))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -43,11 +43,15 @@ def create_proxy_app(client: Client) -> FastAPI:
             return body
         return await _forward(lambda: client.completions.create(
             model=body.get("model", ""), prompt=body.get("prompt", ""), stream=body.get("stream") is True,
-            **_parameters(body)))
+            **_parameters(body)), include_usage=_include_usage(body))
 
     @app.get("/v1/models")
     async def models() -> Any:
         return await _forward(client.models.list)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Any:
+        return await _forward(lambda: client.models.retrieve(model_id))
 
     return app
 
@@ -69,7 +73,12 @@ async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
     return body
 
 
-async def _forward(call: Any) -> Any:
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+async def _forward(call: Any, include_usage: bool = False) -> Any:
     try:
         result = await run_in_threadpool(call)
     except VeilClientError as error:
@@ -77,15 +86,22 @@ async def _forward(call: Any) -> Any:
     except (ValueError, TypeError):
         return _error(400, "invalid_request", "the request is malformed; check model, messages or prompt, and the sampling values")
     if isinstance(result, Stream):
-        return StreamingResponse(_sse(result), media_type="text/event-stream", headers={"cache-control": "no-store"})
+        return StreamingResponse(_sse(result, include_usage), media_type="text/event-stream",
+                                 headers={"cache-control": "no-store"})
     return JSONResponse(result.to_dict())
 
 
-def _sse(stream: Stream) -> Iterator[bytes]:
-    """OpenAI's event stream; a failure mid-stream ends it with an error event instead of [DONE]."""
+def _sse(stream: Stream, include_usage: bool) -> Iterator[bytes]:
+    """OpenAI's event stream; a failure mid-stream ends it with an error event instead of [DONE].
+
+    With `include_usage`, every chunk has a `usage` field, null but in the last (which has no choices).
+    """
     try:
         for chunk in stream:
-            yield f"data: {json.dumps(chunk.to_dict(), separators=(',', ':'))}\n\n".encode()
+            data = chunk.to_dict()
+            if include_usage:
+                data.setdefault("usage", None)
+            yield f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
     except VeilClientError as error:
         payload = {"error": {"code": _code(error), "message": str(error), "type": "veil_error"}}
         yield f"data: {json.dumps(payload)}\n\n".encode()
@@ -96,6 +112,8 @@ def _sse(stream: Stream) -> Iterator[bytes]:
 
 
 def _client_error(error: VeilClientError) -> JSONResponse:
+    if isinstance(error, ModelNotFoundError):
+        return _error(404, error.code, str(error), kind="invalid_request_error", param="model")
     if isinstance(error, NodeError):
         return _error(error.status if 400 <= error.status <= 599 else 502, error.code, str(error))
     if isinstance(error, NoVerifiedNodeError):
@@ -116,5 +134,7 @@ def _code(error: VeilClientError) -> str:
 _CODES = {"StreamTruncatedError": "stream_truncated", "ResponseIntegrityError": "response_integrity"}
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message, "type": "veil_error"}}, status_code=status)
+def _error(status: int, code: str, message: str, kind: str = "veil_error", param: str | None = None) -> JSONResponse:
+    """OpenAI's error shape: message, type, param and code."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status)

@@ -29,6 +29,7 @@ from client.directory import DirectoryCache, DirectoryEntry, capped, sample_cand
 from client.errors import (
     CandidateFailure,
     GatewayError,
+    ModelNotFoundError,
     NodeError,
     NoVerifiedNodeError,
     ResponseIntegrityError,
@@ -41,6 +42,7 @@ from client.types import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
+    Model,
     ModelList,
     Route,
 )
@@ -455,10 +457,14 @@ class _ChatCompletions:
         max_tokens: int | None = None,
         stop: str | list[str] | None = None,
         seed: int | None = None,
+        stream_options: dict[str, Any] | None = None,
     ) -> ChatCompletion | Stream[ChatCompletionChunk]:
-        """A chat answer, or with `stream=True` an iterator of `ChatCompletionChunk`."""
+        """A chat answer, or with `stream=True` an iterator of `ChatCompletionChunk`.
+
+        `stream_options={"include_usage": True}` ends a stream with a chunk without choices that
+        carries the request's usage, as OpenAI does."""
         body = _body(model=model, messages=_messages(messages), stream=stream, n=n, temperature=temperature,
-                     top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed)
+                     top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, stream_options=stream_options)
         return _create(self._client, "/v1/chat/completions", body, stream,
                        ChatCompletionChunk.from_dict, ChatCompletion.from_dict)
 
@@ -484,12 +490,14 @@ class _Completions:
         max_tokens: int | None = None,
         stop: str | list[str] | None = None,
         seed: int | None = None,
+        stream_options: dict[str, Any] | None = None,
     ) -> Completion | Stream[Completion]:
-        """A text completion, or with `stream=True` an iterator of `Completion` pieces."""
+        """A text completion, or with `stream=True` an iterator of `Completion` pieces (`stream_options`
+        as for chat)."""
         if not isinstance(prompt, str):
             raise ValueError("prompt must be a string")
         body = _body(model=model, prompt=prompt, stream=stream, n=n, temperature=temperature,
-                     top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed)
+                     top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, stream_options=stream_options)
         return _create(self._client, "/v1/completions", body, stream, Completion.from_dict, Completion.from_dict)
 
 
@@ -501,3 +509,10 @@ class _Models:
         """The models a verified node serves."""
         data, route = self._client.request("GET", "/v1/models")
         return _parsed(lambda d: ModelList.from_dict(d, route), route.node_id)(data)
+
+    def retrieve(self, model: str) -> Model:
+        """One model a verified node serves, as OpenAI's `models.retrieve`; ModelNotFoundError if none does."""
+        for listed in self.list().data:
+            if listed.id == model:
+                return listed
+        raise ModelNotFoundError()

@@ -229,6 +229,9 @@ class Model:
     def from_dict(cls, data: Any) -> Model:
         return cls(_get(data, "id", str), _get(data, "object", str, "model"), _get(data, "owned_by", str, ""))
 
+    def to_dict(self) -> dict[str, Any]:
+        return _wire(self)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelList:

@@ -152,11 +152,12 @@ class InnerApi:
         handle = self.worker.submit(prompt, params)
         completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         shape = _Shape(completion_id, self.model_name, chat, int(time.time()))
+        include_usage = _include_usage(body)
         if body.get("stream") is True:
             batches = handle.delta_batches()
             first = _first_batch(batches, handle)  # surfaces a refusal as an HTTP error, not a broken stream
             response = InnerResponse(200, on_close=[handle.close])
-            response.events = shape.events(first, batches, handle, response)
+            response.events = shape.events(first, batches, handle, response, include_usage)
             return response
         try:
             output = RequestOutput(handle.request_id, [])
@@ -259,20 +260,24 @@ class _Shape:
 
     def whole(self, output: RequestOutput) -> dict:
         choices = [self._choice(o.index, o.text, _reason(o.finish_reason)) for o in output.outputs]
-        metrics = output.metrics
-        prompt_tokens = metrics.prompt_tokens if metrics else 0
-        completion_tokens = metrics.output_tokens if metrics else 0
         return {
             "id": self.completion_id,
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
+            "usage": _usage(output.metrics),
+        }
+
+    def usage_chunk(self, metrics: RequestMetrics | None) -> dict:
+        """The last chunk OpenAI streams when asked to include usage: no choices, the whole request's usage."""
+        return {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": _usage(metrics),
         }
 
     def _choice(self, index: int, text: str, finish_reason: str | None) -> dict:
@@ -296,7 +301,8 @@ class _Shape:
         }
 
     def events(
-        self, first: list[StreamDelta], rest: Iterator[list[StreamDelta]], handle, response: InnerResponse
+        self, first: list[StreamDelta], rest: Iterator[list[StreamDelta]], handle, response: InnerResponse,
+        include_usage: bool = False,
     ) -> Iterator[bytes]:
         """Server-sent events, one piece per batch of deltas (one event per delta within it)."""
         started: set[int] = set()
@@ -306,6 +312,8 @@ class _Shape:
                     response.metrics = delta.metrics or response.metrics
                 if batch:
                     yield b"".join(self._event(delta, started) for delta in batch)
+            if include_usage:
+                yield b"data: " + json.dumps(self.usage_chunk(response.metrics)).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
         finally:
             handle.close()
@@ -314,6 +322,25 @@ class _Shape:
         first_of_choice = delta.index not in started
         started.add(delta.index)
         return b"data: " + json.dumps(self.chunk(delta, first_of_choice)).encode() + b"\n\n"
+
+
+def _usage(metrics: RequestMetrics | None) -> dict:
+    prompt_tokens = metrics.prompt_tokens if metrics else 0
+    completion_tokens = metrics.output_tokens if metrics else 0
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _include_usage(body: dict) -> bool:
+    """`stream_options.include_usage`, as OpenAI reads it: only with `stream`, a boolean."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if body.get("stream") is not True:
+        raise ApiError(400, "invalid_request", "'stream_options' is only allowed when 'stream' is true")
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise ApiError(400, "invalid_request", "'stream_options' must be an object with a boolean 'include_usage'")
+    return options.get("include_usage", False)
 
 
 def _reason(reason) -> str | None:

@@ -356,6 +356,35 @@ def _use_proxy(base: str, engine: LLMEngine) -> None:
     for stream in (False, True):  # a refusal is an HTTP error, as OpenAI clients expect, even when streaming
         bad = httpx.post(f"{base}/v1/chat/completions", json={**request, "model": "absent", "stream": stream}, timeout=60)
         assert bad.status_code == 404 and bad.json()["error"]["code"] == "model_not_found"
+    _check_streamed_usage(base, request, whole.json()["usage"])
+    _check_model_retrieval(base)
+
+
+def _check_streamed_usage(base: str, request: dict, whole_usage: dict) -> None:
+    """stream_options.include_usage: a last chunk with no choices and the usage; null usage before it."""
+    streamed = {**request, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=streamed, timeout=60) as events:
+        lines = [line[len("data: "):] for line in events.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    *content, last = [json.loads(line) for line in lines[:-1]]
+    assert content and all(chunk["usage"] is None and chunk["choices"] for chunk in content)
+    assert last["object"] == "chat.completion.chunk" and last["choices"] == []
+    assert last["usage"] == whole_usage and whole_usage["completion_tokens"] > 0
+    plain = httpx.post(f"{base}/v1/chat/completions", json={**request, "stream_options": {"include_usage": True}},
+                       timeout=60)
+    assert plain.status_code == 400 and plain.json()["error"]["code"] == "invalid_request"
+
+
+def _check_model_retrieval(base: str) -> None:
+    """GET /v1/models/{id}: the model object, or OpenAI's 404 error shape."""
+    found = httpx.get(f"{base}/v1/models/{MODEL}", timeout=60)
+    assert found.status_code == 200 and found.json() == {"id": MODEL, "object": "model", "owned_by": "veil"}
+    missing = httpx.get(f"{base}/v1/models/absent-model", timeout=60)
+    assert missing.status_code == 404
+    error = missing.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "model_not_found" and error["type"] == "invalid_request_error"
+    assert "absent-model" not in error["message"]
 
 
 # ----- key rotation -------------------------------------------------------------------------------
