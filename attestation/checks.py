@@ -29,6 +29,7 @@ from attestation.errors import (
     SignatureError,
     SimulatedEvidenceError,
 )
+from attestation.hardware import hardware_id, is_bound
 from attestation.sim_root import local_sim_root_certificate
 from policy import Policy
 
@@ -47,6 +48,7 @@ class Context:
     leaves: dict[str, x509.Certificate] = field(default_factory=dict)
     gpu_report: spdm.SpdmReport | None = None
     cpu_report: CpuReport | None = None
+    hardware_id: str = ""
 
     @property
     def simulated(self) -> bool:
@@ -88,6 +90,12 @@ def check_chain(ctx: Context) -> str:
         notes.append(f"{cpu.kind} quote chain NOT verified (accepted gap cpu-quote-signature)")
     if not notes:
         raise ChainError("the evidence holds neither a CPU nor a GPU report")
+    # Read from the chains just verified, so the identity is the pinned root's word, not the node's.
+    ctx.hardware_id = hardware_id(ctx.bundle)
+    if is_bound(ctx.bundle):
+        notes.append(f"device identity {ctx.hardware_id[:16]}…")
+    else:
+        notes.append("no chip identity read from a CPU-only quote: this node counts once per key")
     return "; ".join(notes)
 
 

@@ -46,9 +46,14 @@ class CheckResult:
 
 @dataclass(frozen=True, slots=True)
 class VerifiedNode:
-    """A node whose evidence passed every check under `policy_digest`."""
+    """A node whose evidence passed every check under `policy_digest`.
+
+    `hardware_id` names the chip it attests from (`attestation.hardware`): one chip is one node,
+    however many keys, and so node ids, it presents.
+    """
 
     node_id: str
+    hardware_id: str
     key_config: bytes
     measurement: Measurement
     policy_digest: bytes
@@ -114,6 +119,7 @@ def verify_with_report(
             return VerificationReport(tuple(results + skipped), None, error)
     node = VerifiedNode(
         node_id=node_id_for(bundle.key_config, bundle.measurement),
+        hardware_id=ctx.hardware_id,
         key_config=bundle.key_config,
         measurement=bundle.measurement,
         policy_digest=bundle.measurement.policy_digest,

@@ -5,6 +5,11 @@ about a request. Candidates are drawn by the client, never by the gateway:
 K distinct nodes, each included with probability proportional to its capacity,
 from the operating system's randomness (`secrets.SystemRandom`), so nobody can
 predict or steer which nodes a given request may reach (see `sample_candidates`).
+
+That share holds per node, and a node is one chip: a directory that lists one node
+twice, under the same id or under several ids whose evidence names the same chip
+(`attestation.hardware`), would multiply that node's chances. An honest gateway
+admits each chip once, so such a directory is refused whole (`repeated_listing`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 import secrets
 import threading
 import time
@@ -22,11 +28,16 @@ from typing import Any
 
 import httpx
 
+from attestation.bundle import EvidenceBundle
+from attestation.errors import AttestationError
+from attestation.hardware import hardware_id
 from client.errors import GatewayError
 
 DIRECTORY_PATH = "/v1/nodes"
 DIRECTORY_VERSION = 1
 MAX_NODES = 4096
+MAX_CACHED_CLAIMS = 1024
+REPEATED_NODE = "repeated_node"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +48,11 @@ class DirectoryEntry:
     key_config: bytes
     evidence: str
     capacity: int
+
+    @property
+    def hardware_id(self) -> str | None:
+        """The chip this entry's evidence names (`claimed_hardware_id`): unverified, None if unreadable."""
+        return claimed_hardware_id(self.evidence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +90,31 @@ def _entry(node: Any) -> DirectoryEntry:
     return DirectoryEntry(node_id, config, evidence, capacity)
 
 
+@functools.lru_cache(maxsize=MAX_CACHED_CLAIMS)
+def claimed_hardware_id(evidence: str) -> str | None:
+    """The hardware identity the evidence names, read without verifying it; None if it names none.
+
+    Cheap (no signature is checked), so the whole directory can be read before sampling. The verifier
+    proves the same identity from the same evidence before anything is sealed to the node
+    (`client.verify`); evidence that names none can never verify.
+    """
+    try:
+        return hardware_id(EvidenceBundle.from_json(evidence))
+    except AttestationError:
+        return None
+
+
+def repeated_listing(entries: Sequence[DirectoryEntry]) -> str | None:
+    """What repeats in the directory, if one node is listed more than once; None if none is."""
+    node_ids = [entry.node_id for entry in entries]
+    if len(set(node_ids)) != len(node_ids):
+        return "a node id appears more than once"
+    chips = [entry.hardware_id for entry in entries if entry.hardware_id is not None]
+    if len(set(chips)) != len(chips):
+        return "several node ids attest from one chip (the same hardware identity)"
+    return None
+
+
 def capped(entries: Sequence[DirectoryEntry], max_capacity: int) -> list[DirectoryEntry]:
     """The entries with every capacity above the policy's `max_node_capacity` counted as that maximum.
 
@@ -96,10 +137,12 @@ def sample_candidates(
     arithmetic. A node whose share exceeds 1/k is always included (probability 1 is the most it can
     have), and the remaining slots are shared by the others in proportion to their capacity.
     Nodes with zero capacity are never drawn. `rng` defaults to the system's cryptographic randomness;
-    tests pass a seeded `random.Random`.
+    tests pass a seeded `random.Random`. Entries must be distinct nodes: a repeated node id is refused.
     """
     if k < 1:
         raise ValueError("at least one candidate is needed")
+    if len({entry.node_id for entry in entries}) != len(entries):
+        raise ValueError("a node id appears more than once; each node is sampled once, by its capacity")
     rng = rng or secrets.SystemRandom()
     pool = [entry for entry in entries if entry.capacity > 0]
     rng.shuffle(pool)  # a random order, so which nodes end up together is itself random
@@ -173,9 +216,15 @@ class DirectoryCache:
         if response.status_code != 200:
             raise GatewayError(response.status_code, _error_code(response), "the directory could not be fetched")
         try:
-            return parse_directory(response.json(), self._clock())
+            directory = parse_directory(response.json(), self._clock())
         except ValueError as error:
             raise GatewayError(200, "bad_directory", f"the directory is malformed ({error})") from None
+        repeated = repeated_listing(directory.entries)
+        if repeated is not None:
+            raise GatewayError(200, REPEATED_NODE, f"the directory lists one node more than once: {repeated}. "
+                               "That would draw more requests to it than its capacity share, so nothing was "
+                               "sent; use another gateway")
+        return directory
 
 
 def _error_code(response: httpx.Response) -> str:

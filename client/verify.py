@@ -2,8 +2,8 @@
 
 Each candidate's evidence bundle is parsed and run through
 `attestation.verifier.verify` under the client's policy. The result must also
-name the same node and key configuration the directory listed, otherwise the
-directory lied. Verified records are cached (by the exact evidence text) until
+name the same node, key configuration and chip the directory listed, otherwise
+the directory lied. Verified records are cached (by the exact evidence text) until
 they expire, so a steady stream of requests does not re-verify every time.
 """
 
@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from attestation.bundle import EvidenceBundle
@@ -84,10 +84,30 @@ class CandidateVerifier:
             self._cache[key] = _Cached(node)
 
 
+def one_per_chip(records: Sequence[CandidateRecord]) -> list[CandidateRecord]:
+    """The records with every verified node after the first on one chip turned into a failure.
+
+    A request is sealed to each chip at most once, whatever node ids its evidence came under.
+    """
+    seen: set[str] = set()
+    kept = []
+    for record in records:
+        if record.verified is not None and record.verified.hardware_id in seen:
+            record = CandidateRecord(record.node_id, record.capacity, None, "directory",
+                                     "another candidate of this request attests from the same chip")
+        elif record.verified is not None:
+            seen.add(record.verified.hardware_id)
+        kept.append(record)
+    return kept
+
+
 def _listing_mismatch(entry: DirectoryEntry, node: VerifiedNode) -> str | None:
     """Why the directory's listing disagrees with what the evidence proves, or None."""
     if not hmac.compare_digest(entry.node_id.encode(), node.node_id.encode()):
         return "the directory lists this evidence under another node id; the gateway's listing is wrong"
     if not hmac.compare_digest(entry.key_config, node.key_config):
         return "the directory's key configuration is not the one bound into the evidence"
+    if entry.hardware_id != node.hardware_id:
+        # Only fresh evidence can differ from the listing's: the node must attest from the chip listed.
+        return "the node attests from another chip than the directory's evidence names"
     return None

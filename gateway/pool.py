@@ -9,6 +9,10 @@ health check or an inference failure, and comes back only through a fresh
 attestation. When a node rotates its key its id changes; the old id stays an
 alias for the same node for the key grace period, so clients holding an older
 directory keep reaching it.
+
+One chip is one node: a node whose evidence names a chip (`VerifiedNode.hardware_id`) that a node
+at another address already attests from is refused, however many keys it presents, so the
+directory never lists one GPU twice. A re-attestation at the same address (a rotated key) keeps it.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class NodePool:
         self._by_address: dict[str, PoolEntry] = {}
         self._address_of: dict[str, str] = {}
         self._aliases: dict[str, _Alias] = {}
+        self._chips: dict[str, str] = {}  # hardware id -> the address of the node attesting from it
         self._pending_nonces: dict[str, bytes] = {}
         self._version = 0
 
@@ -140,7 +145,7 @@ class NodePool:
             attestation_result=self._signer.issue(verified, now=now),
         )
         with self._lock:
-            return self._install(entry, now)
+            return self._install(entry, verified.hardware_id, now)
 
     def evict(self, address: str, reason: EvictionReason) -> Eviction | None:
         """Remove the node at `address` and its aliases; None if it was not in the pool."""
@@ -150,6 +155,7 @@ class NodePool:
                 return None
             del self._address_of[entry.node_id]
             self._drop_aliases_of(address)
+            self._drop_chip_of(address)
             self._version += 1
         return Eviction(entry.node_id, address, reason)
 
@@ -204,9 +210,14 @@ class NodePool:
             return HealthVerdict.KEY_ROTATED
         return HealthVerdict.HEALTHY
 
-    def _install(self, entry: PoolEntry, now: float) -> Admission:
+    def _install(self, entry: PoolEntry, hardware_id: str, now: float) -> Admission:
         if self._address_of.get(entry.node_id, entry.address) != entry.address:
             raise AdmissionError("another address already serves this node id; a node is admitted once", check="identity")
+        if self._chips.get(hardware_id, entry.address) != entry.address:
+            raise AdmissionError("a node at another address already attests from this chip (the same hardware "
+                                 "identity); one chip is admitted once, whatever keys it presents", check="identity")
+        self._drop_chip_of(entry.address)
+        self._chips[hardware_id] = entry.address
         previous = self._by_address.get(entry.address)
         if previous is not None:
             del self._address_of[previous.node_id]
@@ -223,6 +234,10 @@ class NodePool:
     def _drop_aliases_of(self, address: str) -> None:
         for alias_id in [name for name, alias in self._aliases.items() if alias.address == address]:
             del self._aliases[alias_id]
+
+    def _drop_chip_of(self, address: str) -> None:
+        for chip in [chip for chip, held_at in self._chips.items() if held_at == address]:
+            del self._chips[chip]
 
     def _prune_aliases(self, now: float) -> None:
         with self._lock:
