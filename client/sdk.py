@@ -46,7 +46,7 @@ from client.types import (
     ModelList,
     Route,
 )
-from client.verify import CandidateVerifier
+from client.verify import CandidateVerifier, one_per_chip
 from ohttp import OHTTPError, TruncatedError
 from policy import Policy
 from policy.shipped import resolve_policy
@@ -233,7 +233,7 @@ class Client:
         directory = self._directory.get()
         check = self._fresh_record if self.fresh_evidence else self._verifier.check
         entries = capped(directory.entries, self.policy.routing.max_node_capacity)
-        records = [check(entry) for entry in sample_candidates(entries, self.candidates)]
+        records = one_per_chip([check(entry) for entry in sample_candidates(entries, self.candidates)])
         route = Route(None, tuple(records), self.policy.name)
         verified = [record for record in records if record.ok]
         if not verified:
