@@ -11,11 +11,17 @@ A policy is a TOML file with four sections:
 - ``[engine]``: maximum context, KV budget, prefix sharing (``request`` or
   ``off``: nothing is shared across requests), the model weights allowed by
   digest, and the knobs of forbidden optimizations, fixed to their safe value.
-- ``[routing]``: the number K of candidates a client encrypts to, capacity
-  weighting, the most capacity any node may declare (nodes refuse to start
-  above it, gateways refuse to admit and clients refuse to count more), and
-  the only strategy, uniform random.
-- ``[audit]``: the event schema version and the sink.
+- ``[routing]``: the number K of candidates a client encrypts each request to
+  (a client may ask for fewer, never more: the gateway chooses among them),
+  capacity weighting (``true`` only: clients draw in proportion to capacity),
+  the most capacity any node may declare (nodes refuse to start above it,
+  gateways refuse to admit and clients refuse to count more), and the only
+  strategy, uniform random.
+- ``[audit]``: the event schema version (a node emitting another refuses to
+  start) and the sink a node audits to unless its operator names another.
+
+Every key is read where it takes effect; tests/test_policy_consumers.py names
+the tests that change each one and see the effect.
 
 Loading is strict: unknown keys and sections are errors, every required key
 must be present, and every optimization ARCHITECTURE.md forbids is refused

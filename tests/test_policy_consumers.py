@@ -1,0 +1,116 @@
+"""A measured policy promises nothing that no code enforces: every key it has is read where it takes effect.
+
+`CONSUMERS` names, for each key of the policy schema, the tests that change the key's value and see
+its effect (a node refusing to start, a verifier refusing evidence, a client sending to K nodes, ...).
+A key added to the schema without such a test fails here. Knobs with a single allowed value are
+enforced by the loader itself: any other value is refused with the requirement it would break.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from attestation.backends.sim import SimBackend
+from attestation.errors import ChainError
+from attestation.verifier import verify
+from enclave.selfcheck import check_node_settings
+from enclave.settings import NodeSettings
+from policy import AttestationPolicy, AuditPolicy, EnginePolicy, RoutingPolicy
+from policy.forbidden import KNOBS
+from policy.loader import SCHEMA
+from tests.test_attestation_support import code_digest, collect, dev_policy, dev_variant, sim_root_dir  # noqa: F401
+from tests.test_security_claims import missing_tests
+
+FORBIDDEN_KNOB_REFUSED = "tests/test_policy_loading.py::test_every_forbidden_knob_value_is_refused_with_its_requirement"
+
+CONSUMERS: dict[str, tuple[str, ...]] = {
+    "policy.name": ("tests/test_policy_digest.py::test_every_semantic_change_changes_the_digest",),
+    "policy.format": ("tests/test_policy_loading.py::test_invalid_values_are_refused",),
+    "attestation.pinned_roots": ("tests/test_attestation_nvidia_vectors.py::test_a_chain_to_an_unpinned_root_is_refused",),
+    "attestation.trust_local_simulated_root": (
+        "tests/test_policy_consumers.py::test_without_trusting_the_local_root_simulated_evidence_has_no_chain",),
+    "attestation.allow_simulated": (
+        "tests/test_attestation_cli.py::test_the_same_bundle_under_strict_fails_at_the_simulated_check",
+        "tests/test_enclave_node.py::test_self_check_refuses_simulation_under_strict"),
+    "attestation.allowed_code_digests": (
+        "tests/test_attestation_cli.py::test_measure_gives_the_digests_an_operator_pins_and_evidence_then_verifies_against_them",),
+    "attestation.accept_unlisted_code": (
+        "tests/test_enclave_node.py::test_a_node_whose_own_evidence_fails_its_policy_refuses_to_start",),
+    "attestation.max_evidence_age_s": ("tests/test_attestation_tamper.py::test_tampered_evidence_is_refused_by_the_intended_check",),
+    "attestation.max_clock_skew_s": ("tests/test_attestation_tamper.py::test_tampered_evidence_is_refused_by_the_intended_check",),
+    "attestation.required_confidential_mode": (
+        "tests/test_attestation_backends.py::test_cpu_only_evidence_fails_a_policy_that_requires_the_gpu",),
+    "attestation.debug_forbidden": ("tests/test_policy_loading.py::test_debug_cannot_be_allowed",),
+    "attestation.accepted_gaps": (
+        "tests/test_attestation_backends.py::test_cpu_quotes_need_the_policy_to_accept_the_unverified_signature_gap",),
+    "engine.max_context_tokens": ("tests/test_policy_consumers.py::test_a_node_serves_the_policys_context_length",),
+    "engine.kv_budget_mib": ("tests/test_enclave_node.py::test_self_check_refuses_a_kv_pool_over_the_policy_budget",),
+    "engine.prefix_sharing": (
+        "tests/test_enclave_node.py::test_a_node_refuses_a_policy_promising_no_prefix_sharing_at_all", FORBIDDEN_KNOB_REFUSED),
+    "engine.allowed_model_digests": (
+        "tests/test_attestation_cli.py::test_measure_gives_the_digests_an_operator_pins_and_evidence_then_verifies_against_them",),
+    "engine.accept_unlisted_models": ("tests/test_security_claims.py::test_strict_admits_no_node_until_a_release_is_listed",),
+    # Allows "none" or "draft-model" (a permission: the engine runs no speculation); refuses the rest.
+    "engine.speculation": (FORBIDDEN_KNOB_REFUSED,),
+    "routing.candidates": (
+        "tests/test_client_policy.py::test_each_request_is_encrypted_to_the_policys_number_of_candidates",
+        "tests/test_client_policy.py::test_a_caller_may_ask_for_fewer_candidates_than_the_policy_never_more"),
+    "routing.capacity_weighting": (
+        "tests/test_policy_loading.py::test_invalid_values_are_refused",
+        "tests/test_client_directory.py::test_a_uniform_pick_among_candidates_lands_on_each_node_with_its_capacity_share"),
+    "routing.max_node_capacity": (
+        "tests/test_enclave_node.py::test_a_node_declaring_more_capacity_than_its_policy_allows_refuses_to_start",
+        "tests/test_client_directory.py::test_an_inflated_capacity_counts_for_no_more_than_the_policys_maximum"),
+    "audit.schema_version": ("tests/test_enclave_node.py::test_a_node_refuses_a_policy_whose_audit_schema_it_does_not_emit",),
+    "audit.sink": (
+        "tests/test_enclave_node.py::test_a_node_audits_to_the_sink_its_policy_names_unless_the_operator_overrides_it",
+        "tests/test_audit_sink.py::test_every_shipped_policys_sink_is_a_form_open_sink_accepts"),
+}
+
+
+def _schema_keys() -> set[str]:
+    return {f"{section}.{key}" for section, keys in SCHEMA.items() for key in keys} | \
+        {f"{knob.section}.{knob.key}" for knob in KNOBS}
+
+
+def _single_valued_knobs() -> set[str]:
+    return {f"{knob.section}.{knob.key}" for knob in KNOBS if len(knob.allowed) == 1}
+
+
+def test_every_policy_key_names_the_tests_that_see_its_effect() -> None:
+    unnamed = _schema_keys() - _single_valued_knobs() - set(CONSUMERS)
+    assert not unnamed, f"policy keys that nothing is shown to read: {sorted(unnamed)}"
+    assert set(CONSUMERS) <= _schema_keys(), "CONSUMERS names a key the schema does not have"
+    citations = " ".join(f"`{test}`" for tests in CONSUMERS.values() for test in tests)
+    assert missing_tests(citations) == []
+
+
+def test_single_valued_knobs_are_enforced_by_the_loader() -> None:
+    assert FORBIDDEN_KNOB_REFUSED.split("::")[1] in Path(__file__).with_name("test_policy_loading.py").read_text()
+    assert _single_valued_knobs() == {"engine.kv_offload", "engine.kv_replication", "engine.kv_migration",
+                                      "engine.scheduling", "routing.strategy", "audit.profiling"}
+
+
+def test_the_policy_model_has_no_field_outside_the_schema() -> None:
+    sections = {"attestation": AttestationPolicy, "engine": EnginePolicy, "routing": RoutingPolicy, "audit": AuditPolicy}
+    fields = {f"{name}.{field.name}" for name, section in sections.items() for field in dataclasses.fields(section)}
+    assert fields | {"policy.name", "policy.format"} == _schema_keys()
+
+
+def test_a_node_serves_the_policys_context_length(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    settings = NodeSettings(model=tmp_path, policy="dev", attestation="sim", kv_cache_gib=0.05)
+    for tokens in (512, 2048):
+        policy = dev_variant("max_context_tokens = 4096", f"max_context_tokens = {tokens}")
+        assert check_node_settings(settings, policy, b"\0" * 32).max_model_len == tokens
+
+
+def test_without_trusting_the_local_root_simulated_evidence_has_no_chain(code_digest: bytes) -> None:  # noqa: F811
+    bundle = collect(SimBackend(), dev_policy(), code_digest)
+    verify(bundle, dev_policy(), expected_nonce=None)
+    untrusting = dev_variant("trust_local_simulated_root = true", "trust_local_simulated_root = false")
+    with pytest.raises(ChainError):
+        verify(bundle, untrusting)
