@@ -17,6 +17,7 @@ _EXPORTS = {
     "NoVerifiedNodeError": "client.errors",
     "GatewayError": "client.errors",
     "NodeError": "client.errors",
+    "ModelNotFoundError": "client.errors",
     "StreamTruncatedError": "client.errors",
     "ResponseIntegrityError": "client.errors",
     "ChatCompletion": "client.types",
