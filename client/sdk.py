@@ -97,6 +97,9 @@ class Client:
     `candidates` (K, the nodes each request is encrypted to) defaults to the policy's
     `routing.candidates`, which is also the most allowed: the gateway chooses among the candidates,
     so fewer of them leave it less choice (down to none with 1) and more would give it more.
+    `timeout` bounds connecting to the gateway and each of its short answers; `answer_timeout_s` bounds
+    the wait for more of an inference answer once sent (a whole answer's body comes only when its
+    generation ends; None waits as long as the node works).
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class Client:
         policy: str | Policy = "strict",
         candidates: int | None = None,
         timeout: float = 60.0,
+        answer_timeout_s: float | None = 600.0,
         directory_ttl_s: float = 10.0,
         fresh_evidence: bool = False,
         max_retries: int = 2,
@@ -121,6 +125,9 @@ class Client:
         # A gateway at its bounds answers 503 with Retry-After before any node read anything; the
         # request is sent again (freshly sealed) after that delay, at most this many times.
         self.max_retries = max_retries
+        # A node sends its answer's head when it accepts a request, and a whole answer's body only when
+        # generation ends: waiting for it is bounded by how long generation may take, not `timeout`.
+        self._answer_timeout = httpx.Timeout(timeout, read=answer_timeout_s)
         self._http = http or httpx.Client(
             base_url=gateway_url, timeout=timeout, headers={"user-agent": _USER_AGENT},
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
@@ -261,7 +268,7 @@ class Client:
             for s in sealed
         ]}
         try:
-            request = self._http.build_request("POST", INFER_PATH, json=payload)
+            request = self._http.build_request("POST", INFER_PATH, json=payload, timeout=self._answer_timeout)
             return self._http.send(request, stream=True)
         except httpx.HTTPError as error:
             raise GatewayError(UNREACHABLE, "unreachable", f"the request could not be sent ({type(error).__name__}); "

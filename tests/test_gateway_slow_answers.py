@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,3 +152,16 @@ def test_a_long_whole_answer_from_a_real_node_is_computed_once_and_evicts_nothin
         assert routes(gateway)[0].outcome is RouteOutcome.OK and routes(gateway)[0].chosen == answer.route.node_id
         gateway.wait_for(lambda: len(finished_requests(real_nodes)) > before)
         assert len(finished_requests(real_nodes)) == before + 1  # one node computed it, once
+
+
+def test_the_sdk_waits_for_a_whole_answer_longer_than_its_connect_and_directory_timeout(real_nodes) -> None:
+    settings = gateway_settings([f"127.0.0.1:{node.port}" for node in real_nodes], accept_timeout_s=5.0)
+    short_s = 0.5
+    with LiveGateway(settings) as gateway, Client(gateway.url, policy="dev", candidates=2, timeout=short_s) as sdk:
+        started = time.monotonic()
+        answer = sdk.completions.create(model=MODEL_NAME, prompt="The story goes", max_tokens=1000, n=8,
+                                        temperature=1.0, seed=1)
+        elapsed = time.monotonic() - started
+    assert len(answer.choices) == 8 and answer.usage.completion_tokens > 1000
+    # The premise: the body came well after `timeout`, which bounded every read of it before.
+    assert elapsed > 2 * short_s
