@@ -1,4 +1,7 @@
-"""The one dispatch point for the KV-path kernels: validate, then run Triton or the torch reference.
+"""The one dispatch point for the kernels: validate, then run Triton or the torch reference.
+
+KV path: `store_kv`, `paged_attention`, `zero_blocks`, `find_residue`. Layers: `rms_norm`, `add_rms_norm`,
+`silu_and_mul`, `rotary_embedding`.
 
 Backend choice, first match wins:
 1. `force("triton" | "reference")`, a context manager for tests and tools;
@@ -19,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -65,6 +69,13 @@ def _triton_module(name: str, device: torch.device) -> ModuleType:
             "kernel call to run them in the Triton interpreter, or use the reference backend"
         )
     return importlib.import_module(f"kernels.triton_{name}")
+
+
+def _implementation(kernel: str, module: str, device: torch.device) -> Any:
+    """The function `kernel` of the backend selected for `device`: from `kernels.triton_<module>` or the reference."""
+    if selected_backend(device) == "triton":
+        return getattr(_triton_module(module, device), kernel)
+    return getattr(reference, kernel)
 
 
 def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -142,3 +153,48 @@ def find_residue(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> list[in
     if ids.numel() == 0:
         return []
     return reference.find_residue(kv_cache, ids.to(kv_cache.device))
+
+
+def rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dimension of hidden [..., width], times weight [width]; a new tensor.
+
+    The mean square is taken in float32 and the normalised value rounded to hidden's dtype before the weight
+    multiplies it, as Hugging Face's Llama does.
+    """
+    validation.check_rms_norm(hidden, weight)
+    if hidden.numel() == 0:
+        return torch.empty_like(hidden)
+    return _implementation("rms_norm", "rms_norm", hidden.device)(hidden, weight, float(eps))
+
+
+def add_rms_norm(hidden: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(rms_norm(residual + hidden), residual + hidden) in one pass: the decoder's residual add and the norm
+    that follows it. Both come back as new tensors; the sum is rounded to hidden's dtype, as the decoder adds."""
+    validation.check_rms_norm(hidden, weight, residual)
+    if hidden.numel() == 0:
+        return torch.empty_like(hidden), torch.empty_like(hidden)
+    return _implementation("add_rms_norm", "rms_norm", hidden.device)(hidden, residual, weight, float(eps))
+
+
+def silu_and_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up for gate_up [..., 2 * width] holding gate then up (the stacked projection's output)."""
+    validation.check_silu_and_mul(gate_up)
+    if gate_up.numel() == 0:
+        return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+    return _implementation("silu_and_mul", "silu_and_mul", gate_up.device)(gate_up)
+
+
+def rotary_embedding(
+    positions: Tensor, query: Tensor, key: Tensor, cos_cache: Tensor, sin_cache: Tensor, inplace: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Rotate-half (neox-style) rotary embedding of query [tokens, heads, dim] and key [tokens, kv_heads, dim].
+
+    positions: int32/int64 [tokens]; cos_cache/sin_cache: [max_positions, dim / 2], precomputed with any
+    frequency scaling (llama3) and rounded to the query dtype before use. query and key may be strided views
+    (unit stride in dim). `inplace` overwrites and returns them; otherwise new tensors come back.
+    """
+    validation.check_rotary_embedding(positions, query, key, cos_cache, sin_cache)
+    if query.shape[0] == 0:
+        return (query, key) if inplace else (torch.empty_like(query), torch.empty_like(key))
+    rotate = _implementation("rotary_embedding", "rotary", query.device)
+    return rotate(positions, query, key, cos_cache, sin_cache, inplace)

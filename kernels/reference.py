@@ -1,7 +1,9 @@
-"""Torch implementations of the KV-path kernels: the CPU production path and the Triton kernels' test oracle.
+"""Torch implementations of the kernels: the CPU production path and the Triton kernels' test oracle.
 
 Same signatures as `kernels.dispatch`; inputs are assumed valid (the dispatch layer checks them).
-Attention is computed in float32 whatever the cache dtype and cast back, as the Triton kernels do.
+Attention is computed in float32 whatever the cache dtype and cast back, as the Triton kernels do. The layer
+kernels (RMSNorm, SiLU-and-mul, rotary embedding) round exactly where Hugging Face's Llama does, op for op,
+so on a CPU the engine computes what `transformers` computes, and no slower than plain torch.
 """
 
 from __future__ import annotations
@@ -89,3 +91,45 @@ def _attend(queries: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tens
     batched = queries.float().transpose(0, 1)  # [heads, q_len, dim]
     out = F.scaled_dot_product_attention(batched, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)
+
+
+def rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dimension: normalised in float32, rounded to the input dtype, times the weight."""
+    as_float = hidden.float()
+    normed = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(hidden.dtype)
+
+
+def add_rms_norm(hidden: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(RMSNorm of residual + hidden, residual + hidden): the new residual stream comes back with its norm."""
+    new_residual = residual + hidden
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+def silu_and_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up, where gate and up are the two halves of the last dimension."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rotary_embedding(
+    positions: Tensor, query: Tensor, key: Tensor, cos_cache: Tensor, sin_cache: Tensor, inplace: bool
+) -> tuple[Tensor, Tensor]:
+    """Rotate-half rotary embedding of query [tokens, heads, dim] and key [tokens, kv_heads, dim].
+
+    cos_cache/sin_cache: [max_positions, dim / 2], rounded to the query dtype before use. With `inplace`,
+    query and key are overwritten and returned; otherwise new tensors come back.
+    """
+    cos = cos_cache[positions].to(query.dtype).unsqueeze(1)
+    sin = sin_cache[positions].to(query.dtype).unsqueeze(1)
+    rotated = _rotate(query, cos, sin), _rotate(key, cos, sin)
+    if not inplace:
+        return rotated
+    query.copy_(rotated[0])
+    key.copy_(rotated[1])
+    return query, key
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
