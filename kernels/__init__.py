@@ -8,9 +8,11 @@ this package: `kernels.dispatch` validates the inputs and picks the implementati
 
 from kernels.dispatch import (
     add_rms_norm,
+    count_residue,
     find_residue,
     force,
     paged_attention,
+    residue_flags,
     rms_norm,
     rotary_embedding,
     selected_backend,
@@ -25,9 +27,11 @@ __all__ = [
     "KernelError",
     "KernelInputError",
     "add_rms_norm",
+    "count_residue",
     "find_residue",
     "force",
     "paged_attention",
+    "residue_flags",
     "rms_norm",
     "rotary_embedding",
     "selected_backend",

@@ -1,6 +1,7 @@
 """The one dispatch point for the kernels: validate, then run Triton or the torch reference.
 
-KV path: `store_kv`, `paged_attention`, `zero_blocks`, `find_residue`. Layers: `rms_norm`, `add_rms_norm`,
+KV path: `store_kv`, `paged_attention`, `zero_blocks`, and the residue check (`find_residue`, `count_residue`,
+`residue_flags`). Layers: `rms_norm`, `add_rms_norm`,
 `silu_and_mul`, `rotary_embedding`.
 
 Backend choice, first match wins:
@@ -142,17 +143,44 @@ def zero_blocks(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> None:
 
 
 def find_residue(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> list[int]:
-    """The ids among block_ids whose bytes are not all zero in some cache (residue check for tests and audit).
+    """The ids among block_ids (first occurrence order) whose bytes are not all zero in some cache.
 
-    Always runs the torch implementation: it is an audit read, not a hot path, and must not share code with
-    the zeroing kernel it checks.
+    The residue check for tests and the audit: a reduction over the listed blocks where they lie, reading back
+    one flag per listed id (see `residue_flags`).
     """
+    ids = _checked_block_ids(kv_cache, block_ids)
+    if ids.numel() == 0:
+        return []
+    on_device = ids.to(kv_cache.device)
+    dirty = _residue_flags(kv_cache, on_device).index_select(0, on_device).tolist()
+    return list(dict.fromkeys(block_id for block_id, is_dirty in zip(ids.tolist(), dirty) if is_dirty))
+
+
+def count_residue(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> Tensor:
+    """How many distinct listed blocks hold any non-zero byte: a 0-d int64 tensor left on the cache's device,
+    so a caller reads it (one sync) only when it needs the number."""
+    return residue_flags(kv_cache, block_ids).sum()
+
+
+def residue_flags(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> Tensor:
+    """int32 [num_blocks] on the cache's device: 1 for each listed block with a non-zero byte (raw bits, so
+    -0.0 counts) in any cache, 0 elsewhere. Computed where the blocks lie, never copying the listed set at
+    once; on CUDA by a Triton kernel written apart from the zeroing kernel it checks."""
+    return _residue_flags(kv_cache, _checked_block_ids(kv_cache, block_ids).to(kv_cache.device))
+
+
+def _residue_flags(kv_cache: Tensor, block_ids: Tensor) -> Tensor:
+    flags = torch.zeros(kv_cache.shape[1], dtype=torch.int32, device=kv_cache.device)
+    if block_ids.numel() > 0:
+        _implementation("mark_residue", "find_residue", kv_cache.device)(kv_cache, block_ids, flags)
+    return flags
+
+
+def _checked_block_ids(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> Tensor:
     validation.check_kv_tensor(kv_cache)
     ids = validation.as_block_id_tensor(block_ids)
     validation.check_block_ids(kv_cache, ids)
-    if ids.numel() == 0:
-        return []
-    return reference.find_residue(kv_cache, ids.to(kv_cache.device))
+    return ids
 
 
 def rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:

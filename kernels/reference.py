@@ -27,15 +27,27 @@ def zero_blocks(kv_cache: Tensor, block_ids: Tensor) -> None:
     kv_cache.index_fill_(1, block_ids.to(device=kv_cache.device, dtype=torch.int64), 0)
 
 
-def find_residue(kv_cache: Tensor, block_ids: Tensor) -> list[int]:
-    """The listed ids (first occurrence order) whose bytes are not all zero in some cache.
+# The residue check reads at most this many bytes of the cache per copy, however many blocks are listed.
+RESIDUE_CHUNK_BYTES = 64 << 20
+_WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
-    Compares raw bytes, so a stored -0.0 counts as residue just as any other non-zero pattern does.
+
+def mark_residue(kv_cache: Tensor, block_ids: Tensor, flags: Tensor) -> None:
+    """Set flags[block_id] = 1 for every listed block with a non-zero byte in some cache; others stay as they are.
+
+    Compares raw bytes, so a stored -0.0 counts as residue just as any other non-zero pattern does. The listed
+    blocks are gathered a chunk at a time (at most RESIDUE_CHUNK_BYTES), never all at once: a full pool
+    would otherwise need a copy as large as the cache itself.
     """
+    block_bytes = kv_cache[0, 0].numel() * kv_cache.element_size()
+    word = next(dtype for dtype in _WORDS if block_bytes % torch.empty((), dtype=dtype).element_size() == 0)
+    words = kv_cache.view(torch.uint8).view(kv_cache.shape[0], kv_cache.shape[1], -1).view(word)
     ids = block_ids.to(device=kv_cache.device, dtype=torch.int64)
-    raw = kv_cache.view(torch.uint8).view(kv_cache.shape[0], kv_cache.shape[1], -1)
-    dirty = (raw.index_select(1, ids) != 0).any(dim=2).any(dim=0)
-    return list(dict.fromkeys(int(block_id) for block_id, is_dirty in zip(ids.tolist(), dirty.tolist()) if is_dirty))
+    per_chunk = max(1, RESIDUE_CHUNK_BYTES // (kv_cache.shape[0] * block_bytes))
+    for start in range(0, ids.shape[0], per_chunk):
+        chunk = ids[start : start + per_chunk]
+        dirty = words.index_select(1, chunk).ne(0).any(dim=2).any(dim=0)
+        flags.index_fill_(0, chunk[dirty], 1)
 
 
 def paged_attention(

@@ -116,3 +116,17 @@ def test_rotary_at_llama_shapes_with_llama3_scaling(dtype: torch.dtype, head_dim
     atol = 2 * LAYER_TOLERANCE[dtype] * float(qkv.abs().max())
     torch.testing.assert_close(got_q.float(), want_q.float(), atol=atol, rtol=LAYER_TOLERANCE[dtype])
     torch.testing.assert_close(got_k.float(), want_k.float(), atol=atol, rtol=LAYER_TOLERANCE[dtype])
+
+
+def test_residue_check_of_a_whole_large_pool_copies_nothing() -> None:
+    """Every block of an 8 GiB pool listed at once: the check allocates flags, never a copy of the blocks."""
+    kv_cache = torch.zeros(32, 32768, 16, 8, 64, device="cuda", dtype=torch.bfloat16)  # Llama-3.2-1B layout
+    kv_cache[31, 32767, 15, 7, 63] = -0.0
+    kv_cache[0, 5].view(-1).view(torch.uint8)[0] = 1
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    ids = list(range(32768))
+    assert kernels.find_residue(kv_cache, ids) == [5, 32767]
+    assert int(kernels.count_residue(kv_cache, ids)) == 2
+    assert torch.cuda.max_memory_allocated() - before < 16 << 20
