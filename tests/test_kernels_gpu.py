@@ -119,7 +119,7 @@ def test_rotary_at_llama_shapes_with_llama3_scaling(dtype: torch.dtype, head_dim
 
 
 def test_residue_check_of_a_whole_large_pool_copies_nothing() -> None:
-    """Every block of an 8 GiB pool listed at once: the check allocates flags, never a copy of the blocks."""
+    """Every block of a 16 GiB pool listed at once: the check allocates flags, never a copy of the blocks."""
     kv_cache = torch.zeros(32, 32768, 16, 8, 64, device="cuda", dtype=torch.bfloat16)  # Llama-3.2-1B layout
     kv_cache[31, 32767, 15, 7, 63] = -0.0
     kv_cache[0, 5].view(-1).view(torch.uint8)[0] = 1
