@@ -42,6 +42,22 @@ def test_the_ohttp_benchmark_prints_costs_next_to_bare_aes_gcm() -> None:
     assert "64 B chunks as a token stream" in out
 
 
+def test_the_gpu_engine_benchmark_documents_its_options_and_refuses_to_run_without_cuda() -> None:
+    out = run_benchmark("engine_gpu.py", "--help")
+    for option in ("--preset", "--batches", "--decode-steps", "--decode-prompt-len", "--requests", "--hf-batch-size",
+                   "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization", "--skip-transformers",
+                   "--seed"):
+        assert option in out, option
+    assert "Llama-3.2-1B" in out and "Llama-3.1-8B" in out
+    # No device visible, whatever this machine has: the script must say so and stop before writing a model.
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "engine_gpu.py"), "--preset", "8b"], cwd=REPO,
+                            env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "CUDA GPU and none is available here" in result.stderr
+
+
 @pytest.mark.slow
 def test_the_engine_benchmark_compares_with_transformers_and_prices_zeroing() -> None:
     out = run_benchmark("engine_throughput.py", "--quick", "--requests", "6", "--repeats", "1")
