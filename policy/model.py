@@ -24,12 +24,14 @@ class AttestationPolicy:
     """What evidence a verifier accepts."""
 
     pinned_roots: tuple[str, ...]  # SHA-256 fingerprints (hex) of root certificates
+    pinned_rim_roots: tuple[str, ...]  # SHA-256 fingerprints of roots that sign NVIDIA's RIMs
     trust_local_simulated_root: bool  # development: trust this machine's simulated root CA
     allow_simulated: bool
     allowed_code_digests: tuple[str, ...]
     accept_unlisted_code: bool  # development: any code digest passes, labelled as such
     max_evidence_age_s: int
     max_clock_skew_s: int
+    max_revocation_age_s: int  # oldest acceptable revocation status (OCSP thisUpdate)
     required_confidential_mode: tuple[str, ...]  # subset of CONFIDENTIAL_PARTS
     debug_forbidden: bool
     accepted_gaps: tuple[str, ...]  # subset of KNOWN_GAPS
