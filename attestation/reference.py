@@ -25,11 +25,13 @@ VBIOS_VERSION_SIZE = 8
 
 @dataclass(frozen=True, slots=True)
 class ReferenceResult:
-    """What matched: the versions and how many golden values were compared."""
+    """What matched: the versions, how many golden values were compared, and the verified RIMs."""
 
     driver_version: str
     vbios_version: str
     compared: int
+    driver: Rim
+    vbios: Rim
 
 
 def verify_reference_measurements(
@@ -47,7 +49,7 @@ def verify_reference_measurements(
     _same_version(driver_version, driver.version, "driver")
     _same_version(vbios_version, vbios.version, "VBIOS")
     compared = compare_measurements(report, (driver, vbios))
-    return ReferenceResult(driver_version, vbios_version, compared)
+    return ReferenceResult(driver_version, vbios_version, compared, driver, vbios)
 
 
 def compare_measurements(report: spdm.SpdmReport, rims: tuple[Rim, ...]) -> int:

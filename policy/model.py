@@ -8,8 +8,6 @@ from dataclasses import dataclass
 # that depends on one only by naming it in `attestation.accepted_gaps`, so the
 # gap is written in the measured policy instead of being hidden in code.
 KNOWN_GAPS: tuple[str, ...] = (
-    "gpu-revocation",  # OCSP status of NVIDIA device certificates needs NVIDIA's online service
-    "gpu-reference-measurements",  # golden GPU measurements come from NVIDIA's online RIM service
     "cpu-quote-signature",  # Intel TDX / AMD SEV-SNP quote signature chains are not verified yet
     # TDX MRTD/RTMRs and the SEV-SNP MEASUREMENT are not compared with reference values yet, so on
     # hardware the attested code digest is the node software's own claim (bound to a genuine report).
