@@ -306,3 +306,17 @@ def test_hardware_evidence_needs_the_launch_measurement_gap_named(kind, make_quo
     report = verify_with_report(tsm_bundle(named, make_quote, kind), named)
     # Past the gap, what remains is the allowlist (this bundle's model digest is not listed).
     assert "cpu-launch-measurement" not in str(report.error)
+
+
+def test_the_operators_collateral_folder_is_stapled_in_chain_order(tmp_path):
+    from attestation.backends.gpu_collateral import read_collateral
+
+    assert read_collateral(None) == ((), None)
+    assert read_collateral(tmp_path) == ((), None)  # nothing fetched yet: the verifier will name what is missing
+    for name, data in {"driver.swidtag": b"<driver/>", "vbios.swidtag": b"<vbios/>", "device-ocsp-1.der": b"d1",
+                       "device-ocsp-2.der": b"d2", "device-ocsp-4.der": b"gap", "driver-ocsp-0.der": b"r0",
+                       "vbios-ocsp-0.der": b"v0", "vbios-ocsp-1.der": b"v1"}.items():
+        (tmp_path / name).write_bytes(data)
+    device, rims = read_collateral(tmp_path)
+    assert device == (b"d1", b"d2")  # stops at the first missing position
+    assert rims == GpuRims(StapledRim(b"<driver/>", (b"r0",)), StapledRim(b"<vbios/>", (b"v0", b"v1")))
