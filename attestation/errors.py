@@ -111,3 +111,63 @@ class NrasTokenError(AttestationError):
     """An NVIDIA NRAS EAT token failed verification."""
 
     check = "nras token"
+
+
+class ReferenceMeasurementError(AttestationError):
+    """The GPU's measurements or firmware versions differ from NVIDIA's signed reference values (RIMs), or a RIM is missing."""
+
+    check = "reference measurements"
+
+
+class RimFormatError(ReferenceMeasurementError):
+    """A reference integrity manifest is not a well-formed, safely parseable NVIDIA SWID tag."""
+
+
+class RimSignatureError(ReferenceMeasurementError):
+    """A RIM's XML signature (digest or ECDSA signature value) does not verify."""
+
+
+class RimChainError(ReferenceMeasurementError):
+    """A RIM's signing certificate chain does not lead to a pinned RIM root."""
+
+
+class MeasurementMismatchError(ReferenceMeasurementError):
+    """Measurement blocks of the GPU report differ from the RIMs' golden values; `indexes` lists the RIM indexes."""
+
+    def __init__(self, message: str, indexes: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.indexes = indexes
+
+
+class FirmwareVersionError(ReferenceMeasurementError):
+    """The driver or VBIOS version in the GPU report is not the version a RIM describes."""
+
+
+class RevocationError(AttestationError):
+    """A certificate's revocation status (stapled OCSP response) is missing, invalid, stale or not good."""
+
+    check = "revocation"
+
+
+class OcspFormatError(RevocationError):
+    """An OCSP response is malformed or not a successful basic response."""
+
+
+class OcspSignatureError(RevocationError):
+    """An OCSP response is not signed by the certificate's issuer or a responder the issuer delegated to."""
+
+
+class OcspCertIdError(RevocationError):
+    """An OCSP response answers for another certificate (its CertID does not match)."""
+
+
+class OcspStaleError(RevocationError):
+    """An OCSP response is older than the policy allows, dated in the future, or past its nextUpdate."""
+
+
+class OcspNonceError(RevocationError):
+    """An OCSP response carries a nonce other than this evidence's GPU nonce."""
+
+
+class CertificateRevokedError(RevocationError):
+    """An OCSP responder says a certificate is revoked, or does not know it."""

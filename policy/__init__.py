@@ -6,8 +6,9 @@ A policy is a TOML file with four sections:
   allowed, the maximum evidence age and clock skew, the confidential modes
   required (``cpu``, ``gpu``), debugging forbidden, whether simulated evidence
   is acceptable, and the verification gaps the policy knowingly accepts
-  (``accepted_gaps``: checks that need NVIDIA's online services, Intel/AMD
-  quote chains or CPU launch reference values and are not performed yet).
+  (``accepted_gaps``: Intel/AMD quote chains or CPU launch reference values,
+  not checked yet), the root that signs NVIDIA's RIMs (``pinned_rim_roots``)
+  and the oldest stapled OCSP response accepted (``max_revocation_age_s``).
 - ``[engine]``: maximum context, KV budget, prefix sharing (``request`` or
   ``off``: nothing is shared across requests), the model weights allowed by
   digest, and the knobs of forbidden optimizations, fixed to their safe value.

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 # that depends on one only by naming it in `attestation.accepted_gaps`, so the
 # gap is written in the measured policy instead of being hidden in code.
 KNOWN_GAPS: tuple[str, ...] = (
-    "gpu-revocation",  # OCSP status of NVIDIA device certificates needs NVIDIA's online service
-    "gpu-reference-measurements",  # golden GPU measurements come from NVIDIA's online RIM service
     "cpu-quote-signature",  # Intel TDX / AMD SEV-SNP quote signature chains are not verified yet
     # TDX MRTD/RTMRs and the SEV-SNP MEASUREMENT are not compared with reference values yet, so on
     # hardware the attested code digest is the node software's own claim (bound to a genuine report).
@@ -24,12 +22,14 @@ class AttestationPolicy:
     """What evidence a verifier accepts."""
 
     pinned_roots: tuple[str, ...]  # SHA-256 fingerprints (hex) of root certificates
+    pinned_rim_roots: tuple[str, ...]  # SHA-256 fingerprints of roots that sign NVIDIA's RIMs
     trust_local_simulated_root: bool  # development: trust this machine's simulated root CA
     allow_simulated: bool
     allowed_code_digests: tuple[str, ...]
     accept_unlisted_code: bool  # development: any code digest passes, labelled as such
     max_evidence_age_s: int
     max_clock_skew_s: int
+    max_revocation_age_s: int  # oldest acceptable revocation status (OCSP thisUpdate)
     required_confidential_mode: tuple[str, ...]  # subset of CONFIDENTIAL_PARTS
     debug_forbidden: bool
     accepted_gaps: tuple[str, ...]  # subset of KNOWN_GAPS

@@ -4,6 +4,7 @@ CPU quote parsing, and hardware-shaped evidence through the verifier."""
 from __future__ import annotations
 
 import ctypes
+import datetime as dt
 import os
 import stat
 import struct
@@ -12,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from attestation import errors
+from attestation import checks, errors, gpu_checks
 from attestation.backends import SimulatedAttestationWarning, get_backend
 from attestation.backends.base import bind
 from attestation.backends.nvml import NvmlStatus, require_production_cc
 from attestation.backends.sim import SimBackend
 from attestation.backends.tsm import tsm_quote
-from attestation.bundle import CpuEvidence, EvidenceBundle, GpuEvidence, GpuState
+from attestation.bundle import CpuEvidence, EvidenceBundle, GpuEvidence, GpuRims, GpuState, StapledRim
+from attestation.certs import pem_chain_to_der
 from attestation.cpu_reports import SNP_REPORT_SIZE, CpuReportFormatError, parse_cpu_report
 from attestation.sim_root import load_or_create_sim_root, local_sim_root_certificate
 from attestation.spdm import parse_report
@@ -188,9 +190,7 @@ def cpu_only_policy(gaps: str) -> object:
     text = text.replace('required_confidential_mode = ["cpu", "gpu"]', 'required_confidential_mode = ["cpu"]')
     text = text.replace('allowed_code_digests = []', f'allowed_code_digests = ["{"00" * 32}"]')
     text = text.replace('allowed_model_digests = []', 'allowed_model_digests = ["ab0e0a8e2b3a3b1e2cc3d7a0b5bd5b04bd0f1cc07e8c2d5fa45e5ab2b3f3f4a1"]')
-    return parse_policy(text.replace(
-        'accepted_gaps = ["cpu-launch-measurement", "cpu-quote-signature", "gpu-reference-measurements", '
-        '"gpu-revocation"]', gaps))
+    return parse_policy(text.replace('accepted_gaps = ["cpu-launch-measurement", "cpu-quote-signature"]', gaps))
 
 
 def tsm_bundle(policy, make_quote, kind: str, *, debug: bool = False) -> EvidenceBundle:
@@ -204,7 +204,7 @@ def tsm_bundle(policy, make_quote, kind: str, *, debug: bool = False) -> Evidenc
 
 @pytest.mark.parametrize("kind,make_quote", [("tdx", tdx_quote), ("sev-snp", snp_report)])
 def test_cpu_quotes_need_the_policy_to_accept_the_unverified_signature_gap(kind, make_quote):
-    strict_gaps = cpu_only_policy('accepted_gaps = ["gpu-revocation"]')
+    strict_gaps = cpu_only_policy('accepted_gaps = []')
     with pytest.raises(errors.ChainError, match="cpu-quote-signature"):
         verify(tsm_bundle(strict_gaps, make_quote, kind), strict_gaps)
     lenient = cpu_only_policy('accepted_gaps = ["cpu-quote-signature"]')
@@ -230,7 +230,7 @@ def test_cpu_only_evidence_fails_a_policy_that_requires_the_gpu():
         verify(tsm_bundle(policy, tdx_quote, "tdx"), policy)
 
 
-def hopper_bundle(policy) -> EvidenceBundle:
+def hopper_bundle(policy, report: bytes = REPORT, chain: tuple[bytes, ...] = CHAIN, rims: GpuRims | None = None) -> EvidenceBundle:
     measurement = measurement_for(policy, bytes(32))
     config = key_config()
     state = GpuState("PROD", cc_feature=True, devtools_mode=False)
@@ -238,24 +238,57 @@ def hopper_bundle(policy) -> EvidenceBundle:
     bound = bind(config, measurement, NONCE, timestamp, state.encode())
     return EvidenceBundle(backend="nvml", key_config=config, measurement=measurement, nonce=NONCE,
                           timestamp=timestamp, report_data=bound, cpu=None,
-                          gpu=GpuEvidence("nvidia-hopper", REPORT, CHAIN, state))
+                          gpu=GpuEvidence("nvidia-hopper", report, chain, state, rims=rims))
 
 
 def test_genuine_h100_report_runs_through_the_verifier_chain_and_signature_checks():
     policy = shipped_policy("strict")
     report = verify_with_report(hopper_bundle(policy), policy)
     by_name = {check.name: check for check in report.checks}
-    assert by_name["chain"].passed and "revocation not checked" in by_name["chain"].detail
-    assert by_name["signature"].passed
+    assert by_name["chain"].passed and by_name["signature"].passed
+    # NVIDIA published no RIM for this report's firmware: without RIMs the GPU is refused, naming them.
+    assert isinstance(report.error, errors.ReferenceMeasurementError)
+    assert "no driver and VBIOS RIMs" in str(report.error)
+
+
+RIM_VECTORS = vectors_path() / "nvidia-h100-rim"
+REPORT_2023 = bytes.fromhex((RIM_VECTORS / "attestation-report-2023.hex").read_text().strip())
+CHAIN_2023 = pem_chain_to_der((RIM_VECTORS / "cert-chain-2023.pem").read_bytes())
+RIM_TIME = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)  # inside the RIM signing leaves' validity
+
+
+def rims_2023(vbios: str = "vbios-rim-96.00.5E.00.01.swidtag") -> GpuRims:
+    return GpuRims(StapledRim((RIM_VECTORS / "driver-rim-545.00.swidtag").read_bytes(), ()),
+                   StapledRim((RIM_VECTORS / vbios).read_bytes(), ()))
+
+
+def test_the_2023_h100_report_passes_the_verifiers_reference_check_with_its_rims():
+    policy = shipped_policy("strict")
+    bundle = hopper_bundle(policy, REPORT_2023, CHAIN_2023, rims_2023())
+    report = verify_with_report(bundle, policy, chain_time=RIM_TIME)
+    by_name = {check.name: check for check in report.checks}
+    assert by_name["reference measurements"].passed
+    assert "driver 545.00 and VBIOS 96.00.5E.00.01" in by_name["reference measurements"].detail
     # The genuine report answers NVIDIA's sample nonce, not this bundle's SHA-256(report_data).
     assert isinstance(report.error, errors.BindingError)
 
 
-def test_hardware_gpu_evidence_needs_the_revocation_gap_named():
-    policy = parse_policy(shipped_policy_path("strict").read_text().replace(
-        '"gpu-reference-measurements", "gpu-revocation"]', '"gpu-reference-measurements"]'))
-    with pytest.raises(errors.ChainError, match="gpu-revocation"):
-        verify(hopper_bundle(policy), policy)
+def test_the_verifier_refuses_the_2023_report_with_the_production_vbios_rim_at_indexes_1_2_3_9():
+    policy = shipped_policy("strict")
+    bundle = hopper_bundle(policy, REPORT_2023, CHAIN_2023, rims_2023("vbios-rim-96.00.5E.00.01-prod.swidtag"))
+    with pytest.raises(errors.MeasurementMismatchError, match=r"1, 2, 3, 9") as refusal:
+        verify(bundle, policy, chain_time=RIM_TIME)
+    assert refusal.value.indexes == (1, 2, 3, 9)
+
+
+def test_hardware_gpu_evidence_without_ocsp_responses_is_refused_naming_them():
+    # Past the reference check (the 2023 RIMs) and with the binding and freshness of a fresh bundle faked
+    # by running the revocation check alone: it names the missing OCSP responses of the device chain.
+    policy = shipped_policy("strict")
+    ctx = checks.Context(hopper_bundle(policy, REPORT_2023, CHAIN_2023, rims_2023()), policy, time.time(), None, RIM_TIME)
+    checks.check_chain(ctx)
+    with pytest.raises(errors.RevocationError, match="GPU device chain carries no OCSP responses"):
+        gpu_checks.check_revocation(ctx)
 
 
 def test_the_vectors_directory_is_the_one_tested():
@@ -273,3 +306,17 @@ def test_hardware_evidence_needs_the_launch_measurement_gap_named(kind, make_quo
     report = verify_with_report(tsm_bundle(named, make_quote, kind), named)
     # Past the gap, what remains is the allowlist (this bundle's model digest is not listed).
     assert "cpu-launch-measurement" not in str(report.error)
+
+
+def test_the_operators_collateral_folder_is_stapled_in_chain_order(tmp_path):
+    from attestation.backends.gpu_collateral import read_collateral
+
+    assert read_collateral(None) == ((), None)
+    assert read_collateral(tmp_path) == ((), None)  # nothing fetched yet: the verifier will name what is missing
+    for name, data in {"driver.swidtag": b"<driver/>", "vbios.swidtag": b"<vbios/>", "device-ocsp-1.der": b"d1",
+                       "device-ocsp-2.der": b"d2", "device-ocsp-4.der": b"gap", "driver-ocsp-0.der": b"r0",
+                       "vbios-ocsp-0.der": b"v0", "vbios-ocsp-1.der": b"v1"}.items():
+        (tmp_path / name).write_bytes(data)
+    device, rims = read_collateral(tmp_path)
+    assert device == (b"d1", b"d2")  # stops at the first missing position
+    assert rims == GpuRims(StapledRim(b"<driver/>", (b"r0",)), StapledRim(b"<vbios/>", (b"v0", b"v1")))

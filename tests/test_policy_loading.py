@@ -70,6 +70,16 @@ def test_strict_pins_the_nvidia_root_and_refuses_simulation():
     assert strict.engine.prefix_sharing == "request"
 
 
+def test_strict_pins_the_rim_root_and_accepts_no_gpu_gap():
+    strict = shipped_policy("strict")
+    rim_root_pem = (vectors_path() / "nvidia-h100" / "rim-root.pem").read_bytes()
+    fingerprint = x509.load_pem_x509_certificate(rim_root_pem).fingerprint(hashes.SHA256()).hex()
+    assert strict.attestation.pinned_rim_roots == (fingerprint,)
+    assert fingerprint not in strict.attestation.pinned_roots  # the RIM root signs no device chain
+    assert not [gap for gap in strict.attestation.accepted_gaps if gap.startswith("gpu-")]
+    assert strict.attestation.max_revocation_age_s == 86_400
+
+
 def test_dev_accepts_simulation_and_says_so():
     dev = shipped_policy("dev")
     assert dev.is_development
@@ -186,6 +196,10 @@ def test_missing_section_is_an_error():
         ("attestation", "pinned_roots", ["ab" * 32, "AB" * 32]),
         ("attestation", "required_confidential_mode", ["cpu", "tpm"]),
         ("attestation", "accepted_gaps", ["everything"]),
+        ("attestation", "accepted_gaps", ["gpu-revocation"]),  # checked now: no longer a gap to accept
+        ("attestation", "pinned_rim_roots", ["not-a-fingerprint"]),
+        ("attestation", "max_revocation_age_s", 59),
+        ("attestation", "max_revocation_age_s", 8 * 86_400),
         ("attestation", "allow_simulated", "no"),
         ("engine", "max_context_tokens", -1),
         ("engine", "allowed_model_digests", ["12" * 31]),

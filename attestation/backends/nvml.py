@@ -4,7 +4,8 @@ Reads the confidential-computing settings (environment PROD, ccFeature on,
 devToolsMode off), asks the GPU for an SPDM attestation report over the
 32-byte nonce SHA-256(report_data), and reads the device certificate chain.
 When configfs-tsm is present, the CPU TEE quote over the same report_data is
-added. Collection refuses, with a message saying what to change, when NVML is
+added. The RIMs and OCSP responses the operator keeps in the collateral folder
+(attestation.backends.gpu_collateral) are stapled to the GPU evidence. Collection refuses, with a message saying what to change, when NVML is
 missing or the GPU is not in production CC mode.
 """
 
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 from attestation.backends.base import bind, check_nonce, now_seconds
+from attestation.backends.gpu_collateral import collateral_dir, read_collateral
 from attestation.backends.tsm import TSM_REPORT_ROOT, tsm_available, tsm_quote
 from attestation.binding import gpu_nonce
 from attestation.bundle import CpuEvidence, EvidenceBundle, GpuEvidence, GpuState
@@ -110,11 +113,12 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, device_index: int = 0, *, tsm_root=TSM_REPORT_ROOT) -> None:
+    def __init__(self, device_index: int = 0, *, tsm_root=TSM_REPORT_ROOT, collateral: Path | None = None) -> None:
         self._nvml = load_nvml()
         self._status = nvml_status(self._nvml)
         self._device_index = device_index
         self._tsm_root = tsm_root
+        self._collateral = collateral if collateral is not None else collateral_dir()
 
     @property
     def status(self) -> NvmlStatus:
@@ -127,6 +131,7 @@ class NvmlBackend:
         timestamp = now_seconds()
         bound = bind(key_config, measurement, nonce, timestamp, state.encode())
         report, chain = self._gpu_report(gpu_nonce(bound))
+        ocsp, rims = read_collateral(self._collateral)
         cpu = None
         if tsm_available(self._tsm_root):
             kind, quote = tsm_quote(bound, self._tsm_root)
@@ -134,7 +139,7 @@ class NvmlBackend:
         return EvidenceBundle(
             backend=self.name, key_config=bytes(key_config), measurement=measurement, nonce=bytes(nonce),
             timestamp=timestamp, report_data=bound, cpu=cpu,
-            gpu=GpuEvidence("nvidia-hopper", report, chain, state),
+            gpu=GpuEvidence("nvidia-hopper", report, chain, state, ocsp=ocsp, rims=rims),
         )
 
     def _gpu_report(self, request_nonce: bytes) -> tuple[bytes, tuple[bytes, ...]]:
