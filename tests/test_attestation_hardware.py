@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+from collections.abc import Callable
 
 import pytest
 from cryptography import x509
@@ -11,6 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from attestation import errors
 from attestation.backends.sim import SimBackend, _SimDevice
+from attestation.backends.sim_gpu import build_ocsp_response
 from attestation.certs import pem_chain_to_der
 from attestation.hardware import hardware_id
 from attestation.sim_root import SimRoot, issue, load_or_create_sim_root
@@ -87,18 +90,28 @@ def test_holding_the_chips_key_cannot_mint_another_identity_below_it(code_digest
     minted_key = ec.generate_private_key(ec.SECP384R1())
     minted = issue(SimRoot(identity, identity_key), "Veil SIMULATED minted CA", minted_key.public_key(), is_ca=True)
     extended = _device_under(SimRoot(minted, minted_key), [minted, identity, root.certificate])
+    keys = {identity.subject: identity_key, minted.subject: minted_key, root.certificate.subject: root.private_key}
     nodes = []
     for device in (direct, extended):
         backend = SimBackend()
         backend._gpu = device  # the simulated GPU, with a chain of the test's making
+        backend._ocsp = _issuers_answer(keys)  # as the key holder can: each issuer vouches for what it issued
         nodes.append(verify(collect(backend, policy, code_digest), policy))
     assert len(extended.chain) == 4 and nodes[0].hardware_id == nodes[1].hardware_id
+
+
+def _issuers_answer(keys: dict) -> Callable:
+    def answer(chain, first: int, nonce: bytes, when: dt.datetime) -> tuple[bytes, ...]:
+        return tuple(build_ocsp_response(certificate, issuer, keys[issuer.subject], this_update=when, nonce=nonce)
+                     for certificate, issuer in zip(chain[first:-1], chain[first + 1:]))
+    return answer
 
 
 def _device_under(issuer: SimRoot, above: list[x509.Certificate]) -> _SimDevice:
     key = ec.generate_private_key(ec.SECP384R1())
     leaf = issue(issuer, "Veil SIMULATED GPU Attestation Key", key.public_key(), is_ca=False)
-    return _SimDevice(key, tuple(c.public_bytes(serialization.Encoding.DER) for c in [leaf, *above]))
+    certificates = (leaf, *above)
+    return _SimDevice(key, tuple(c.public_bytes(serialization.Encoding.DER) for c in certificates), certificates)
 
 
 def test_cpu_only_quotes_name_no_chip_yet_and_say_so():
