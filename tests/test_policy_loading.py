@@ -10,6 +10,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
 import policy
+from attestation.roots import AMD_ARK_FINGERPRINTS
 from policy import (
     ForbiddenOptimizationError,
     InvalidValueError,
@@ -61,9 +62,14 @@ def with_value(section: str, key: str, value: object) -> str:
 
 def test_strict_pins_the_nvidia_root_and_refuses_simulation():
     strict = shipped_policy("strict")
-    root_pem = (vectors_path() / "nvidia-h100" / "device-identity-root.pem").read_bytes()
-    fingerprint = x509.load_pem_x509_certificate(root_pem).fingerprint(hashes.SHA256()).hex()
-    assert strict.attestation.pinned_roots == (fingerprint,)
+    vendor_roots = {
+        x509.load_pem_x509_certificates((vectors_path() / path).read_bytes())[-1].fingerprint(hashes.SHA256()).hex()
+        for path in ("nvidia-h100/device-identity-root.pem", "amd-sev-snp/ask-ark-milan.pem",
+                     "intel-tdx/intel-sgx-root-ca.pem")
+    }
+    # NVIDIA's, AMD's ARK per product line (Milan from the vectors; Genoa's is only pinned by fingerprint) and Intel's.
+    assert set(strict.attestation.pinned_roots) == vendor_roots | {AMD_ARK_FINGERPRINTS["Genoa"]}
+    assert set(AMD_ARK_FINGERPRINTS.values()) <= set(strict.attestation.pinned_roots)
     assert strict.attestation.allow_simulated is False
     assert strict.attestation.trust_local_simulated_root is False
     assert strict.is_development is False

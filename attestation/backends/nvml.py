@@ -4,7 +4,7 @@ Reads the confidential-computing settings (environment PROD, ccFeature on,
 devToolsMode off), asks the GPU for an SPDM attestation report over the
 32-byte nonce SHA-256(report_data), and reads the device certificate chain.
 When configfs-tsm is present, the CPU TEE quote over the same report_data is
-added. Collection refuses, with a message saying what to change, when NVML is
+added, with its vendor's certificates and CRLs. Collection refuses, with a message saying what to change, when NVML is
 missing or the GPU is not in production CC mode.
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from attestation.backends.base import bind, check_nonce, now_seconds
-from attestation.backends.tsm import TSM_REPORT_ROOT, tsm_available, tsm_quote
+from attestation.backends.tsm import TSM_REPORT_ROOT, tsm_available, tsm_evidence
 from attestation.binding import gpu_nonce
-from attestation.bundle import CpuEvidence, EvidenceBundle, GpuEvidence, GpuState
+from attestation.bundle import EvidenceBundle, GpuEvidence, GpuState
 from attestation.certs import pem_chain_to_der
 from attestation.errors import BackendError, BackendUnavailableError, GpuConfidentialModeOffError, NvmlMissingError
 from attestation.measurement import Measurement
@@ -129,8 +129,7 @@ class NvmlBackend:
         report, chain = self._gpu_report(gpu_nonce(bound))
         cpu = None
         if tsm_available(self._tsm_root):
-            kind, quote = tsm_quote(bound, self._tsm_root)
-            cpu = CpuEvidence(kind, quote, ())
+            cpu = tsm_evidence(bound, self._tsm_root)
         return EvidenceBundle(
             backend=self.name, key_config=bytes(key_config), measurement=measurement, nonce=bytes(nonce),
             timestamp=timestamp, report_data=bound, cpu=cpu,
