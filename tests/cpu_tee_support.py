@@ -31,7 +31,7 @@ CODE_DIGEST = "c0de" * 16
 MODEL_DIGEST = "ab0e0a8e2b3a3b1e2cc3d7a0b5bd5b04bd0f1cc07e8c2d5fa45e5ab2b3f3f4a1"
 SNP_MEASUREMENT = bytes(range(48))
 TDX_MRTD = bytes(range(100, 148))
-TDX_RTMRS = tuple(bytes([index]) * 48 for index in range(4))
+TDX_RTMRS = tuple(bytes([index + 1]) * 48 for index in range(4))
 PSS = padding.PSS(padding.MGF1(hashes.SHA384()), 48)
 
 
