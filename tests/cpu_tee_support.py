@@ -21,6 +21,7 @@ from attestation.bundle import CpuEvidence, EvidenceBundle
 from attestation.certs import fingerprint
 from attestation.measurement import Measurement
 from attestation.tdx import INTEL_QE_MRSIGNER, INTEL_QE_VENDOR_ID
+from attestation.verifier import verify_with_report
 from policy import parse_policy, shipped_policy_path
 from tests.conftest import vectors_path
 from tests.test_attestation_support import NONCE, key_config
@@ -318,3 +319,10 @@ def tdx_evidence(policy, fields: TdxFields | None = None, *, crls: tuple[bytes, 
         fields.report_data = binding.report_data
     cpu = CpuEvidence("tdx", tdx_quote(hierarchy, fields), (), hierarchy.crls() if crls is None else crls)
     return tsm_bundle(binding, cpu)
+
+
+def assert_refused_by(bundle: EvidenceBundle, policy, error_type: type, check: str) -> None:
+    """The verifier refuses `bundle` with exactly `error_type`, at `check`, after every earlier check passed."""
+    outcome = verify_with_report(bundle, policy)
+    assert type(outcome.error) is error_type, outcome.error
+    assert [result.name for result in outcome.checks if result.passed is False] == [check]
