@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
-import struct
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from attestation.backends.base import bind
 from attestation.backends.nvml import NvmlStatus, require_production_cc
 from attestation.backends.sim import SimBackend
 from attestation.backends.tsm import tsm_quote
-from attestation.bundle import CpuEvidence, EvidenceBundle, GpuEvidence, GpuState
+from attestation.bundle import EvidenceBundle, GpuEvidence, GpuState
 from attestation.cpu_reports import CpuReportFormatError, parse_cpu_report
 from attestation.sim_root import load_or_create_sim_root, local_sim_root_certificate
 from attestation.spdm import parse_report

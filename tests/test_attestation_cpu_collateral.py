@@ -13,7 +13,6 @@ from attestation.backends.collateral import COLLATERAL_DIR_ENV, collateral_dir, 
 from attestation.bundle import EvidenceBundle
 from attestation.errors import BackendError, EvidenceFormatError
 from tests.cpu_tee_support import amd_hierarchy, cpu_policy, intel_hierarchy, snp_evidence
-from tests.test_attestation_support import sim_root_dir  # noqa: F401  (fixture)
 
 
 def write_amd_collateral(folder: Path) -> None:

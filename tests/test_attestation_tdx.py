@@ -31,7 +31,7 @@ from tests.cpu_tee_support import (
     make_crl,
     tdx_evidence,
 )
-from tests.test_attestation_support import flip, sim_root_dir  # noqa: F401  (fixture)
+from tests.test_attestation_support import flip
 
 STRICT_PINS = shipped_policy("strict").attestation.pinned_roots
 GENUINE = {
