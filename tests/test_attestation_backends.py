@@ -4,6 +4,7 @@ CPU quote parsing, and hardware-shaped evidence through the verifier."""
 from __future__ import annotations
 
 import ctypes
+import datetime as dt
 import os
 import stat
 import time
@@ -17,6 +18,7 @@ from attestation.backends.base import bind
 from attestation.backends.nvml import NvmlStatus, require_production_cc
 from attestation.backends.sim import SimBackend
 from attestation.backends.tsm import tsm_quote
+from attestation.checks import Context, check_measurement
 from attestation.bundle import EvidenceBundle, GpuEvidence, GpuState
 from attestation.cpu_reports import CpuReportFormatError, parse_cpu_report
 from attestation.sim_root import load_or_create_sim_root, local_sim_root_certificate
@@ -209,3 +211,11 @@ def test_hardware_gpu_evidence_needs_the_revocation_gap_named():
 
 def test_the_vectors_directory_is_the_one_tested():
     assert (vectors_path() / "nvidia-h100" / "attestation-report.hex").is_file()
+
+
+def test_hardware_evidence_without_a_cpu_report_cannot_tie_its_code_digest():
+    # A GPU-only node's code digest is its own claim: no launch measurement backs it.
+    policy = cpu_policy(modes='["gpu"]', extra=f', "{"00" * 32}"')
+    context = Context(hopper_bundle(policy), policy, time.time(), None, dt.datetime.now(dt.timezone.utc))
+    with pytest.raises(errors.LaunchMeasurementError, match="no CPU TEE report"):
+        check_measurement(context)
