@@ -7,7 +7,8 @@
       "measurement": {"code": b64, "policy": b64, "model": b64},
       "freshness": {"nonce": b64, "timestamp": int},   # 32-byte nonce, Unix seconds
       "report_data": b64,                      # 64 bytes, see attestation.binding
-      "cpu": null | {"kind": "sim" | "tdx" | "sev-snp", "report": b64, "cert_chain": [b64 DER, ...]},
+      "cpu": null | {"kind": "sim" | "tdx" | "sev-snp", "report": b64, "cert_chain": [b64 DER, ...],
+                     "crls": [b64 DER, ...]},      # optional, default []
       "gpu": null | {"kind": "sim" | "nvidia-hopper", "report": b64, "cert_chain": [b64 DER, ...],
                      "state": {"environment": "PROD" | "SIM" | ..., "cc_feature": bool, "devtools_mode": bool},
                      "ocsp": [b64 DER, ...],              # optional: OCSP responses for cert_chain[1:-1]
@@ -20,7 +21,11 @@ responder, RIM service) and the node staples; they are optional in the format
 so that bundles without them still parse and are refused by the verifier with
 a message naming what is missing. Absent fields are omitted when encoding.
 
-Certificate chains are leaf first, ending at the root. Parsing is strict:
+Certificate chains are leaf first, ending at the root. An SEV-SNP report
+comes with its VCEK, ASK and ARK; a TDX quote embeds its PCK chain, so its
+`cert_chain` is empty. `crls` are the CPU vendor's revocation lists the node
+fetched and staples (AMD KDS: the ARK's; Intel PCS: the PCK CA's and the root
+CA's). Parsing is strict:
 unknown versions, unknown or duplicated fields, wrong types and truncated
 base64 are EvidenceFormatError.
 """
@@ -64,11 +69,12 @@ class GpuState:
 
 @dataclass(frozen=True, slots=True)
 class CpuEvidence:
-    """A CPU TEE report (simulated, Intel TDX quote or AMD SEV-SNP report) and its chain."""
+    """A CPU TEE report (simulated, Intel TDX quote or AMD SEV-SNP report), its chain and stapled CRLs."""
 
     kind: str
     report: bytes
     cert_chain: tuple[bytes, ...]
+    crls: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +152,12 @@ def _bundle_to_dict(bundle: EvidenceBundle) -> dict[str, Any]:
 
 
 def _cpu_to_dict(cpu: CpuEvidence) -> dict[str, Any]:
-    return {"kind": cpu.kind, "report": enc.b64encode(cpu.report), "cert_chain": [enc.b64encode(c) for c in cpu.cert_chain]}
+    return {
+        "kind": cpu.kind,
+        "report": enc.b64encode(cpu.report),
+        "cert_chain": [enc.b64encode(c) for c in cpu.cert_chain],
+        "crls": [enc.b64encode(crl) for crl in cpu.crls],
+    }
 
 
 def _gpu_to_dict(gpu: GpuEvidence) -> dict[str, Any]:
@@ -193,18 +204,19 @@ def _bundle_from_dict(value: Any) -> EvidenceBundle:
     )
 
 
-def _chain_from_list(value: Any, where: str) -> tuple[bytes, ...]:
+def _chain_from_list(value: Any, where: str, what: str = "certificates") -> tuple[bytes, ...]:
     if not isinstance(value, list) or len(value) > _MAX_CHAIN:
-        raise EvidenceFormatError(f"{where} must be a list of at most {_MAX_CHAIN} base64 items")
+        raise EvidenceFormatError(f"{where} must be a list of at most {_MAX_CHAIN} {what}")
     return tuple(enc.b64decode(item, f"{where}[{index}]") for index, item in enumerate(value))
 
 
 def _cpu_from_dict(value: Any) -> CpuEvidence:
-    cpu = enc.expect_object(value, "cpu", {"kind", "report", "cert_chain"})
+    cpu = enc.expect_object(value, "cpu", {"kind", "report", "cert_chain"}, optional={"crls"})
     return CpuEvidence(
         kind=enc.expect_choice(cpu["kind"], "cpu.kind", CPU_KINDS),
         report=enc.b64decode(cpu["report"], "cpu.report"),
         cert_chain=_chain_from_list(cpu["cert_chain"], "cpu.cert_chain"),
+        crls=_chain_from_list(cpu.get("crls", []), "cpu.crls", "CRLs"),
     )
 
 

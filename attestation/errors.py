@@ -21,6 +21,10 @@ class EvidenceFormatError(AttestationError):
     check = "format"
 
 
+class CpuReportFormatError(EvidenceFormatError):
+    """A CPU TEE report does not have its format's layout (wrong version, truncated, unknown kind)."""
+
+
 class SimulatedEvidenceError(AttestationError):
     """Simulated evidence offered to a policy that refuses it, or simulated reports disguised as hardware."""
 
@@ -33,10 +37,26 @@ class ChainError(AttestationError):
     check = "chain"
 
 
+class CrlError(ChainError):
+    """A stapled CRL is missing, not signed by its issuer, stale, or lists a certificate of the chain."""
+
+
 class SignatureError(AttestationError):
     """A report's signature does not verify under its certificate chain's leaf key."""
 
     check = "signature"
+
+
+class CertifiedTcbError(SignatureError):
+    """An SEV-SNP report's REPORTED_TCB differs from the TCB its VCEK certifies."""
+
+
+class ChipIdError(SignatureError):
+    """An SEV-SNP report's CHIP_ID differs from the hwID its VCEK certifies."""
+
+
+class QuotingEnclaveError(SignatureError):
+    """A TDX quote's attestation key is not certified by Intel's quoting enclave under the PCK."""
 
 
 class BindingError(AttestationError):
@@ -57,10 +77,18 @@ class ConfidentialModeError(AttestationError):
     check = "confidential mode"
 
 
+class PrivilegeLevelError(ConfidentialModeError):
+    """An SEV-SNP report was requested from a less privileged VM level than VMPL0."""
+
+
 class DebugModeError(AttestationError):
     """CPU TEE debugging or GPU developer tools are on."""
 
     check = "debug"
+
+
+class MigrationAgentError(DebugModeError):
+    """An SEV-SNP guest policy allows a migration agent, which can export the guest's memory."""
 
 
 class MeasurementNotAllowedError(AttestationError):
@@ -71,6 +99,10 @@ class MeasurementNotAllowedError(AttestationError):
 
 class PolicyMismatchError(MeasurementNotAllowedError):
     """The node attests to a different policy than the one the verifier holds."""
+
+
+class LaunchMeasurementError(MeasurementNotAllowedError):
+    """The CPU TEE's launch measurement is not one the policy names for the attested code digest."""
 
 
 class KeyConfigError(AttestationError):

@@ -46,7 +46,7 @@ def check_revocation(ctx: Context) -> str:
     attestation = ctx.policy.attestation
     freshness = Freshness(
         now=dt.datetime.fromtimestamp(ctx.now, dt.timezone.utc),
-        max_age_s=attestation.max_revocation_age_s,
+        max_age_s=attestation.max_ocsp_age_s,
         max_skew_s=attestation.max_clock_skew_s,
         nonce=gpu_nonce(ctx.bundle.report_data),
     )
@@ -57,4 +57,4 @@ def check_revocation(ctx: Context) -> str:
     for what, rim in (("driver RIM", gpu.rims.driver), ("VBIOS RIM", gpu.rims.vbios)):
         counted += verify_chain_status(ctx.rim_chains[what], rim.ocsp, first=RIM_FIRST_CHECKED,
                                        what=f"{what} signing chain", freshness=freshness)
-    return f"{counted} certificate(s) good per stapled OCSP responses at most {attestation.max_revocation_age_s} s old"
+    return f"{counted} certificate(s) good per stapled OCSP responses at most {attestation.max_ocsp_age_s} s old"

@@ -64,6 +64,9 @@ class VerifiedNode:
     backend: str
     simulated: bool
     checks: tuple[CheckResult, ...]
+    # The CPU's identity from its verified report, so that one chip counts once:
+    # "sev-snp:<CHIP_ID hex>" or "tdx-pck:<SHA-256 of the PCK public key>"; None without a hardware CPU report.
+    cpu_chip_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,5 +133,6 @@ def verify_with_report(
         backend=bundle.backend,
         simulated=ctx.simulated,
         checks=tuple(results),
+        cpu_chip_id=ctx.cpu_report.chip_id if ctx.cpu_report is not None else None,
     )
     return VerificationReport(tuple(results), node, None)

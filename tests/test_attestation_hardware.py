@@ -15,12 +15,14 @@ from attestation import errors
 from attestation.backends.sim import SimBackend, _SimDevice
 from attestation.backends.sim_gpu import build_ocsp_response
 from attestation.certs import pem_chain_to_der
-from attestation.hardware import hardware_id
+from attestation.bundle import CpuEvidence, EvidenceBundle
+from attestation.hardware import hardware_id, is_bound
 from attestation.sim_root import SimRoot, issue, load_or_create_sim_root
 from attestation.verifier import verify, verify_with_report
 from policy import shipped_policy
 from tests.conftest import vectors_path
-from tests.test_attestation_backends import cpu_only_policy, hopper_bundle, tdx_quote, tsm_bundle
+from tests.cpu_tee_support import cpu_policy, genuine_snp, genuine_tdx, snp_evidence, tdx_evidence
+from tests.test_attestation_backends import hopper_bundle
 from tests.test_attestation_nvidia_vectors import CHAIN
 from tests.test_attestation_support import (  # noqa: F401  (fixtures)
     code_digest,
@@ -114,10 +116,24 @@ def _device_under(issuer: SimRoot, above: list[x509.Certificate]) -> _SimDevice:
     return _SimDevice(key, tuple(c.public_bytes(serialization.Encoding.DER) for c in certificates), certificates)
 
 
-def test_cpu_only_quotes_name_no_chip_yet_and_say_so():
-    policy = cpu_only_policy('accepted_gaps = ["cpu-quote-signature", "cpu-launch-measurement"]')
-    one, other = tsm_bundle(policy, tdx_quote, "tdx"), tsm_bundle(policy, tdx_quote, "tdx")
-    # Not tied to a chip: each key counts on its own (a known gap until CPU chip ids are read).
-    assert hardware_id(one) != hardware_id(other)
-    chain = verify_with_report(one, policy).checks[1]
-    assert chain.name == "chain" and chain.passed and "counts once per key" in chain.detail
+def test_a_cpu_only_node_is_its_cpus_chip_however_many_keys_it_presents():
+    policy = cpu_policy(modes='["cpu"]')
+    snp, other_snp = snp_evidence(policy), snp_evidence(policy)
+    assert hardware_id(snp) == hardware_id(other_snp) and is_bound(snp)  # two keys, one chip
+    node = verify(snp, policy)
+    assert node.hardware_id == hardware_id(snp)
+    assert hardware_id(tdx_evidence(policy)) == hardware_id(tdx_evidence(policy))
+
+
+def test_genuine_cpu_reports_name_their_chips():
+    report, chain = genuine_snp()
+    snp = CpuEvidence("sev-snp", report, chain)
+    assert hardware_id(_cpu_only(snp)) == hardware_id(_cpu_only(snp))
+    platforms = {hardware_id(_cpu_only(CpuEvidence("tdx", genuine_tdx(name), ())))
+                 for name in ("quote-spr-e4.bin", "quote-gcp-cos113.bin")}
+    assert len(platforms) == 2 and hardware_id(_cpu_only(snp)) not in platforms
+
+
+def _cpu_only(cpu: CpuEvidence) -> EvidenceBundle:
+    bundle = snp_evidence(cpu_policy(modes='["cpu"]'))
+    return dataclasses.replace(bundle, cpu=cpu)

@@ -245,7 +245,7 @@ def case_ocsp_replayed_from_other_evidence(code, tmp_path):
 
 
 def case_ocsp_older_than_policy_allows(code, tmp_path):
-    policy = dev_variant("max_revocation_age_s = 86400", "max_revocation_age_s = 60")
+    policy = dev_variant("max_ocsp_age_s = 86400", "max_ocsp_age_s = 60")
     bundle = collect(SimBackend(), policy, code)
     return bundle, policy, {"now": bundle.timestamp + 61}
 

@@ -4,8 +4,9 @@ Reads the confidential-computing settings (environment PROD, ccFeature on,
 devToolsMode off), asks the GPU for an SPDM attestation report over the
 32-byte nonce SHA-256(report_data), and reads the device certificate chain.
 When configfs-tsm is present, the CPU TEE quote over the same report_data is
-added. The RIMs and OCSP responses the operator keeps in the collateral folder
-(attestation.backends.gpu_collateral) are stapled to the GPU evidence. Collection refuses, with a message saying what to change, when NVML is
+added, with its vendor's certificates and CRLs. The RIMs and OCSP responses the operator keeps in the
+collateral folder (attestation.backends.gpu_collateral) are stapled to the GPU evidence. Collection refuses, with a
+message saying what to change, when NVML is
 missing or the GPU is not in production CC mode.
 """
 
@@ -18,9 +19,9 @@ from types import ModuleType
 
 from attestation.backends.base import bind, check_nonce, now_seconds
 from attestation.backends.gpu_collateral import collateral_dir, read_collateral
-from attestation.backends.tsm import TSM_REPORT_ROOT, tsm_available, tsm_quote
+from attestation.backends.tsm import TSM_REPORT_ROOT, tsm_available, tsm_evidence
 from attestation.binding import gpu_nonce
-from attestation.bundle import CpuEvidence, EvidenceBundle, GpuEvidence, GpuState
+from attestation.bundle import EvidenceBundle, GpuEvidence, GpuState
 from attestation.certs import pem_chain_to_der
 from attestation.errors import BackendError, BackendUnavailableError, GpuConfidentialModeOffError, NvmlMissingError
 from attestation.measurement import Measurement
@@ -134,8 +135,7 @@ class NvmlBackend:
         ocsp, rims = read_collateral(self._collateral)
         cpu = None
         if tsm_available(self._tsm_root):
-            kind, quote = tsm_quote(bound, self._tsm_root)
-            cpu = CpuEvidence(kind, quote, ())
+            cpu = tsm_evidence(bound, self._tsm_root)
         return EvidenceBundle(
             backend=self.name, key_config=bytes(key_config), measurement=measurement, nonce=bytes(nonce),
             timestamp=timestamp, report_data=bound, cpu=cpu,
