@@ -129,7 +129,11 @@ class LLMEngine:
     # ----- checks ---------------------------------------------------------------------------
 
     def residue_check(self) -> list[int]:
-        """Free blocks holding any non-zero byte (must always be empty)."""
+        """Free blocks holding any non-zero byte (must always be empty).
+
+        A reduction over the blocks where they lie (`kernels.find_residue`): a full pool is checked without
+        copying it, and only one flag per free block is read back.
+        """
         return self.runner.find_residue(self.block_manager.free_block_ids())
 
     # ----- internals ------------------------------------------------------------------------

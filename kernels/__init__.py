@@ -1,4 +1,5 @@
-"""KV-path kernels: store K/V into pages, paged attention with grouped-query heads, zero freed blocks.
+"""Kernels: the KV path (store K/V into pages, paged attention with grouped-query heads, zero freed blocks,
+check them for residue) and the decoder's layers (RMSNorm with the residual add, SiLU-and-mul, rotary embedding).
 
 Every kernel has a Triton implementation (CUDA, or the Triton interpreter on CPU) and a torch reference
 with the same signature, which is both the CPU production path and the test oracle. Call them through
@@ -6,10 +7,16 @@ this package: `kernels.dispatch` validates the inputs and picks the implementati
 """
 
 from kernels.dispatch import (
+    add_rms_norm,
+    count_residue,
     find_residue,
     force,
     paged_attention,
+    residue_flags,
+    rms_norm,
+    rotary_embedding,
     selected_backend,
+    silu_and_mul,
     store_kv,
     zero_blocks,
 )
@@ -19,10 +26,16 @@ __all__ = [
     "KernelBackendError",
     "KernelError",
     "KernelInputError",
+    "add_rms_norm",
+    "count_residue",
     "find_residue",
     "force",
     "paged_attention",
+    "residue_flags",
+    "rms_norm",
+    "rotary_embedding",
     "selected_backend",
+    "silu_and_mul",
     "store_kv",
     "zero_blocks",
 ]

@@ -1,4 +1,8 @@
-"""The one dispatch point for the KV-path kernels: validate, then run Triton or the torch reference.
+"""The one dispatch point for the kernels: validate, then run Triton or the torch reference.
+
+KV path: `store_kv`, `paged_attention`, `zero_blocks`, and the residue check (`find_residue`, `count_residue`,
+`residue_flags`). Layers: `rms_norm`, `add_rms_norm`,
+`silu_and_mul`, `rotary_embedding`.
 
 Backend choice, first match wins:
 1. `force("triton" | "reference")`, a context manager for tests and tools;
@@ -19,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -65,6 +70,13 @@ def _triton_module(name: str, device: torch.device) -> ModuleType:
             "kernel call to run them in the Triton interpreter, or use the reference backend"
         )
     return importlib.import_module(f"kernels.triton_{name}")
+
+
+def _implementation(kernel: str, module: str, device: torch.device) -> Any:
+    """The function `kernel` of the backend selected for `device`: from `kernels.triton_<module>` or the reference."""
+    if selected_backend(device) == "triton":
+        return getattr(_triton_module(module, device), kernel)
+    return getattr(reference, kernel)
 
 
 def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -131,14 +143,86 @@ def zero_blocks(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> None:
 
 
 def find_residue(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> list[int]:
-    """The ids among block_ids whose bytes are not all zero in some cache (residue check for tests and audit).
+    """The ids among block_ids (first occurrence order) whose bytes are not all zero in some cache.
 
-    Always runs the torch implementation: it is an audit read, not a hot path, and must not share code with
-    the zeroing kernel it checks.
+    The residue check for tests and the audit: a reduction over the listed blocks where they lie, reading back
+    one flag per listed id (see `residue_flags`).
     """
+    ids = _checked_block_ids(kv_cache, block_ids)
+    if ids.numel() == 0:
+        return []
+    on_device = ids.to(kv_cache.device)
+    dirty = _residue_flags(kv_cache, on_device).index_select(0, on_device).tolist()
+    return list(dict.fromkeys(block_id for block_id, is_dirty in zip(ids.tolist(), dirty) if is_dirty))
+
+
+def count_residue(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> Tensor:
+    """How many distinct listed blocks hold any non-zero byte: a 0-d int64 tensor left on the cache's device,
+    so a caller reads it (one sync) only when it needs the number."""
+    return residue_flags(kv_cache, block_ids).sum()
+
+
+def residue_flags(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> Tensor:
+    """int32 [num_blocks] on the cache's device: 1 for each listed block with a non-zero byte (raw bits, so
+    -0.0 counts) in any cache, 0 elsewhere. Computed where the blocks lie, never copying the listed set at
+    once; on CUDA by a Triton kernel written apart from the zeroing kernel it checks."""
+    return _residue_flags(kv_cache, _checked_block_ids(kv_cache, block_ids).to(kv_cache.device))
+
+
+def _residue_flags(kv_cache: Tensor, block_ids: Tensor) -> Tensor:
+    flags = torch.zeros(kv_cache.shape[1], dtype=torch.int32, device=kv_cache.device)
+    if block_ids.numel() > 0:
+        _implementation("mark_residue", "find_residue", kv_cache.device)(kv_cache, block_ids, flags)
+    return flags
+
+
+def _checked_block_ids(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> Tensor:
     validation.check_kv_tensor(kv_cache)
     ids = validation.as_block_id_tensor(block_ids)
     validation.check_block_ids(kv_cache, ids)
-    if ids.numel() == 0:
-        return []
-    return reference.find_residue(kv_cache, ids.to(kv_cache.device))
+    return ids
+
+
+def rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dimension of hidden [..., width], times weight [width]; a new tensor.
+
+    The mean square is taken in float32 and the normalised value rounded to hidden's dtype before the weight
+    multiplies it, as Hugging Face's Llama does.
+    """
+    validation.check_rms_norm(hidden, weight)
+    if hidden.numel() == 0:
+        return torch.empty_like(hidden)
+    return _implementation("rms_norm", "rms_norm", hidden.device)(hidden, weight, float(eps))
+
+
+def add_rms_norm(hidden: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(rms_norm(residual + hidden), residual + hidden) in one pass: the decoder's residual add and the norm
+    that follows it. Both come back as new tensors; the sum is rounded to hidden's dtype, as the decoder adds."""
+    validation.check_rms_norm(hidden, weight, residual)
+    if hidden.numel() == 0:
+        return torch.empty_like(hidden), torch.empty_like(hidden)
+    return _implementation("add_rms_norm", "rms_norm", hidden.device)(hidden, residual, weight, float(eps))
+
+
+def silu_and_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up for gate_up [..., 2 * width] holding gate then up (the stacked projection's output)."""
+    validation.check_silu_and_mul(gate_up)
+    if gate_up.numel() == 0:
+        return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+    return _implementation("silu_and_mul", "silu_and_mul", gate_up.device)(gate_up)
+
+
+def rotary_embedding(
+    positions: Tensor, query: Tensor, key: Tensor, cos_cache: Tensor, sin_cache: Tensor, inplace: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Rotate-half (neox-style) rotary embedding of query [tokens, heads, dim] and key [tokens, kv_heads, dim].
+
+    positions: int32/int64 [tokens]; cos_cache/sin_cache: [max_positions, dim / 2], precomputed with any
+    frequency scaling (llama3) and rounded to the query dtype before use. query and key may be strided views
+    (unit stride in dim). `inplace` overwrites and returns them; otherwise new tensors come back.
+    """
+    validation.check_rotary_embedding(positions, query, key, cos_cache, sin_cache)
+    if query.shape[0] == 0:
+        return (query, key) if inplace else (torch.empty_like(query), torch.empty_like(key))
+    rotate = _implementation("rotary_embedding", "rotary", query.device)
+    return rotate(positions, query, key, cos_cache, sin_cache, inplace)

@@ -1,7 +1,9 @@
-"""Torch implementations of the KV-path kernels: the CPU production path and the Triton kernels' test oracle.
+"""Torch implementations of the kernels: the CPU production path and the Triton kernels' test oracle.
 
 Same signatures as `kernels.dispatch`; inputs are assumed valid (the dispatch layer checks them).
-Attention is computed in float32 whatever the cache dtype and cast back, as the Triton kernels do.
+Attention is computed in float32 whatever the cache dtype and cast back, as the Triton kernels do. The layer
+kernels (RMSNorm, SiLU-and-mul, rotary embedding) round exactly where Hugging Face's Llama does, op for op,
+so on a CPU the engine computes what `transformers` computes, and no slower than plain torch.
 """
 
 from __future__ import annotations
@@ -25,15 +27,27 @@ def zero_blocks(kv_cache: Tensor, block_ids: Tensor) -> None:
     kv_cache.index_fill_(1, block_ids.to(device=kv_cache.device, dtype=torch.int64), 0)
 
 
-def find_residue(kv_cache: Tensor, block_ids: Tensor) -> list[int]:
-    """The listed ids (first occurrence order) whose bytes are not all zero in some cache.
+# The residue check reads at most this many bytes of the cache per copy, however many blocks are listed.
+RESIDUE_CHUNK_BYTES = 64 << 20
+_WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
-    Compares raw bytes, so a stored -0.0 counts as residue just as any other non-zero pattern does.
+
+def mark_residue(kv_cache: Tensor, block_ids: Tensor, flags: Tensor) -> None:
+    """Set flags[block_id] = 1 for every listed block with a non-zero byte in some cache; others stay as they are.
+
+    Compares raw bytes, so a stored -0.0 counts as residue just as any other non-zero pattern does. The listed
+    blocks are gathered a chunk at a time (at most RESIDUE_CHUNK_BYTES), never all at once: a full pool
+    would otherwise need a copy as large as the cache itself.
     """
+    block_bytes = kv_cache[0, 0].numel() * kv_cache.element_size()
+    word = next(dtype for dtype in _WORDS if block_bytes % torch.empty((), dtype=dtype).element_size() == 0)
+    words = kv_cache.view(torch.uint8).view(kv_cache.shape[0], kv_cache.shape[1], -1).view(word)
     ids = block_ids.to(device=kv_cache.device, dtype=torch.int64)
-    raw = kv_cache.view(torch.uint8).view(kv_cache.shape[0], kv_cache.shape[1], -1)
-    dirty = (raw.index_select(1, ids) != 0).any(dim=2).any(dim=0)
-    return list(dict.fromkeys(int(block_id) for block_id, is_dirty in zip(ids.tolist(), dirty.tolist()) if is_dirty))
+    per_chunk = max(1, RESIDUE_CHUNK_BYTES // (kv_cache.shape[0] * block_bytes))
+    for start in range(0, ids.shape[0], per_chunk):
+        chunk = ids[start : start + per_chunk]
+        dirty = words.index_select(1, chunk).ne(0).any(dim=2).any(dim=0)
+        flags.index_fill_(0, chunk[dirty], 1)
 
 
 def paged_attention(
@@ -89,3 +103,45 @@ def _attend(queries: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tens
     batched = queries.float().transpose(0, 1)  # [heads, q_len, dim]
     out = F.scaled_dot_product_attention(batched, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)
+
+
+def rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dimension: normalised in float32, rounded to the input dtype, times the weight."""
+    as_float = hidden.float()
+    normed = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(hidden.dtype)
+
+
+def add_rms_norm(hidden: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(RMSNorm of residual + hidden, residual + hidden): the new residual stream comes back with its norm."""
+    new_residual = residual + hidden
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+def silu_and_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up, where gate and up are the two halves of the last dimension."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rotary_embedding(
+    positions: Tensor, query: Tensor, key: Tensor, cos_cache: Tensor, sin_cache: Tensor, inplace: bool
+) -> tuple[Tensor, Tensor]:
+    """Rotate-half rotary embedding of query [tokens, heads, dim] and key [tokens, kv_heads, dim].
+
+    cos_cache/sin_cache: [max_positions, dim / 2], rounded to the query dtype before use. With `inplace`,
+    query and key are overwritten and returned; otherwise new tensors come back.
+    """
+    cos = cos_cache[positions].to(query.dtype).unsqueeze(1)
+    sin = sin_cache[positions].to(query.dtype).unsqueeze(1)
+    rotated = _rotate(query, cos, sin), _rotate(key, cos, sin)
+    if not inplace:
+        return rotated
+    query.copy_(rotated[0])
+    key.copy_(rotated[1])
+    return query, key
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)

@@ -8,6 +8,8 @@ every step; there the Triton kernels mask out-of-range slots and block ids inste
 never write (or read) outside the cache. `zero_blocks` is the exception: its ids are always range-checked,
 since an out-of-range id must be refused before anything is zeroed (one host sync per engine step, see
 `check_block_ids`).
+The layer kernels (RMSNorm, SiLU-and-mul, rotary embedding) follow the same rule: shapes and dtypes always,
+positions only on the CPU; on CUDA the rotary kernel reads nothing for a position outside its caches.
 """
 
 from __future__ import annotations
@@ -172,3 +174,56 @@ def check_block_ids(kv_cache: Tensor, block_ids: Tensor) -> None:
     num_blocks = kv_cache.shape[1]
     low, high = (int(bound) for bound in torch.aminmax(block_ids))
     _require(low >= 0 and high < num_blocks, lambda: f"block ids must lie in [0, {num_blocks}); some do not: nothing was zeroed")
+
+
+# ----- layer kernels: RMSNorm, SiLU-and-mul, rotary embedding ---------------------------------------------
+
+MAX_NORM_WIDTH = 1 << 16  # one Triton program holds a whole row
+
+
+def check_rms_norm(hidden: Tensor, weight: Tensor, residual: Tensor | None = None) -> None:
+    """Validate `rms_norm` / `add_rms_norm` (see `kernels.dispatch`)."""
+    _require(hidden.dim() >= 1 and 0 < hidden.shape[-1] <= MAX_NORM_WIDTH,
+             lambda: f"hidden must be [..., width] with 0 < width <= {MAX_NORM_WIDTH}, got {_shape(hidden)}")
+    _require(hidden.dtype in CACHE_DTYPES, lambda: f"hidden dtype must be float16, bfloat16 or float32, got {hidden.dtype}")
+    _require(weight.shape == hidden.shape[-1:],
+             lambda: f"weight must be [{hidden.shape[-1]}] (the normalised width), got {_shape(weight)}")
+    _require(weight.dtype == hidden.dtype, lambda: f"weight dtype {weight.dtype} must equal hidden's {hidden.dtype}")
+    tensors = {"hidden": hidden, "weight": weight}
+    if residual is not None:
+        _require(residual.shape == hidden.shape, lambda: f"residual shape {_shape(residual)} differs from hidden {_shape(hidden)}")
+        _require(residual.dtype == hidden.dtype, lambda: f"residual dtype {residual.dtype} differs from hidden's {hidden.dtype}")
+        tensors["residual"] = residual
+    _same_device(tensors)
+
+
+def check_silu_and_mul(gate_up: Tensor) -> None:
+    """Validate `silu_and_mul` (see `kernels.dispatch`)."""
+    _require(gate_up.dim() >= 1 and gate_up.shape[-1] > 0 and gate_up.shape[-1] % 2 == 0,
+             lambda: f"gate_up must be [..., 2 * width] (gate then up), got {_shape(gate_up)}")
+    _require(gate_up.dtype in CACHE_DTYPES, lambda: f"gate_up dtype must be float16, bfloat16 or float32, got {gate_up.dtype}")
+
+
+def check_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_cache: Tensor, sin_cache: Tensor) -> None:
+    """Validate `rotary_embedding` (see `kernels.dispatch`)."""
+    _require(query.dim() == 3, lambda: f"query must be [num_tokens, num_heads, head_dim], got {_shape(query)}")
+    _require(key.dim() == 3 and key.shape[0] == query.shape[0] and key.shape[2] == query.shape[2],
+             lambda: f"key must be [num_tokens, num_kv_heads, head_dim] like query {_shape(query)}, got {_shape(key)}")
+    _require(query.shape[2] % 2 == 0, lambda: f"head_dim must be even to rotate halves, got {query.shape[2]}")
+    _require(query.dtype in CACHE_DTYPES and key.dtype == query.dtype,
+             lambda: f"query/key dtypes {query.dtype}/{key.dtype} must be one of float16, bfloat16, float32, and equal")
+    _require(query.stride(-1) == 1 and key.stride(-1) == 1, "query and key must be contiguous in head_dim (stride 1)")
+    half = query.shape[2] // 2
+    _require(cos_cache.dim() == 2 and cos_cache.shape[1] == half and sin_cache.shape == cos_cache.shape,
+             lambda: f"cos/sin caches must both be [max_positions, head_dim / 2 = {half}], got {_shape(cos_cache)} "
+             f"and {_shape(sin_cache)}")
+    _require(cos_cache.dtype in CACHE_DTYPES and sin_cache.dtype == cos_cache.dtype,
+             lambda: f"cos/sin cache dtypes {cos_cache.dtype}/{sin_cache.dtype} must be one float dtype")
+    _require(cos_cache.is_contiguous() and sin_cache.is_contiguous(), "cos/sin caches must be contiguous")
+    _require(positions.dtype in SLOT_DTYPES and positions.shape == query.shape[:1],
+             lambda: f"positions must be int32 or int64 [num_tokens = {query.shape[0]}], got {positions.dtype} {_shape(positions)}")
+    _same_device({"positions": positions, "query": query, "key": key, "cos_cache": cos_cache, "sin_cache": sin_cache})
+    if positions.device.type == "cpu" and positions.numel() > 0:
+        low, high = (int(bound) for bound in torch.aminmax(positions))
+        _require(low >= 0 and high < cos_cache.shape[0],
+                 lambda: f"positions must lie in [0, {cos_cache.shape[0]}), the length of the cos/sin caches")

@@ -79,3 +79,54 @@ def test_store_kv_and_zero_blocks_on_device() -> None:
     kept = [block for block in range(64) if block not in freed]
     assert kernels.find_residue(kv_cache, range(64)) == kept
     assert torch.equal(kv_cache[:, kept].view(torch.int16), before[:, kept].view(torch.int16))
+
+
+LAYER_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", list(LAYER_TOLERANCE))
+@pytest.mark.parametrize(("hidden", "intermediate"), [(2048, 8192), (4096, 14336)])  # Llama-3.2-1B, Llama-3.1-8B
+def test_norm_and_activation_at_llama_widths(dtype: torch.dtype, hidden: int, intermediate: int) -> None:
+    tolerance = LAYER_TOLERANCE[dtype]
+    rows, residual = torch.randn(2, 257, hidden, device="cuda", dtype=dtype)
+    weight = torch.randn(hidden, device="cuda", dtype=dtype)
+    normed, new_residual = kernels.add_rms_norm(rows, residual, weight, 1e-5)
+    want_normed, want_residual = reference.add_rms_norm(rows, residual, weight, 1e-5)
+    torch.testing.assert_close(new_residual.float(), want_residual.float(), atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(normed.float(), want_normed.float(), atol=tolerance, rtol=tolerance)
+    gate_up = torch.randn(257, 2 * intermediate, device="cuda", dtype=dtype)
+    torch.testing.assert_close(kernels.silu_and_mul(gate_up).float(), reference.silu_and_mul(gate_up).float(),
+                               atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", list(LAYER_TOLERANCE))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_rotary_at_llama_shapes_with_llama3_scaling(dtype: torch.dtype, head_dim: int) -> None:
+    from engine.config import RopeScaling
+    from engine.models.layers import RotaryEmbedding
+
+    scaling = RopeScaling("llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192)
+    rope = RotaryEmbedding(head_dim, 131072, 500000.0, scaling).to("cuda")
+    qkv = torch.randn(300, 48, head_dim, device="cuda", dtype=dtype)
+    query, key = qkv[:, :32], qkv[:, 32:40]
+    positions = torch.randint(0, 131072, (300,), device="cuda")
+    want_q, want_k = reference.rotary_embedding(positions, query, key, rope.cos_cache, rope.sin_cache, False)
+    got_q, got_k = kernels.rotary_embedding(positions, query, key, rope.cos_cache, rope.sin_cache, inplace=True)
+    atol = 2 * LAYER_TOLERANCE[dtype] * float(qkv.abs().max())
+    torch.testing.assert_close(got_q.float(), want_q.float(), atol=atol, rtol=LAYER_TOLERANCE[dtype])
+    torch.testing.assert_close(got_k.float(), want_k.float(), atol=atol, rtol=LAYER_TOLERANCE[dtype])
+
+
+def test_residue_check_of_a_whole_large_pool_copies_nothing() -> None:
+    """Every block of a 16 GiB pool listed at once: the check allocates flags, never a copy of the blocks."""
+    kv_cache = torch.zeros(32, 32768, 16, 8, 64, device="cuda", dtype=torch.bfloat16)  # Llama-3.2-1B layout
+    kv_cache[31, 32767, 15, 7, 63] = -0.0
+    kv_cache[0, 5].view(-1).view(torch.uint8)[0] = 1
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    ids = list(range(32768))
+    assert kernels.find_residue(kv_cache, ids) == [5, 32767]
+    assert int(kernels.count_residue(kv_cache, ids)) == 2
+    assert torch.cuda.max_memory_allocated() - before < 16 << 20

@@ -47,18 +47,19 @@ class MergedLinear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm through `kernels` (one fused launch on CUDA), rounded as the reference models round it."""
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and cast back before the weight, exactly as the reference models do.
-        input_dtype = hidden.dtype
-        hidden = hidden.float()
-        variance = hidden.pow(2).mean(-1, keepdim=True)
-        hidden = hidden * torch.rsqrt(variance + self.eps)
-        return self.weight * hidden.to(input_dtype)
+        return kernels.rms_norm(hidden, self.weight, self.eps)
+
+    def add_and_norm(self, hidden: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this norm of residual + hidden, residual + hidden): the decoder's residual add fused into the norm."""
+        return kernels.add_rms_norm(hidden, residual, self.weight, self.eps)
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -82,28 +83,19 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE with a precomputed cos/sin table indexed by position."""
+    """Rotate-half RoPE with precomputed cos/sin caches [max_positions, head_dim / 2] indexed by position."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling) -> None:
         super().__init__()
         inv_freq = rope_inverse_frequencies(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        table = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos_table", table.cos(), persistent=False)
-        self.register_buffer("sin_table", table.sin(), persistent=False)
+        self.register_buffer("cos_cache", freqs.cos(), persistent=False)
+        self.register_buffer("sin_cache", freqs.sin(), persistent=False)
 
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos_table[positions].unsqueeze(1).to(query.dtype)
-        sin = self.sin_table[positions].unsqueeze(1).to(query.dtype)
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+        return kernels.rotary_embedding(positions, query, key, self.cos_cache, self.sin_cache)
 
 
 class Attention(nn.Module):
@@ -172,5 +164,4 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.split_forward(hidden)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(hidden)))

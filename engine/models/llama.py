@@ -25,12 +25,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions, hidden, rotary, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        residual = hidden
-        hidden = self.self_attn(positions, self.input_layernorm(hidden), rotary, k_cache, v_cache, meta)
-        hidden = residual + hidden
-        residual = hidden
-        return residual + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(
+        self, positions, hidden, residual: torch.Tensor | None, rotary, k_cache, v_cache, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's output, the residual stream before it is added): each add is fused into the next norm."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, rotary, k_cache, v_cache, meta)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class DecoderModel(nn.Module):
@@ -63,10 +68,14 @@ class LlamaFamilyForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Returns the final hidden states [num_tokens, hidden]; `compute_logits` projects the rows that sample."""
-        hidden = self.model.embed_tokens(input_ids)
+        hidden, residual = self.model.embed_tokens(input_ids), None
         for index, layer in enumerate(self.model.layers):
-            hidden = layer(positions, hidden, self.rotary, kv_cache[2 * index], kv_cache[2 * index + 1], meta)
-        return self.model.norm(hidden)
+            hidden, residual = layer(
+                positions, hidden, residual, self.rotary, kv_cache[2 * index], kv_cache[2 * index + 1], meta
+            )
+        if residual is None:  # a model without layers
+            return self.model.norm(hidden)
+        return self.model.norm.add_and_norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
