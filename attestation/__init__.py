@@ -22,19 +22,23 @@ fields) carries it all, produced by one of three backends
 - ``tsm``: a CPU TEE quote (Intel TDX, AMD SEV-SNP) through Linux configfs-tsm.
 
 :func:`attestation.verifier.verify` runs a fixed sequence of checks (simulated
-evidence acceptable, chain to a pinned root, signatures, binding, freshness,
-confidential mode, debug off, measurement allowed, key configuration
-well-formed), each with its own error type, and returns a
-:class:`~attestation.verifier.VerifiedNode` or raises.
+evidence acceptable, chain to a pinned root, signatures, GPU reference
+measurements against NVIDIA's signed RIMs (:mod:`attestation.rim`,
+:mod:`attestation.reference`), binding, freshness, revocation from stapled
+OCSP responses (:mod:`attestation.ocsp`), confidential mode, debug off,
+measurement allowed, key configuration well-formed), each with its own error
+type, and returns a :class:`~attestation.verifier.VerifiedNode` or raises.
+
+CPU TEE evidence is verified offline (:mod:`attestation.cpu_evidence`): an
+SEV-SNP report under its VCEK → ASK → ARK, a TDX quote under its QE report,
+PCK → PCK CA → Intel SGX Root CA, the CRLs the node staples
+(:mod:`attestation.revocation`), and the launch measurement the policy names
+for the attested code digest.
 
 Not verified offline, and therefore named in each policy's
-``accepted_gaps``: NVIDIA certificate revocation (OCSP), comparison of GPU
-measurements with NVIDIA's reference integrity manifests, the signature
-chains of Intel TDX and AMD SEV-SNP quotes (their REPORT_DATA and debug bits
-are checked, their signatures are not yet), and the CPU launch measurements
-(TDX MRTD/RTMRs, SEV-SNP MEASUREMENT) against reference values. The
-verifier's result says so in the chain, signature, confidential-mode and
-measurement checks.
+No check is left to an ``accepted_gaps`` entry: every part of the hardware
+evidence is verified offline, from what the node staples (RIMs, OCSP
+responses, VCEK and CRLs) and the roots its policy pins.
 
 Verified results can be issued as ES384 JWTs (:mod:`attestation.results`), and
 NVIDIA NRAS EAT tokens are checked against a pinned key set

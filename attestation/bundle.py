@@ -7,12 +7,25 @@
       "measurement": {"code": b64, "policy": b64, "model": b64},
       "freshness": {"nonce": b64, "timestamp": int},   # 32-byte nonce, Unix seconds
       "report_data": b64,                      # 64 bytes, see attestation.binding
-      "cpu": null | {"kind": "sim" | "tdx" | "sev-snp", "report": b64, "cert_chain": [b64 DER, ...]},
+      "cpu": null | {"kind": "sim" | "tdx" | "sev-snp", "report": b64, "cert_chain": [b64 DER, ...],
+                     "crls": [b64 DER, ...]},      # optional, default []
       "gpu": null | {"kind": "sim" | "nvidia-hopper", "report": b64, "cert_chain": [b64 DER, ...],
-                     "state": {"environment": "PROD" | "SIM" | ..., "cc_feature": bool, "devtools_mode": bool}}
+                     "state": {"environment": "PROD" | "SIM" | ..., "cc_feature": bool, "devtools_mode": bool},
+                     "ocsp": [b64 DER, ...],              # optional: OCSP responses for cert_chain[1:-1]
+                     "rims": {"driver": RIM, "vbios": RIM}}   # optional: the firmware's reference values
     }
+    RIM = {"xml": b64 SWID tag, "ocsp": [b64 DER, ...]}   # OCSP responses for the RIM's signing chain below its root
 
-Certificate chains are leaf first, ending at the root. Parsing is strict:
+`ocsp` and `rims` are what the node's operator fetched from NVIDIA (OCSP
+responder, RIM service) and the node staples; they are optional in the format
+so that bundles without them still parse and are refused by the verifier with
+a message naming what is missing. Absent fields are omitted when encoding.
+
+Certificate chains are leaf first, ending at the root. An SEV-SNP report
+comes with its VCEK, ASK and ARK; a TDX quote embeds its PCK chain, so its
+`cert_chain` is empty. `crls` are the CPU vendor's revocation lists the node
+fetched and staples (AMD KDS: the ARK's; Intel PCS: the PCK CA's and the root
+CA's). Parsing is strict:
 unknown versions, unknown or duplicated fields, wrong types and truncated
 base64 are EvidenceFormatError.
 """
@@ -34,6 +47,7 @@ CPU_KINDS: tuple[str, ...] = ("sim", "tdx", "sev-snp")
 GPU_KINDS: tuple[str, ...] = ("sim", "nvidia-hopper")
 GPU_ENVIRONMENTS: tuple[str, ...] = ("UNAVAILABLE", "SIM", "PROD")
 _MAX_CHAIN = 8
+_MAX_RIM_SIZE = 1 << 20
 _MAX_TIMESTAMP = 1 << 40
 
 
@@ -55,21 +69,40 @@ class GpuState:
 
 @dataclass(frozen=True, slots=True)
 class CpuEvidence:
-    """A CPU TEE report (simulated, Intel TDX quote or AMD SEV-SNP report) and its chain."""
+    """A CPU TEE report (simulated, Intel TDX quote or AMD SEV-SNP report), its chain and stapled CRLs."""
 
     kind: str
     report: bytes
     cert_chain: tuple[bytes, ...]
+    crls: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StapledRim:
+    """A reference integrity manifest (SWID tag XML) and OCSP responses for its signing chain below the root."""
+
+    xml: bytes
+    ocsp: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRims:
+    """The RIMs of the driver and the VBIOS the GPU runs."""
+
+    driver: StapledRim
+    vbios: StapledRim
 
 
 @dataclass(frozen=True, slots=True)
 class GpuEvidence:
-    """An SPDM GET_MEASUREMENTS attestation report, its chain and the observed CC state."""
+    """An SPDM GET_MEASUREMENTS attestation report, its chain, the observed CC state, and what the node staples."""
 
     kind: str
     report: bytes
     cert_chain: tuple[bytes, ...]
     state: GpuState
+    ocsp: tuple[bytes, ...] = ()  # OCSP responses for cert_chain[1:-1], in chain order
+    rims: GpuRims | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,17 +152,31 @@ def _bundle_to_dict(bundle: EvidenceBundle) -> dict[str, Any]:
 
 
 def _cpu_to_dict(cpu: CpuEvidence) -> dict[str, Any]:
-    return {"kind": cpu.kind, "report": enc.b64encode(cpu.report), "cert_chain": [enc.b64encode(c) for c in cpu.cert_chain]}
+    return {
+        "kind": cpu.kind,
+        "report": enc.b64encode(cpu.report),
+        "cert_chain": [enc.b64encode(c) for c in cpu.cert_chain],
+        "crls": [enc.b64encode(crl) for crl in cpu.crls],
+    }
 
 
 def _gpu_to_dict(gpu: GpuEvidence) -> dict[str, Any]:
     state = {"environment": gpu.state.environment, "cc_feature": gpu.state.cc_feature, "devtools_mode": gpu.state.devtools_mode}
-    return {
+    encoded: dict[str, Any] = {
         "kind": gpu.kind,
         "report": enc.b64encode(gpu.report),
         "cert_chain": [enc.b64encode(c) for c in gpu.cert_chain],
         "state": state,
     }
+    if gpu.ocsp:
+        encoded["ocsp"] = [enc.b64encode(response) for response in gpu.ocsp]
+    if gpu.rims is not None:
+        encoded["rims"] = {"driver": _rim_to_dict(gpu.rims.driver), "vbios": _rim_to_dict(gpu.rims.vbios)}
+    return encoded
+
+
+def _rim_to_dict(rim: StapledRim) -> dict[str, Any]:
+    return {"xml": enc.b64encode(rim.xml), "ocsp": [enc.b64encode(response) for response in rim.ocsp]}
 
 
 _TOP_KEYS = {"version", "backend", "key_config", "measurement", "freshness", "report_data", "cpu", "gpu"}
@@ -157,23 +204,24 @@ def _bundle_from_dict(value: Any) -> EvidenceBundle:
     )
 
 
-def _chain_from_list(value: Any, where: str) -> tuple[bytes, ...]:
+def _chain_from_list(value: Any, where: str, what: str = "certificates") -> tuple[bytes, ...]:
     if not isinstance(value, list) or len(value) > _MAX_CHAIN:
-        raise EvidenceFormatError(f"{where} must be a list of at most {_MAX_CHAIN} certificates")
+        raise EvidenceFormatError(f"{where} must be a list of at most {_MAX_CHAIN} {what}")
     return tuple(enc.b64decode(item, f"{where}[{index}]") for index, item in enumerate(value))
 
 
 def _cpu_from_dict(value: Any) -> CpuEvidence:
-    cpu = enc.expect_object(value, "cpu", {"kind", "report", "cert_chain"})
+    cpu = enc.expect_object(value, "cpu", {"kind", "report", "cert_chain"}, optional={"crls"})
     return CpuEvidence(
         kind=enc.expect_choice(cpu["kind"], "cpu.kind", CPU_KINDS),
         report=enc.b64decode(cpu["report"], "cpu.report"),
         cert_chain=_chain_from_list(cpu["cert_chain"], "cpu.cert_chain"),
+        crls=_chain_from_list(cpu.get("crls", []), "cpu.crls", "CRLs"),
     )
 
 
 def _gpu_from_dict(value: Any) -> GpuEvidence:
-    gpu = enc.expect_object(value, "gpu", {"kind", "report", "cert_chain", "state"})
+    gpu = enc.expect_object(value, "gpu", {"kind", "report", "cert_chain", "state"}, {"ocsp", "rims"})
     state = enc.expect_object(gpu["state"], "gpu.state", {"environment", "cc_feature", "devtools_mode"})
     for flag in ("cc_feature", "devtools_mode"):
         if not isinstance(state[flag], bool):
@@ -187,4 +235,20 @@ def _gpu_from_dict(value: Any) -> GpuEvidence:
             cc_feature=state["cc_feature"],
             devtools_mode=state["devtools_mode"],
         ),
+        ocsp=_chain_from_list(gpu["ocsp"], "gpu.ocsp") if "ocsp" in gpu else (),
+        rims=_rims_from_dict(gpu["rims"]) if "rims" in gpu else None,
     )
+
+
+def _rims_from_dict(value: Any) -> GpuRims:
+    rims = enc.expect_object(value, "gpu.rims", {"driver", "vbios"})
+    return GpuRims(driver=_rim_from_dict(rims["driver"], "gpu.rims.driver"),
+                   vbios=_rim_from_dict(rims["vbios"], "gpu.rims.vbios"))
+
+
+def _rim_from_dict(value: Any, where: str) -> StapledRim:
+    rim = enc.expect_object(value, where, {"xml", "ocsp"})
+    xml = enc.b64decode(rim["xml"], f"{where}.xml")
+    if len(xml) > _MAX_RIM_SIZE:
+        raise EvidenceFormatError(f"{where}.xml is larger than {_MAX_RIM_SIZE} bytes")
+    return StapledRim(xml=xml, ocsp=_chain_from_list(rim["ocsp"], f"{where}.ocsp"))

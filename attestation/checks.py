@@ -16,7 +16,8 @@ from attestation import spdm
 from attestation.binding import gpu_nonce, report_data
 from attestation.bundle import EvidenceBundle
 from attestation.certs import fingerprint, load_der_chain, verify_chain
-from attestation.cpu_reports import CpuReport, parse_cpu_report
+from attestation.cpu_evidence import VerifiedCpuChain, check_cpu_revocation, verify_cpu_chain, verify_cpu_report
+from attestation.cpu_reports import CpuReport, LaunchMeasurement, parse_cpu_report
 from attestation.errors import (
     BindingError,
     ChainError,
@@ -24,16 +25,18 @@ from attestation.errors import (
     DebugModeError,
     FreshnessError,
     KeyConfigError,
+    LaunchMeasurementError,
     MeasurementNotAllowedError,
+    MigrationAgentError,
     PolicyMismatchError,
+    PrivilegeLevelError,
     SignatureError,
     SimulatedEvidenceError,
 )
 from attestation.hardware import hardware_id, is_bound
 from attestation.sim_root import local_sim_root_certificate
 from policy import Policy
-
-HARDWARE_GPU = "nvidia-hopper"
+from policy.model import LaunchReference
 
 
 @dataclass
@@ -46,16 +49,16 @@ class Context:
     expected_nonce: bytes | None
     chain_time: dt.datetime
     leaves: dict[str, x509.Certificate] = field(default_factory=dict)
+    gpu_chain: tuple[x509.Certificate, ...] = ()
+    rim_chains: dict[str, tuple[x509.Certificate, ...]] = field(default_factory=dict)
     gpu_report: spdm.SpdmReport | None = None
     cpu_report: CpuReport | None = None
     hardware_id: str = ""
+    cpu_chain: VerifiedCpuChain | None = None
 
     @property
     def simulated(self) -> bool:
         return self.bundle.backend == "sim"
-
-    def gap_accepted(self, gap: str) -> bool:
-        return gap in self.policy.attestation.accepted_gaps
 
 
 def check_simulated(ctx: Context) -> str:
@@ -70,32 +73,29 @@ def check_simulated(ctx: Context) -> str:
 
 
 def check_chain(ctx: Context) -> str:
-    pinned = _pinned_roots(ctx)
+    pinned = pinned_roots(ctx, ctx.policy.attestation.pinned_roots)
     notes = []
     gpu = ctx.bundle.gpu
     if gpu is not None:
         chain = load_der_chain(gpu.cert_chain, "GPU")
         ctx.leaves["gpu"] = verify_chain(chain, pinned, what="GPU", at_time=ctx.chain_time)
+        ctx.gpu_chain = chain
         notes.append(f"GPU chain of {len(chain)} to pinned root {fingerprint(chain[-1])[:16]}…")
-        if gpu.kind == HARDWARE_GPU:
-            _require_gap(ctx, "gpu-revocation", ChainError, "GPU certificate revocation (NVIDIA OCSP) is not checked offline")
-            notes.append("revocation not checked (accepted gap gpu-revocation)")
     cpu = ctx.bundle.cpu
     if cpu is not None and cpu.kind == "sim":
         chain = load_der_chain(cpu.cert_chain, "CPU")
         ctx.leaves["cpu"] = verify_chain(chain, pinned, what="CPU", at_time=ctx.chain_time)
         notes.append(f"CPU chain of {len(chain)} to pinned root {fingerprint(chain[-1])[:16]}…")
     elif cpu is not None:
-        _require_gap(ctx, "cpu-quote-signature", ChainError, f"the {cpu.kind} quote's certificate chain is not verified offline")
-        notes.append(f"{cpu.kind} quote chain NOT verified (accepted gap cpu-quote-signature)")
+        ctx.cpu_chain = verify_cpu_chain(cpu, pinned, ctx.chain_time)
+        revocation = check_cpu_revocation(cpu, ctx.cpu_chain, ctx.chain_time, ctx.policy.attestation.max_crl_age_s)
+        notes.append(f"{cpu.kind} chain {ctx.cpu_chain.detail}, {revocation}")
     if not notes:
         raise ChainError("the evidence holds neither a CPU nor a GPU report")
     # Read from the chains just verified, so the identity is the pinned root's word, not the node's.
     ctx.hardware_id = hardware_id(ctx.bundle)
     if is_bound(ctx.bundle):
         notes.append(f"device identity {ctx.hardware_id[:16]}…")
-    else:
-        notes.append("no chip identity read from a CPU-only quote: this node counts once per key")
     return "; ".join(notes)
 
 
@@ -107,13 +107,13 @@ def check_signature(ctx: Context) -> str:
         _check_label(ctx, "GPU", ctx.gpu_report.is_simulated, ctx.bundle.gpu.kind == "sim")
         notes.append("GPU report signature valid (ECDSA P-384)")
     if ctx.bundle.cpu is not None:
-        ctx.cpu_report = parse_cpu_report(ctx.bundle.cpu.kind, ctx.bundle.cpu.report)
-        if ctx.cpu_report.kind == "sim":
+        if ctx.cpu_chain is None:
+            ctx.cpu_report = parse_cpu_report(ctx.bundle.cpu.kind, ctx.bundle.cpu.report)
             _verify_raw_p384(ctx.leaves["cpu"], ctx.cpu_report.signed_part, ctx.cpu_report.signature)
             notes.append("CPU report signature valid (ECDSA P-384)")
         else:
-            _require_gap(ctx, "cpu-quote-signature", SignatureError, f"the {ctx.cpu_report.kind} quote signature is not verified offline")
-            notes.append(f"{ctx.cpu_report.kind} quote signature NOT verified (accepted gap cpu-quote-signature)")
+            ctx.cpu_report = verify_cpu_report(ctx.bundle.cpu, ctx.cpu_chain)
+            notes.append(f"{ctx.cpu_report.kind} report signature valid; its certificate certifies this CPU's fields")
         _check_label(ctx, "CPU", ctx.cpu_report.simulated, ctx.cpu_report.kind == "sim")
     return "; ".join(notes)
 
@@ -149,6 +149,11 @@ def check_confidential_mode(ctx: Context) -> str:
         if not present[part]:
             raise ConfidentialModeError(f"policy requires {part.upper()} confidential-computing evidence and the bundle has none")
     notes = [f"CPU TEE {ctx.bundle.cpu.kind}"] if ctx.bundle.cpu is not None else []
+    if ctx.cpu_report is not None and ctx.cpu_report.vmpl != 0:
+        raise PrivilegeLevelError(
+            f"the SEV-SNP report was requested at VMPL{ctx.cpu_report.vmpl}, not VMPL0: a less privileged "
+            "part of the VM asked for it; request reports from the guest kernel at VMPL0"
+        )
     gpu = ctx.bundle.gpu
     if gpu is not None:
         allowed = ("PROD", "SIM") if ctx.simulated else ("PROD",)
@@ -157,9 +162,6 @@ def check_confidential_mode(ctx: Context) -> str:
                 f"GPU confidential computing is off (environment {gpu.state.environment}, "
                 f"ccFeature {'on' if gpu.state.cc_feature else 'off'}); the node must run in CC mode"
             )
-        if gpu.kind == HARDWARE_GPU:
-            _require_gap(ctx, "gpu-reference-measurements", ConfidentialModeError,
-                         "GPU measurements cannot be compared with NVIDIA reference values offline")
         notes.append(f"GPU CC on (environment {gpu.state.environment})")
     return "; ".join(notes)
 
@@ -167,6 +169,8 @@ def check_confidential_mode(ctx: Context) -> str:
 def check_debug(ctx: Context) -> str:
     if ctx.cpu_report is not None and ctx.cpu_report.debug:
         raise DebugModeError(f"the {ctx.cpu_report.kind} CPU TEE allows debugging; its memory is readable by the host")
+    if ctx.cpu_report is not None and ctx.cpu_report.migration_agent:
+        raise MigrationAgentError("the SEV-SNP guest policy allows a migration agent, which can export the guest's memory")
     gpu = ctx.bundle.gpu
     if gpu is not None and gpu.state.devtools_mode:
         raise DebugModeError("GPU developer tools mode is on; GPU memory is readable by tools")
@@ -180,17 +184,47 @@ def check_measurement(ctx: Context) -> str:
             f"the node runs under a different policy than {ctx.policy.name!r} (policy digest differs); "
             "verify it against the policy it publishes, or do not use it"
         )
-    if not ctx.simulated:
-        _require_gap(ctx, "cpu-launch-measurement", MeasurementNotAllowedError,
-                     "the CPU TEE's launch measurement is not compared with reference values, so the code "
-                     "digest is the node's own claim")
     code = _allowed(measurement.code_digest, ctx.policy.attestation.allowed_code_digests,
                     ctx.policy.attestation.accept_unlisted_code, "code")
     if not ctx.simulated:
-        code += " (NOT tied to a CPU launch measurement: accepted gap cpu-launch-measurement)"
+        code += f" with {_check_launch(ctx)}"
     model = _allowed(measurement.model_digest, ctx.policy.engine.allowed_model_digests,
                      ctx.policy.engine.accept_unlisted_models, "model")
     return f"policy {ctx.policy.name!r} ({ctx.policy.digest.hex()[:16]}…); {code}; {model}"
+
+
+def _check_launch(ctx: Context) -> str:
+    """The code digest counts only with a CPU launch measurement the policy names for it."""
+    attestation = ctx.policy.attestation
+    launch = ctx.cpu_report.launch if ctx.cpu_report is not None else None
+    if launch is None:
+        if attestation.accept_unlisted_code:
+            return "no CPU launch measurement, accepted by development policy"
+        raise LaunchMeasurementError(
+            "the evidence holds no CPU TEE report, so the code digest is not tied to a launch measurement; "
+            "the node must attest its CPU TEE"
+        )
+    named = [ref for ref in attestation.launch_measurements if _launch_matches(ref, launch)]
+    code = ctx.bundle.measurement.code_digest.hex()
+    label = f"{launch.tee} launch measurement {launch.measurement.hex()[:16]}…"
+    if any(ref.code_digest == code for ref in named):
+        return f"{label} listed for it"
+    if attestation.accept_unlisted_code:
+        return f"{label} UNLISTED, accepted by development policy"
+    if named:
+        raise LaunchMeasurementError(
+            f"the {launch.tee} launch measurement is listed for other code than the attested code digest; "
+            "the node's image and its claimed code disagree"
+        )
+    raise LaunchMeasurementError(
+        f"the {launch.tee} launch measurement is not one the policy names; the VM runs an unreviewed image"
+    )
+
+
+def _launch_matches(reference: LaunchReference, launch: LaunchMeasurement) -> bool:
+    if reference.tee != launch.tee or reference.measurement != launch.measurement.hex():
+        return False
+    return all(expected is None or expected == actual.hex() for expected, actual in zip(reference.rtmrs, launch.rtmrs))
 
 
 def check_key_config(ctx: Context) -> str:
@@ -204,18 +238,14 @@ def check_key_config(ctx: Context) -> str:
     return f"OHTTP key configuration {config.key_id}, KEM 0x{config.kem_id:04x}, {len(config.supported_suites())} usable suite(s)"
 
 
-def _pinned_roots(ctx: Context) -> set[str]:
-    pinned = set(ctx.policy.attestation.pinned_roots)
+def pinned_roots(ctx: Context, fingerprints: tuple[str, ...]) -> set[str]:
+    """The policy's pinned `fingerprints`, plus this machine's simulated root when the policy trusts it."""
+    pinned = set(fingerprints)
     if ctx.policy.attestation.trust_local_simulated_root:
         local = local_sim_root_certificate()
         if local is not None:
             pinned.add(fingerprint(local))
     return pinned
-
-
-def _require_gap(ctx: Context, gap: str, error: type[Exception], what: str) -> None:
-    if not ctx.gap_accepted(gap):
-        raise error(f"{what}, and policy {ctx.policy.name!r} does not accept the gap {gap!r}")
 
 
 def _check_label(ctx: Context, part: str, signed_simulated: bool, kind_simulated: bool) -> None:

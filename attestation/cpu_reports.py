@@ -1,16 +1,15 @@
-"""CPU TEE reports: where each format keeps REPORT_DATA and its debug flag.
+"""CPU TEE reports: the fields the verifier uses, whatever the format.
 
-- Intel TDX quote, version 4: 48-byte header (tee_type 0x81 at offset 4), then
-  the TD report body; TDATTRIBUTES at 168 (bit 0: DEBUG), REPORTDATA at 568..632.
-- AMD SEV-SNP attestation report: POLICY at 0x08 (bit 19: DEBUG allowed),
-  REPORT_DATA at 0x50..0x90, signature algorithm at 0x34 (1: ECDSA P-384).
+- Intel TDX quote, version 4 (:mod:`attestation.tdx`): REPORTDATA, TDATTRIBUTES
+  (bits 0-7: TD under debug), MRTD and RTMR0-3.
+- AMD SEV-SNP attestation report (:mod:`attestation.sev_snp`): REPORT_DATA,
+  POLICY (bit 19 DEBUG, bit 18 MIGRATE_MA), VMPL and MEASUREMENT.
 - Veil's simulated CPU report: magic ``VSIMCPU1``, attributes (uint64 LE; bit 0
   debug, bit 63 simulated), report_data (64), ECDSA P-384 signature r ‖ s (96)
   over everything before it, by the leaf of its simulated chain.
 
-Intel's and AMD's quote signatures and certificate chains are not verified
-yet: the verifier reports this as the `cpu-quote-signature` gap and accepts
-such quotes only under a policy that names that gap.
+Parsing checks layout only; :mod:`attestation.cpu_evidence` verifies the
+signatures and chains of hardware reports.
 """
 
 from __future__ import annotations
@@ -19,20 +18,24 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from attestation.errors import EvidenceFormatError
+from attestation.errors import CpuReportFormatError
+from attestation.sev_snp import SnpReport, parse_snp_report
+from attestation.tdx import TdxQuote, parse_tdx_quote
 
 SIM_MAGIC = b"VSIMCPU1"
 SIM_REPORT_SIZE = 8 + 8 + 64 + 96
 SIM_DEBUG = 1 << 0
 SIM_SIMULATED = 1 << 63
-TDX_TEE_TYPE = 0x81
-TDX_MIN_SIZE = 632
 SNP_REPORT_SIZE = 0x4A0
-SNP_DEBUG = 1 << 19
 
 
-class CpuReportFormatError(EvidenceFormatError):
-    """A CPU TEE report does not have its format's layout."""
+@dataclass(frozen=True, slots=True)
+class LaunchMeasurement:
+    """What the CPU TEE measured when it launched the VM: SEV-SNP MEASUREMENT, or TDX MRTD and RTMR0-3."""
+
+    tee: str
+    measurement: bytes  # SEV-SNP MEASUREMENT or TDX MRTD (48 bytes)
+    rtmrs: tuple[bytes, ...] = ()  # TDX RTMR0-3; empty for SEV-SNP
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +47,11 @@ class CpuReport:
     debug: bool
     simulated: bool
     signed_part: bytes
-    signature: bytes  # raw r ‖ s for the simulated format; empty where not verified here
+    signature: bytes  # raw r ‖ s for the simulated format; hardware formats are verified by their modules
+    migration_agent: bool = False  # SEV-SNP: a migration agent may export the guest's memory
+    vmpl: int = 0  # SEV-SNP: the VM privilege level that asked for the report
+    launch: LaunchMeasurement | None = None  # None for simulated reports
+    chip_id: str | None = None  # the CPU's identity, set once its certificate chain is verified
 
 
 def parse_cpu_report(kind: str, report: bytes) -> CpuReport:
@@ -70,21 +77,22 @@ def _parse_sim(report: bytes) -> CpuReport:
                      report[:-96], report[-96:])
 
 
+def tdx_cpu_report(quote: TdxQuote) -> CpuReport:
+    """The verifier's view of a parsed TDX quote."""
+    return CpuReport("tdx", quote.report_data, quote.debug, False, quote.signed, quote.signature,
+                     launch=LaunchMeasurement("tdx", quote.mrtd, quote.rtmrs))
+
+
+def snp_cpu_report(report: SnpReport) -> CpuReport:
+    """The verifier's view of a parsed SEV-SNP report."""
+    return CpuReport("sev-snp", report.report_data, report.debug, False, report.signed, b"",
+                     migration_agent=report.migration_agent, vmpl=report.vmpl,
+                     launch=LaunchMeasurement("sev-snp", report.measurement))
+
+
 def _parse_tdx(quote: bytes) -> CpuReport:
-    if len(quote) < TDX_MIN_SIZE:
-        raise CpuReportFormatError("TDX quote is too short to hold a TD report body")
-    version, _, tee_type = struct.unpack_from("<HHI", quote, 0)
-    if version != 4 or tee_type != TDX_TEE_TYPE:
-        raise CpuReportFormatError("not a TDX quote version 4 (tee_type 0x81)")
-    (td_attributes,) = struct.unpack_from("<Q", quote, 168)
-    return CpuReport("tdx", quote[568:632], bool(td_attributes & 1), False, quote[:632], b"")
+    return tdx_cpu_report(parse_tdx_quote(quote))
 
 
 def _parse_snp(report: bytes) -> CpuReport:
-    if len(report) != SNP_REPORT_SIZE:
-        raise CpuReportFormatError("SEV-SNP attestation report must be 0x4A0 bytes")
-    (policy,) = struct.unpack_from("<Q", report, 0x08)
-    (signature_algorithm,) = struct.unpack_from("<I", report, 0x34)
-    if signature_algorithm != 1:
-        raise CpuReportFormatError("SEV-SNP report is not signed with ECDSA P-384")
-    return CpuReport("sev-snp", report[0x50:0x90], bool(policy & SNP_DEBUG), False, report[:0x2A0], b"")
+    return snp_cpu_report(parse_snp_report(report))

@@ -13,21 +13,22 @@ certificates below its device certificate, never above it.
 The simulated backend gives each device an identity certificate of its own one level below the
 simulated root, so two simulated nodes are two chips exactly when their simulated devices differ.
 
-Not read yet: CPU TEE chip identities (AMD SEV-SNP CHIP_ID and VCEK, the Intel TDX PCK
-certificate), whose quote chains are not verified offline either. Evidence with no GPU and a
-hardware CPU report gets an identity of its own per key configuration and measurement: such a node
-counts once per node id (SECURITY.md names the gap).
+A node with no GPU is its CPU's chip: an SEV-SNP report's CHIP_ID (which the VCEK's hwID extension
+certifies), or a TDX quote's PCK certificate key (Intel's per-platform key; it changes when the
+platform's TCB is updated, so such a node may count as a new chip after a microcode update).
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
+from attestation import sev_snp, tdx
 from attestation.bundle import EvidenceBundle
 from attestation.certs import load_der_chain
 from attestation.errors import ChainError
@@ -48,12 +49,14 @@ def hardware_id(bundle: EvidenceBundle) -> str:
         return _device_id("gpu", bundle.gpu.kind, bundle.gpu.cert_chain)
     if bundle.cpu is not None and bundle.cpu.kind in DEVICE_DEPTH:
         return _device_id("cpu", bundle.cpu.kind, bundle.cpu.cert_chain)
+    if bundle.cpu is not None and bundle.cpu.kind in CPU_CHIPS:
+        return _digest(f"cpu:{bundle.cpu.kind}", CPU_CHIPS[bundle.cpu.kind](bundle.cpu.report))
     return _digest(UNBOUND, bundle.key_config + bundle.measurement.digest())
 
 
 def is_bound(bundle: EvidenceBundle) -> bool:
     """Whether `hardware_id` names a chip for this evidence, rather than the node's key."""
-    return bundle.gpu is not None or (bundle.cpu is not None and bundle.cpu.kind in DEVICE_DEPTH)
+    return bundle.gpu is not None or (bundle.cpu is not None and (bundle.cpu.kind in DEVICE_DEPTH or bundle.cpu.kind in CPU_CHIPS))
 
 
 def _device_id(part: str, kind: str, chain: Sequence[bytes]) -> str:
@@ -68,6 +71,23 @@ def _device_id(part: str, kind: str, chain: Sequence[bytes]) -> str:
         raise ChainError(f"the {part.upper()} device identity certificate holds an unreadable public key") from None
     der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return _digest(f"{part}:{kind}", der)
+
+
+def _snp_chip(report: bytes) -> bytes:
+    return sev_snp.parse_snp_report(report).chip_id
+
+
+def _tdx_platform(quote: bytes) -> bytes:
+    chain = tdx.parse_tdx_quote(quote).pck_chain
+    try:
+        key = x509.load_der_x509_certificate(chain[0]).public_key()
+    except (IndexError, ValueError, UnsupportedAlgorithm):
+        raise ChainError("the TDX quote's PCK certificate is missing or unreadable; the platform cannot be told apart") from None
+    return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+# Hardware CPU TEEs: what names the chip in their report (verified by the chain and signature checks).
+CPU_CHIPS: dict[str, Callable[[bytes], bytes]] = {"sev-snp": _snp_chip, "tdx": _tdx_platform}
 
 
 def _digest(source: str, material: bytes) -> str:

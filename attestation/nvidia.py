@@ -2,10 +2,9 @@
 
 The chain (leaf first) must lead to a pinned root, the SPDM transcript's
 signature must verify under the leaf's ECDSA P-384 key, and the request nonce
-(offset 4) must be the expected one. Not done offline: certificate revocation
-(NVIDIA OCSP) and comparison of the measurement blocks with NVIDIA's reference
-integrity manifests (RIM service); policies name these gaps in
-`attestation.accepted_gaps`.
+(offset 4) must be the expected one. The verifier then compares the
+measurement blocks with NVIDIA's signed RIMs (attestation.reference) and checks
+the stapled OCSP responses (attestation.ocsp).
 
 Certificate validity is checked at `at_time` (default: now). Recorded vectors
 whose chain has since expired are verified by passing the time at which they

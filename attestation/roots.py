@@ -6,6 +6,17 @@ its SHA-256 fingerprint is pinned in the policy.
 
 from __future__ import annotations
 
+# AMD's root keys (ARK), one per SEV-SNP product line, SHA-256 of the DER certificate
+# served by AMD KDS (/vcek/v1/{product}/cert_chain). Milan: go-sev-guest's
+# verify/trust/ask_ark_milan.pem; Genoa: the ARK-Genoa of its verify/trust/ask_ark_genoa_vlek.pem.
+AMD_ARK_FINGERPRINTS: dict[str, str] = {
+    "Milan": "69d063b45344d26a2e94e1f4210de49ef555308287d4c174445c95639a540bcd",
+    "Genoa": "4c6598d19c18719c5dfd4a7d335f674e5bfe1d8f800cea2cf270c10d103db2f1",
+}
+
+# Intel SGX Root CA: the root of every PCK certificate chain (TDX quotes).
+INTEL_SGX_ROOT_CA_FINGERPRINT = "44a0196b2b99f889b8e149e95b807a350e7424964399e885a7cbb8ccfab674d3"
+
 # NVIDIA Device Identity CA: the root of every H100/H200 device certificate chain.
 NVIDIA_DEVICE_IDENTITY_CA_FINGERPRINT = "102bf659d5419614c9d8e6aecebc80454eb26b1df6a769ac720b9a690b167b48"
 NVIDIA_DEVICE_IDENTITY_CA_PEM = b"""\

@@ -1,8 +1,9 @@
 """The verifier: one fixed sequence of checks; a verified node record, or an exception.
 
 Order: simulated (is simulated evidence acceptable under this policy?),
-chain, signature, binding, freshness, confidential mode, debug, measurement,
-key configuration. Each failing check raises its own subclass of
+chain, signature, reference measurements (the GPU's against NVIDIA's signed
+RIMs), binding, freshness, revocation (stapled OCSP for the GPU's and the
+RIMs' certificates), confidential mode, debug, measurement, key configuration. Each failing check raises its own subclass of
 AttestationError; there is no boolean result to forget to check.
 """
 
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from attestation import checks
+from attestation import checks, gpu_checks
 from attestation.bundle import EvidenceBundle
 from attestation.errors import AttestationError
 from attestation.measurement import Measurement
@@ -25,8 +26,10 @@ CHECKS: tuple[tuple[str, Callable[[checks.Context], str]], ...] = (
     ("simulated", checks.check_simulated),
     ("chain", checks.check_chain),
     ("signature", checks.check_signature),
+    ("reference measurements", gpu_checks.check_reference_measurements),
     ("binding", checks.check_binding),
     ("freshness", checks.check_freshness),
+    ("revocation", gpu_checks.check_revocation),
     ("confidential mode", checks.check_confidential_mode),
     ("debug", checks.check_debug),
     ("measurement", checks.check_measurement),
@@ -61,6 +64,9 @@ class VerifiedNode:
     backend: str
     simulated: bool
     checks: tuple[CheckResult, ...]
+    # The CPU's identity from its verified report, so that one chip counts once:
+    # "sev-snp:<CHIP_ID hex>" or "tdx-pck:<SHA-256 of the PCK public key>"; None without a hardware CPU report.
+    cpu_chip_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,5 +133,6 @@ def verify_with_report(
         backend=bundle.backend,
         simulated=ctx.simulated,
         checks=tuple(results),
+        cpu_chip_id=ctx.cpu_report.chip_id if ctx.cpu_report is not None else None,
     )
     return VerificationReport(tuple(results), node, None)

@@ -3,11 +3,13 @@
 A policy is a TOML file with four sections:
 
 - ``[attestation]``: the roots pinned by SHA-256 fingerprint, the code digests
-  allowed, the maximum evidence age and clock skew, the confidential modes
+  allowed and the CPU launch measurement each runs in (``launch_measurements``),
+  the maximum evidence age, clock skew and CRL age, the confidential modes
   required (``cpu``, ``gpu``), debugging forbidden, whether simulated evidence
   is acceptable, and the verification gaps the policy knowingly accepts
-  (``accepted_gaps``: checks that need NVIDIA's online services, Intel/AMD
-  quote chains or CPU launch reference values and are not performed yet).
+  (``accepted_gaps``; none is left), the roots that sign NVIDIA's RIMs
+  (``pinned_rim_roots``), and the oldest stapled OCSP response and CRL accepted
+  (``max_ocsp_age_s``, ``max_crl_age_s``).
 - ``[engine]``: maximum context, KV budget, prefix sharing (``request`` or
   ``off``: nothing is shared across requests), the model weights allowed by
   digest, and the knobs of forbidden optimizations, fixed to their safe value.
@@ -33,8 +35,8 @@ of the validated values), so reformatting a file keeps its digest and any
 change of meaning changes it. The digest is part of a node's attested
 measurement: clients verify which policy governs a node.
 
-Shipped policies: ``strict`` (production: NVIDIA's Device Identity CA pinned,
-simulated evidence refused) and ``dev`` (DEVELOPMENT ONLY: accepts simulated
+Shipped policies: ``strict`` (production: NVIDIA's, AMD's and Intel's roots
+pinned, simulated evidence refused) and ``dev`` (DEVELOPMENT ONLY: accepts simulated
 evidence from this machine's simulated root and any code or model digest).
 """
 

@@ -49,5 +49,7 @@ def digest_of(canonical: bytes) -> bytes:
 def _plain(value: object) -> object:
     # Set-like tuples are kept sorted by the loader, so they encode as-is.
     if isinstance(value, tuple):
-        return list(value)
+        return [_plain(item) for item in value]
+    if dataclasses.is_dataclass(value):
+        return section_dict(value)
     return value

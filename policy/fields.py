@@ -7,10 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 from policy.errors import InvalidValueError
+from policy.model import LaunchReference
 
 Reader = Callable[[str, Any], Any]
 
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_HEX_MEASUREMENT = re.compile(r"[0-9a-f]{96}")
+_LAUNCH_KEYS = {"sev-snp": {"tee", "code", "measurement"}, "tdx": {"tee", "code", "mrtd", "rtmr0", "rtmr1", "rtmr2", "rtmr3"}}
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
 
@@ -65,6 +68,40 @@ def digest_set(where: str, value: Any) -> tuple[str, ...]:
     if len(normalized) != len(items):
         raise InvalidValueError(f"{where} lists a digest twice; list each once")
     return tuple(normalized)
+
+
+def launch_references(where: str, value: Any) -> tuple[LaunchReference, ...]:
+    """Inline tables {tee, code, measurement} (SEV-SNP) or {tee, code, mrtd, rtmr0-3 optional} (TDX), sorted."""
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise InvalidValueError(f"{where} must be a list of tables such as {{ tee = \"sev-snp\", code = ..., measurement = ... }}")
+    references = sorted({_launch_reference(f"{where}[{index}]", item) for index, item in enumerate(value)},
+                        key=lambda ref: (ref.tee, ref.code_digest, ref.measurement, [rtmr or "" for rtmr in ref.rtmrs]))
+    if len(references) != len(value):
+        raise InvalidValueError(f"{where} lists a launch measurement twice; list each once")
+    return tuple(references)
+
+
+def _launch_reference(where: str, table: dict[str, Any]) -> LaunchReference:
+    tee = table.get("tee")
+    if tee not in _LAUNCH_KEYS:
+        raise InvalidValueError(f"{where}.tee must be one of {sorted(_LAUNCH_KEYS)}")
+    unknown = set(table) - _LAUNCH_KEYS[tee]
+    required = {"tee", "code", "measurement" if tee == "sev-snp" else "mrtd"}
+    if unknown or not required <= set(table):
+        raise InvalidValueError(f"{where} for {tee} takes exactly {sorted(required)} (TDX also rtmr0-rtmr3)")
+    code = table["code"]
+    if not isinstance(code, str) or not _HEX_DIGEST.fullmatch(code.lower()):
+        raise InvalidValueError(f"{where}.code must be a SHA-256 digest: 64 hexadecimal digits")
+    measurement = _measurement(f"{where}.measurement", table.get("measurement", table.get("mrtd")))
+    rtmrs = tuple(_measurement(f"{where}.rtmr{index}", table[f"rtmr{index}"]) if f"rtmr{index}" in table else None
+                  for index in range(4))
+    return LaunchReference(tee, code.lower(), measurement, rtmrs)  # type: ignore[arg-type]
+
+
+def _measurement(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not _HEX_MEASUREMENT.fullmatch(value.lower()):
+        raise InvalidValueError(f"{where} must be a 48-byte measurement: 96 hexadecimal digits")
+    return value.lower()
 
 
 def subset_of(*allowed: str) -> Reader:

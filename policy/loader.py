@@ -26,12 +26,16 @@ SCHEMA: dict[str, dict[str, fields.Reader]] = {
     "policy": {"name": fields.name, "format": fields.integer(1, 1)},
     "attestation": {
         "pinned_roots": fields.digest_set,
+        "pinned_rim_roots": fields.digest_set,
         "trust_local_simulated_root": fields.boolean,
         "allow_simulated": fields.boolean,
         "allowed_code_digests": fields.digest_set,
         "accept_unlisted_code": fields.boolean,
         "max_evidence_age_s": fields.integer(1, 86_400),
         "max_clock_skew_s": fields.integer(0, 300),
+        "max_ocsp_age_s": fields.integer(60, 7 * 86_400),
+        "max_crl_age_s": fields.integer(3600, 400 * 86_400),
+        "launch_measurements": fields.launch_references,
         "required_confidential_mode": fields.subset_of(*CONFIDENTIAL_PARTS),
         "debug_forbidden": fields.boolean,
         "accepted_gaps": fields.subset_of(*KNOWN_GAPS),
@@ -131,6 +135,12 @@ def _check_consistency(policy: Policy) -> None:
         "attestation.accept_unlisted_code": attestation.accept_unlisted_code,
         "engine.accept_unlisted_models": policy.engine.accept_unlisted_models,
     }
+    unlisted = {ref.code_digest for ref in attestation.launch_measurements} - set(attestation.allowed_code_digests)
+    if unlisted:
+        raise InvalidValueError(
+            "attestation.launch_measurements names a code digest that allowed_code_digests does not list; "
+            "list it there too, or remove the launch measurement"
+        )
     for where, enabled in dev_only.items():
         if enabled and not attestation.allow_simulated:
             raise InvalidValueError(

@@ -7,16 +7,24 @@ from dataclasses import dataclass
 # Checks the offline verifier cannot perform yet. A policy accepts evidence
 # that depends on one only by naming it in `attestation.accepted_gaps`, so the
 # gap is written in the measured policy instead of being hidden in code.
-KNOWN_GAPS: tuple[str, ...] = (
-    "gpu-revocation",  # OCSP status of NVIDIA device certificates needs NVIDIA's online service
-    "gpu-reference-measurements",  # golden GPU measurements come from NVIDIA's online RIM service
-    "cpu-quote-signature",  # Intel TDX / AMD SEV-SNP quote signature chains are not verified yet
-    # TDX MRTD/RTMRs and the SEV-SNP MEASUREMENT are not compared with reference values yet, so on
-    # hardware the attested code digest is the node software's own claim (bound to a genuine report).
-    "cpu-launch-measurement",
-)
+KNOWN_GAPS: tuple[str, ...] = ()  # none left: every check runs offline
 
 CONFIDENTIAL_PARTS: tuple[str, ...] = ("cpu", "gpu")
+LAUNCH_TEES: tuple[str, ...] = ("sev-snp", "tdx")
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchReference:
+    """A released VM image's CPU launch measurement, and the code digest it runs.
+
+    SEV-SNP: `measurement` is MEASUREMENT. TDX: `measurement` is MRTD, and `rtmrs`
+    holds RTMR0-3 where the release fixes them (None: not compared). All hex.
+    """
+
+    tee: str  # one of LAUNCH_TEES
+    code_digest: str  # SHA-256 hex, also listed in allowed_code_digests
+    measurement: str  # 48 bytes, hex
+    rtmrs: tuple[str | None, str | None, str | None, str | None] = (None, None, None, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +32,16 @@ class AttestationPolicy:
     """What evidence a verifier accepts."""
 
     pinned_roots: tuple[str, ...]  # SHA-256 fingerprints (hex) of root certificates
+    pinned_rim_roots: tuple[str, ...]  # SHA-256 fingerprints of roots that sign NVIDIA's RIMs
     trust_local_simulated_root: bool  # development: trust this machine's simulated root CA
     allow_simulated: bool
     allowed_code_digests: tuple[str, ...]
     accept_unlisted_code: bool  # development: any code digest passes, labelled as such
     max_evidence_age_s: int
     max_clock_skew_s: int
+    max_ocsp_age_s: int  # oldest acceptable revocation status (OCSP thisUpdate)
+    max_crl_age_s: int  # oldest acceptable stapled CRL (seconds since its thisUpdate)
+    launch_measurements: tuple[LaunchReference, ...]  # the code digest passes on hardware only with one of these
     required_confidential_mode: tuple[str, ...]  # subset of CONFIDENTIAL_PARTS
     debug_forbidden: bool
     accepted_gaps: tuple[str, ...]  # subset of KNOWN_GAPS

@@ -4,27 +4,30 @@ CPU quote parsing, and hardware-shaped evidence through the verifier."""
 from __future__ import annotations
 
 import ctypes
+import datetime as dt
 import os
 import stat
-import struct
 import time
 from pathlib import Path
 
 import pytest
 
-from attestation import errors
+from attestation import checks, errors, gpu_checks
 from attestation.backends import SimulatedAttestationWarning, get_backend
 from attestation.backends.base import bind
 from attestation.backends.nvml import NvmlStatus, require_production_cc
 from attestation.backends.sim import SimBackend
 from attestation.backends.tsm import tsm_quote
-from attestation.bundle import CpuEvidence, EvidenceBundle, GpuEvidence, GpuState
-from attestation.cpu_reports import SNP_REPORT_SIZE, CpuReportFormatError, parse_cpu_report
+from attestation.bundle import EvidenceBundle, GpuEvidence, GpuRims, GpuState, StapledRim
+from attestation.certs import pem_chain_to_der
+from attestation.checks import Context, check_measurement
+from attestation.cpu_reports import CpuReportFormatError, parse_cpu_report
 from attestation.sim_root import load_or_create_sim_root, local_sim_root_certificate
 from attestation.spdm import parse_report
 from attestation.verifier import verify, verify_with_report
-from policy import parse_policy, shipped_policy, shipped_policy_path
+from policy import shipped_policy
 from tests.conftest import vectors_path
+from tests.cpu_tee_support import SnpFields, TdxFields, cpu_policy, genuine_snp, genuine_tdx, snp_evidence, tdx_evidence
 from tests.test_attestation_nvidia_vectors import CHAIN, REPORT
 from tests.test_attestation_support import (  # noqa: F401  (fixtures)
     NONCE,
@@ -149,31 +152,13 @@ def test_probing_never_picks_simulation_silently():
 
 # --- CPU TEE quotes (configfs-tsm formats) ---------------------------------------------------
 
-def tdx_quote(report_data: bytes, *, debug: bool = False) -> bytes:
-    header = struct.pack("<HHI", 4, 2, 0x81) + bytes(40)
-    body = bytearray(584)
-    struct.pack_into("<Q", body, 120, 1 if debug else 0)
-    body[520:584] = report_data
-    return header + bytes(body) + b"\x00" * 100  # signature data follows; not verified offline
-
-
-def snp_report(report_data: bytes, *, debug: bool = False) -> bytes:
-    report = bytearray(SNP_REPORT_SIZE)
-    struct.pack_into("<I", report, 0, 2)
-    struct.pack_into("<Q", report, 0x08, (1 << 19 if debug else 0) | (1 << 17))
-    struct.pack_into("<I", report, 0x34, 1)
-    report[0x50:0x90] = report_data
-    return bytes(report)
-
-
 def test_tdx_and_snp_report_data_offsets():
-    data = bytes(range(64))
-    tdx = parse_cpu_report("tdx", tdx_quote(data, debug=True))
-    assert tdx.report_data == data and tdx.debug and not tdx.simulated
-    assert tdx_quote(data)[568:632] == data
-    snp = parse_cpu_report("sev-snp", snp_report(data))
-    assert snp.report_data == data and not snp.debug
-    assert parse_cpu_report("sev-snp", snp_report(data, debug=True)).debug
+    report, _ = genuine_snp()
+    snp = parse_cpu_report("sev-snp", report)
+    assert snp.report_data == bytes.fromhex("0102030405") + bytes(59) and snp.report_data == report[0x50:0x90]
+    assert snp.debug and not snp.simulated  # the genuine guest policy allows debugging (bit 19)
+    tdx = parse_cpu_report("tdx", genuine_tdx("quote-spr-e4.bin"))
+    assert tdx.report_data.hex().startswith("6c62dec1b8191749") and not tdx.debug and not tdx.simulated
 
 
 @pytest.mark.parametrize("kind,report", [("tdx", b"\x04\x00" + bytes(100)), ("sev-snp", bytes(100)),
@@ -183,54 +168,21 @@ def test_malformed_cpu_reports(kind, report):
         parse_cpu_report(kind, report)
 
 
-def cpu_only_policy(gaps: str) -> object:
-    text = shipped_policy_path("strict").read_text()
-    text = text.replace('required_confidential_mode = ["cpu", "gpu"]', 'required_confidential_mode = ["cpu"]')
-    text = text.replace('allowed_code_digests = []', f'allowed_code_digests = ["{"00" * 32}"]')
-    text = text.replace('allowed_model_digests = []', 'allowed_model_digests = ["ab0e0a8e2b3a3b1e2cc3d7a0b5bd5b04bd0f1cc07e8c2d5fa45e5ab2b3f3f4a1"]')
-    return parse_policy(text.replace(
-        'accepted_gaps = ["cpu-launch-measurement", "cpu-quote-signature", "gpu-reference-measurements", '
-        '"gpu-revocation"]', gaps))
-
-
-def tsm_bundle(policy, make_quote, kind: str, *, debug: bool = False) -> EvidenceBundle:
-    measurement = measurement_for(policy, bytes(32))
-    config, timestamp = key_config(), int(time.time())
-    bound = bind(config, measurement, NONCE, timestamp, b"")
-    return EvidenceBundle(backend="tsm", key_config=config, measurement=measurement, nonce=NONCE,
-                          timestamp=timestamp, report_data=bound,
-                          cpu=CpuEvidence(kind, make_quote(bound, debug=debug), ()), gpu=None)
-
-
-@pytest.mark.parametrize("kind,make_quote", [("tdx", tdx_quote), ("sev-snp", snp_report)])
-def test_cpu_quotes_need_the_policy_to_accept_the_unverified_signature_gap(kind, make_quote):
-    strict_gaps = cpu_only_policy('accepted_gaps = ["gpu-revocation"]')
-    with pytest.raises(errors.ChainError, match="cpu-quote-signature"):
-        verify(tsm_bundle(strict_gaps, make_quote, kind), strict_gaps)
-    lenient = cpu_only_policy('accepted_gaps = ["cpu-quote-signature"]')
-    report = verify_with_report(tsm_bundle(lenient, make_quote, kind), lenient)
-    details = {check.name: check.detail for check in report.checks}
-    assert "NOT verified" in details["chain"] and "NOT verified" in details["signature"]
-    # The remaining failure is the measurement allowlist: the code digest is listed, the model's is not.
-    assert isinstance(report.error, errors.MeasurementNotAllowedError)
-    assert all(check.passed for check in report.checks[: report.checks.index(
-        next(check for check in report.checks if check.passed is False))])
-
-
-@pytest.mark.parametrize("kind,make_quote", [("tdx", tdx_quote), ("sev-snp", snp_report)])
-def test_cpu_debug_bits_are_refused(kind, make_quote):
-    policy = cpu_only_policy('accepted_gaps = ["cpu-quote-signature"]')
-    with pytest.raises(errors.DebugModeError):
-        verify(tsm_bundle(policy, make_quote, kind, debug=True), policy)
+@pytest.mark.parametrize("evidence,fields", [(snp_evidence, SnpFields(policy=1 << 19)),
+                                             (tdx_evidence, TdxFields(td_attributes=1))])
+def test_cpu_debug_bits_are_refused(evidence, fields):
+    policy = cpu_policy()
+    with pytest.raises(errors.DebugModeError, match="allows debugging"):
+        verify(evidence(policy, fields), policy)
 
 
 def test_cpu_only_evidence_fails_a_policy_that_requires_the_gpu():
-    policy = parse_policy(shipped_policy_path("strict").read_text())
+    policy = cpu_policy(modes='["cpu", "gpu"]')
     with pytest.raises(errors.ConfidentialModeError, match="GPU"):
-        verify(tsm_bundle(policy, tdx_quote, "tdx"), policy)
+        verify(tdx_evidence(policy), policy)
 
 
-def hopper_bundle(policy) -> EvidenceBundle:
+def hopper_bundle(policy, report: bytes = REPORT, chain: tuple[bytes, ...] = CHAIN, rims: GpuRims | None = None) -> EvidenceBundle:
     measurement = measurement_for(policy, bytes(32))
     config = key_config()
     state = GpuState("PROD", cc_feature=True, devtools_mode=False)
@@ -238,38 +190,80 @@ def hopper_bundle(policy) -> EvidenceBundle:
     bound = bind(config, measurement, NONCE, timestamp, state.encode())
     return EvidenceBundle(backend="nvml", key_config=config, measurement=measurement, nonce=NONCE,
                           timestamp=timestamp, report_data=bound, cpu=None,
-                          gpu=GpuEvidence("nvidia-hopper", REPORT, CHAIN, state))
+                          gpu=GpuEvidence("nvidia-hopper", report, chain, state, rims=rims))
 
 
 def test_genuine_h100_report_runs_through_the_verifier_chain_and_signature_checks():
     policy = shipped_policy("strict")
     report = verify_with_report(hopper_bundle(policy), policy)
     by_name = {check.name: check for check in report.checks}
-    assert by_name["chain"].passed and "revocation not checked" in by_name["chain"].detail
-    assert by_name["signature"].passed
+    assert by_name["chain"].passed and by_name["signature"].passed
+    # NVIDIA published no RIM for this report's firmware: without RIMs the GPU is refused, naming them.
+    assert isinstance(report.error, errors.ReferenceMeasurementError)
+    assert "no driver and VBIOS RIMs" in str(report.error)
+
+
+RIM_VECTORS = vectors_path() / "nvidia-h100-rim"
+REPORT_2023 = bytes.fromhex((RIM_VECTORS / "attestation-report-2023.hex").read_text().strip())
+CHAIN_2023 = pem_chain_to_der((RIM_VECTORS / "cert-chain-2023.pem").read_bytes())
+RIM_TIME = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)  # inside the RIM signing leaves' validity
+
+
+def rims_2023(vbios: str = "vbios-rim-96.00.5E.00.01.swidtag") -> GpuRims:
+    return GpuRims(StapledRim((RIM_VECTORS / "driver-rim-545.00.swidtag").read_bytes(), ()),
+                   StapledRim((RIM_VECTORS / vbios).read_bytes(), ()))
+
+
+def test_the_2023_h100_report_passes_the_verifiers_reference_check_with_its_rims():
+    policy = shipped_policy("strict")
+    bundle = hopper_bundle(policy, REPORT_2023, CHAIN_2023, rims_2023())
+    report = verify_with_report(bundle, policy, chain_time=RIM_TIME)
+    by_name = {check.name: check for check in report.checks}
+    assert by_name["reference measurements"].passed
+    assert "driver 545.00 and VBIOS 96.00.5E.00.01" in by_name["reference measurements"].detail
     # The genuine report answers NVIDIA's sample nonce, not this bundle's SHA-256(report_data).
     assert isinstance(report.error, errors.BindingError)
 
 
-def test_hardware_gpu_evidence_needs_the_revocation_gap_named():
-    policy = parse_policy(shipped_policy_path("strict").read_text().replace(
-        '"gpu-reference-measurements", "gpu-revocation"]', '"gpu-reference-measurements"]'))
-    with pytest.raises(errors.ChainError, match="gpu-revocation"):
-        verify(hopper_bundle(policy), policy)
+def test_the_verifier_refuses_the_2023_report_with_the_production_vbios_rim_at_indexes_1_2_3_9():
+    policy = shipped_policy("strict")
+    bundle = hopper_bundle(policy, REPORT_2023, CHAIN_2023, rims_2023("vbios-rim-96.00.5E.00.01-prod.swidtag"))
+    with pytest.raises(errors.MeasurementMismatchError, match=r"1, 2, 3, 9") as refusal:
+        verify(bundle, policy, chain_time=RIM_TIME)
+    assert refusal.value.indexes == (1, 2, 3, 9)
+
+
+def test_hardware_gpu_evidence_without_ocsp_responses_is_refused_naming_them():
+    # Past the reference check (the 2023 RIMs) and with the binding and freshness of a fresh bundle faked
+    # by running the revocation check alone: it names the missing OCSP responses of the device chain.
+    policy = shipped_policy("strict")
+    ctx = checks.Context(hopper_bundle(policy, REPORT_2023, CHAIN_2023, rims_2023()), policy, time.time(), None, RIM_TIME)
+    checks.check_chain(ctx)
+    with pytest.raises(errors.RevocationError, match="GPU device chain carries no OCSP responses"):
+        gpu_checks.check_revocation(ctx)
 
 
 def test_the_vectors_directory_is_the_one_tested():
     assert (vectors_path() / "nvidia-h100" / "attestation-report.hex").is_file()
 
 
-@pytest.mark.parametrize("kind,make_quote", [("tdx", tdx_quote), ("sev-snp", snp_report)])
-def test_hardware_evidence_needs_the_launch_measurement_gap_named(kind, make_quote):
-    # Without it the verifier refuses: the code digest would be the node's own unproven claim.
-    without = cpu_only_policy('accepted_gaps = ["cpu-quote-signature"]')
-    report = verify_with_report(tsm_bundle(without, make_quote, kind), without)
-    assert isinstance(report.error, errors.MeasurementNotAllowedError)
-    assert "cpu-launch-measurement" in str(report.error)
-    named = cpu_only_policy('accepted_gaps = ["cpu-launch-measurement", "cpu-quote-signature"]')
-    report = verify_with_report(tsm_bundle(named, make_quote, kind), named)
-    # Past the gap, what remains is the allowlist (this bundle's model digest is not listed).
-    assert "cpu-launch-measurement" not in str(report.error)
+def test_the_operators_collateral_folder_is_stapled_in_chain_order(tmp_path):
+    from attestation.backends.gpu_collateral import read_collateral
+
+    assert read_collateral(None) == ((), None)
+    assert read_collateral(tmp_path) == ((), None)  # nothing fetched yet: the verifier will name what is missing
+    for name, data in {"driver.swidtag": b"<driver/>", "vbios.swidtag": b"<vbios/>", "device-ocsp-1.der": b"d1",
+                       "device-ocsp-2.der": b"d2", "device-ocsp-4.der": b"gap", "driver-ocsp-0.der": b"r0",
+                       "vbios-ocsp-0.der": b"v0", "vbios-ocsp-1.der": b"v1"}.items():
+        (tmp_path / name).write_bytes(data)
+    device, rims = read_collateral(tmp_path)
+    assert device == (b"d1", b"d2")  # stops at the first missing position
+    assert rims == GpuRims(StapledRim(b"<driver/>", (b"r0",)), StapledRim(b"<vbios/>", (b"v0", b"v1")))
+
+
+def test_hardware_evidence_without_a_cpu_report_cannot_tie_its_code_digest():
+    # A GPU-only node's code digest is its own claim: no launch measurement backs it.
+    policy = cpu_policy(modes='["gpu"]', extra=f', "{"00" * 32}"')
+    context = Context(hopper_bundle(policy), policy, time.time(), None, dt.datetime.now(dt.timezone.utc))
+    with pytest.raises(errors.LaunchMeasurementError, match="no CPU TEE report"):
+        check_measurement(context)

@@ -38,6 +38,31 @@ def test_round_trip_is_exact(bundle):
     assert json.loads(bundle.to_json())["version"] == BUNDLE_VERSION
 
 
+def test_stapled_rims_and_ocsp_round_trip_and_are_optional(bundle):
+    assert bundle.gpu.rims is not None and bundle.gpu.ocsp  # the simulated GPU staples both
+    document = json.loads(bundle.to_json())
+    assert set(document["gpu"]["rims"]) == {"driver", "vbios"}
+    bare = EvidenceBundle.from_json(edit_json(bundle, lambda d: [d["gpu"].pop("rims"), d["gpu"].pop("ocsp")]))
+    assert bare.gpu.rims is None and bare.gpu.ocsp == ()
+    assert "rims" not in json.loads(bare.to_json())["gpu"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d["gpu"]["rims"].pop("vbios"),
+        lambda d: d["gpu"]["rims"]["driver"].pop("ocsp"),
+        lambda d: d["gpu"]["rims"]["driver"].update(signed=True),
+        lambda d: d["gpu"]["rims"]["driver"].update(xml=d["gpu"]["rims"]["driver"]["xml"][:-1]),
+        lambda d: d["gpu"].update(ocsp="not a list"),
+        lambda d: d["gpu"].update(ocsp=d["gpu"]["ocsp"] * 9),
+    ],
+)
+def test_stapled_parts_are_parsed_strictly(bundle, change):
+    with pytest.raises(EvidenceFormatError):
+        EvidenceBundle.from_json(edit_json(bundle, change))
+
+
 def test_report_data_follows_the_documented_formula(bundle):
     freshness = struct.pack(">B", 32) + NONCE + struct.pack(">QH", bundle.timestamp, len(bundle.gpu.state.encode()))
     freshness += bundle.gpu.state.encode()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+from collections.abc import Callable
 
 import pytest
 from cryptography import x509
@@ -11,13 +13,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from attestation import errors
 from attestation.backends.sim import SimBackend, _SimDevice
+from attestation.backends.sim_gpu import build_ocsp_response
 from attestation.certs import pem_chain_to_der
-from attestation.hardware import hardware_id
+from attestation.bundle import CpuEvidence, EvidenceBundle
+from attestation.hardware import hardware_id, is_bound
 from attestation.sim_root import SimRoot, issue, load_or_create_sim_root
 from attestation.verifier import verify, verify_with_report
 from policy import shipped_policy
 from tests.conftest import vectors_path
-from tests.test_attestation_backends import cpu_only_policy, hopper_bundle, tdx_quote, tsm_bundle
+from tests.cpu_tee_support import cpu_policy, genuine_snp, genuine_tdx, snp_evidence, tdx_evidence
+from tests.test_attestation_backends import hopper_bundle
 from tests.test_attestation_nvidia_vectors import CHAIN
 from tests.test_attestation_support import (  # noqa: F401  (fixtures)
     code_digest,
@@ -87,24 +92,48 @@ def test_holding_the_chips_key_cannot_mint_another_identity_below_it(code_digest
     minted_key = ec.generate_private_key(ec.SECP384R1())
     minted = issue(SimRoot(identity, identity_key), "Veil SIMULATED minted CA", minted_key.public_key(), is_ca=True)
     extended = _device_under(SimRoot(minted, minted_key), [minted, identity, root.certificate])
+    keys = {identity.subject: identity_key, minted.subject: minted_key, root.certificate.subject: root.private_key}
     nodes = []
     for device in (direct, extended):
         backend = SimBackend()
         backend._gpu = device  # the simulated GPU, with a chain of the test's making
+        backend._ocsp = _issuers_answer(keys)  # as the key holder can: each issuer vouches for what it issued
         nodes.append(verify(collect(backend, policy, code_digest), policy))
     assert len(extended.chain) == 4 and nodes[0].hardware_id == nodes[1].hardware_id
+
+
+def _issuers_answer(keys: dict) -> Callable:
+    def answer(chain, first: int, nonce: bytes, when: dt.datetime) -> tuple[bytes, ...]:
+        return tuple(build_ocsp_response(certificate, issuer, keys[issuer.subject], this_update=when, nonce=nonce)
+                     for certificate, issuer in zip(chain[first:-1], chain[first + 1:]))
+    return answer
 
 
 def _device_under(issuer: SimRoot, above: list[x509.Certificate]) -> _SimDevice:
     key = ec.generate_private_key(ec.SECP384R1())
     leaf = issue(issuer, "Veil SIMULATED GPU Attestation Key", key.public_key(), is_ca=False)
-    return _SimDevice(key, tuple(c.public_bytes(serialization.Encoding.DER) for c in [leaf, *above]))
+    certificates = (leaf, *above)
+    return _SimDevice(key, tuple(c.public_bytes(serialization.Encoding.DER) for c in certificates), certificates)
 
 
-def test_cpu_only_quotes_name_no_chip_yet_and_say_so():
-    policy = cpu_only_policy('accepted_gaps = ["cpu-quote-signature", "cpu-launch-measurement"]')
-    one, other = tsm_bundle(policy, tdx_quote, "tdx"), tsm_bundle(policy, tdx_quote, "tdx")
-    # Not tied to a chip: each key counts on its own (a known gap until CPU chip ids are read).
-    assert hardware_id(one) != hardware_id(other)
-    chain = verify_with_report(one, policy).checks[1]
-    assert chain.name == "chain" and chain.passed and "counts once per key" in chain.detail
+def test_a_cpu_only_node_is_its_cpus_chip_however_many_keys_it_presents():
+    policy = cpu_policy(modes='["cpu"]')
+    snp, other_snp = snp_evidence(policy), snp_evidence(policy)
+    assert hardware_id(snp) == hardware_id(other_snp) and is_bound(snp)  # two keys, one chip
+    node = verify(snp, policy)
+    assert node.hardware_id == hardware_id(snp)
+    assert hardware_id(tdx_evidence(policy)) == hardware_id(tdx_evidence(policy))
+
+
+def test_genuine_cpu_reports_name_their_chips():
+    report, chain = genuine_snp()
+    snp = CpuEvidence("sev-snp", report, chain)
+    assert hardware_id(_cpu_only(snp)) == hardware_id(_cpu_only(snp))
+    platforms = {hardware_id(_cpu_only(CpuEvidence("tdx", genuine_tdx(name), ())))
+                 for name in ("quote-spr-e4.bin", "quote-gcp-cos113.bin")}
+    assert len(platforms) == 2 and hardware_id(_cpu_only(snp)) not in platforms
+
+
+def _cpu_only(cpu: CpuEvidence) -> EvidenceBundle:
+    bundle = snp_evidence(cpu_policy(modes='["cpu"]'))
+    return dataclasses.replace(bundle, cpu=cpu)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 
 import pytest
@@ -197,6 +198,58 @@ def case_simulated_relabelled_under_strict(code, tmp_path):
     return edit_json(bundle, _set(["backend"], "nvml")), policy, {}
 
 
+def _rims(document, change):
+    document["gpu"]["rims"] = change(document["gpu"]["rims"])
+
+
+def _rim_xml(part, change):
+    def edit(rims):
+        rims[part]["xml"] = b64(change(unb64(rims[part]["xml"])))
+        return rims
+    return edit
+
+
+def case_rims_stripped(code, tmp_path):
+    bundle = collect(SimBackend(), dev_policy(), code)
+    return dataclasses.replace(bundle, gpu=dataclasses.replace(bundle.gpu, rims=None)), dev_policy(), {}
+
+
+def case_rim_measurement_edited(code, tmp_path):
+    bundle = collect(SimBackend(), dev_policy(), code)
+    edit = _rim_xml("vbios", lambda xml: re.sub(rb'Hash0="(.)', lambda m: b'Hash0="' + (b"1" if m[1] == b"0" else b"0"),
+                                                xml, count=1))
+    return edit_json(bundle, lambda d: _rims(d, edit)), dev_policy(), {}
+
+
+def case_rims_swapped(code, tmp_path):
+    bundle = collect(SimBackend(), dev_policy(), code)
+    return edit_json(bundle, lambda d: _rims(d, lambda r: {"driver": r["vbios"], "vbios": r["driver"]})), dev_policy(), {}
+
+
+def case_rims_of_another_gpu_model(code, tmp_path):
+    bundle = collect(SimBackend(), dev_policy(), code)
+    other = collect(SimBackend(tmp_path / "another-root"), dev_policy(), code)  # signed under an unpinned root
+    return dataclasses.replace(bundle, gpu=dataclasses.replace(bundle.gpu, rims=other.gpu.rims)), dev_policy(), {}
+
+
+def case_ocsp_stripped(code, tmp_path):
+    bundle = collect(SimBackend(), dev_policy(), code)
+    return edit_json(bundle, lambda d: d["gpu"].pop("ocsp")), dev_policy(), {}
+
+
+def case_ocsp_replayed_from_other_evidence(code, tmp_path):
+    backend = SimBackend()
+    bundle = collect(backend, dev_policy(), code)
+    other = collect(backend, dev_policy(), code, nonce=bytes(32))
+    return dataclasses.replace(bundle, gpu=dataclasses.replace(bundle.gpu, ocsp=other.gpu.ocsp)), dev_policy(), {}
+
+
+def case_ocsp_older_than_policy_allows(code, tmp_path):
+    policy = dev_variant("max_ocsp_age_s = 86400", "max_ocsp_age_s = 60")
+    bundle = collect(SimBackend(), policy, code)
+    return bundle, policy, {"now": bundle.timestamp + 61}
+
+
 def case_truncated_report_data(code, tmp_path):
     bundle = collect(SimBackend(), dev_policy(), code)
     return edit_json(bundle, lambda d: d.update(report_data=d["report_data"][:-4])), dev_policy(), {}
@@ -214,7 +267,7 @@ def case_truncated_gpu_report(code, tmp_path):
 
 def case_unknown_version(code, tmp_path):
     bundle = collect(SimBackend(), dev_policy(), code)
-    return edit_json(bundle, _set(["version"], "veil-evidence-v2")), dev_policy(), {}
+    return edit_json(bundle, _set(["version"], "veil-evidence-v9")), dev_policy(), {}
 
 
 def case_duplicated_field(code, tmp_path):
@@ -262,6 +315,13 @@ CASES = [
     (case_gpu_report_replayed, errors.BindingError),
     (case_cpu_report_replayed, errors.BindingError),
     (case_gpu_stripped, errors.BindingError),
+    (case_rims_stripped, errors.ReferenceMeasurementError),
+    (case_rim_measurement_edited, errors.RimSignatureError),
+    (case_rims_swapped, errors.FirmwareVersionError),
+    (case_rims_of_another_gpu_model, errors.RimChainError),
+    (case_ocsp_stripped, errors.RevocationError),
+    (case_ocsp_replayed_from_other_evidence, errors.OcspNonceError),
+    (case_ocsp_older_than_policy_allows, errors.OcspStaleError),
     (case_stale, errors.FreshnessError),
     (case_future, errors.FreshnessError),
     (case_wrong_nonce, errors.FreshnessError),

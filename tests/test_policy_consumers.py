@@ -9,19 +9,25 @@ enforced by the loader itself: any other value is refused with the requirement i
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import time
 from pathlib import Path
 
 import pytest
 
 from attestation.backends.sim import SimBackend
-from attestation.errors import ChainError
-from attestation.verifier import verify
+from attestation.errors import ChainError, CrlError, OcspStaleError, RimChainError
+from attestation.verifier import verify, verify_with_report
 from enclave.selfcheck import check_node_settings
 from enclave.settings import NodeSettings
 from policy import AttestationPolicy, AuditPolicy, EnginePolicy, RoutingPolicy
 from policy.forbidden import KNOBS
-from policy.loader import SCHEMA
+from policy.loader import SCHEMA, parse_policy
 from tests.test_attestation_support import code_digest, collect, dev_policy, dev_variant, sim_root_dir  # noqa: F401
+from policy.shipped import shipped_policy_path
+from tests.cpu_tee_support import NOW as CRL_NOW
+from tests.cpu_tee_support import amd_hierarchy, cpu_policy, snp_evidence
+from tests.test_attestation_backends import CHAIN_2023, REPORT_2023, RIM_TIME, hopper_bundle, rims_2023
 from tests.test_security_claims import missing_tests
 
 FORBIDDEN_KNOB_REFUSED = "tests/test_policy_loading.py::test_every_forbidden_knob_value_is_refused_with_its_requirement"
@@ -43,9 +49,17 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
     "attestation.max_clock_skew_s": ("tests/test_attestation_tamper.py::test_tampered_evidence_is_refused_by_the_intended_check",),
     "attestation.required_confidential_mode": (
         "tests/test_attestation_backends.py::test_cpu_only_evidence_fails_a_policy_that_requires_the_gpu",),
+    "attestation.pinned_rim_roots": (
+        "tests/test_attestation_rim.py::test_an_unpinned_rim_root_is_refused",
+        "tests/test_policy_consumers.py::test_genuine_rims_verify_only_under_a_policy_pinning_their_root"),
+    "attestation.max_ocsp_age_s": (
+        "tests/test_policy_consumers.py::test_the_policy_bounds_the_age_of_stapled_revocation_status",),
+    "attestation.max_crl_age_s": ("tests/test_policy_consumers.py::test_the_policy_bounds_the_age_of_stapled_crls",),
+    "attestation.launch_measurements": (
+        "tests/test_attestation_sev_snp.py::test_a_launch_measurement_listed_for_other_code_is_refused",),
     "attestation.debug_forbidden": ("tests/test_policy_loading.py::test_debug_cannot_be_allowed",),
-    "attestation.accepted_gaps": (
-        "tests/test_attestation_backends.py::test_cpu_quotes_need_the_policy_to_accept_the_unverified_signature_gap",),
+    # No check is left to waive: any name is refused by the loader (KNOWN_GAPS is empty).
+    "attestation.accepted_gaps": ("tests/test_policy_launch.py::test_strict_accepts_no_cpu_gap_and_lists_no_launch_measurement_yet",),
     "engine.max_context_tokens": ("tests/test_policy_consumers.py::test_a_node_serves_the_policys_context_length",),
     "engine.kv_budget_mib": ("tests/test_enclave_node.py::test_self_check_refuses_a_kv_pool_over_the_policy_budget",),
     "engine.prefix_sharing": (
@@ -114,3 +128,33 @@ def test_without_trusting_the_local_root_simulated_evidence_has_no_chain(code_di
     untrusting = dev_variant("trust_local_simulated_root = true", "trust_local_simulated_root = false")
     with pytest.raises(ChainError):
         verify(bundle, untrusting)
+
+
+def test_the_policy_bounds_the_age_of_stapled_revocation_status(code_digest: bytes) -> None:  # noqa: F811
+    later = time.time() + 600  # the evidence is still fresh (max_evidence_age_s is an hour)
+    verify(collect(SimBackend(), dev_policy(), code_digest), dev_policy(), now=later)
+    strict_revocation = dev_variant("max_ocsp_age_s = 86400", "max_ocsp_age_s = 60")
+    with pytest.raises(OcspStaleError):
+        verify(collect(SimBackend(), strict_revocation, code_digest), strict_revocation, now=later)
+
+
+def test_genuine_rims_verify_only_under_a_policy_pinning_their_root() -> None:
+    strict = shipped_policy_path("strict").read_text()
+    pinned = strict.split("pinned_rim_roots = ", 1)[1].split("\n", 1)[0]
+    for text, passes in ((strict, True), (strict.replace(pinned, '["' + "00" * 32 + '"]'), False)):
+        policy = parse_policy(text)
+        bundle = hopper_bundle(policy, REPORT_2023, CHAIN_2023, rims_2023())
+        report = verify_with_report(bundle, policy, chain_time=RIM_TIME)
+        check = {check.name: check for check in report.checks}["reference measurements"]
+        assert check.passed is passes
+    assert isinstance(report.error, RimChainError)
+
+
+def test_the_policy_bounds_the_age_of_stapled_crls() -> None:
+    two_days_old = {"this_update": CRL_NOW - dt.timedelta(days=2)}
+    for max_age_s, passes in ((30 * 86_400, True), (86_400, False)):
+        policy = cpu_policy(max_crl_age_s=max_age_s)
+        bundle = snp_evidence(policy, crls=amd_hierarchy().crls(**two_days_old))
+        report = verify_with_report(bundle, policy)
+        assert (report.error is None) is passes, report.error
+    assert isinstance(report.error, CrlError)

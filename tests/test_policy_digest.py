@@ -26,7 +26,7 @@ def test_digest_survives_reformatting(tmp_path: Path):
     document = strict_document()
     reordered = to_toml(document, reverse=True)  # keys and sections in another order, no comments
     assert parse_policy(reordered).digest == original.digest
-    document["attestation"]["accepted_gaps"].reverse()  # set-like lists: order is not meaning
+    document["attestation"]["pinned_roots"].reverse()  # set-like lists: order is not meaning
     assert parse_policy(to_toml(document)).digest == original.digest
     spaced = shipped_policy_path("strict").read_text().replace(" = ", "   =   ") + "\n# trailing comment\n"
     path = tmp_path / "spaced.toml"
@@ -55,8 +55,10 @@ def _semantic_edits() -> list[tuple[str, str, object]]:
         ("attestation", "allowed_code_digests", ["11" * 32]),
         ("attestation", "max_evidence_age_s", 301),
         ("attestation", "max_clock_skew_s", 0),
+        ("attestation", "max_ocsp_age_s", 3600),
+        ("attestation", "max_crl_age_s", 86_400),
+        ("attestation", "pinned_rim_roots", ["00" * 32]),
         ("attestation", "required_confidential_mode", ["gpu"]),
-        ("attestation", "accepted_gaps", ["gpu-revocation"]),
         ("engine", "max_context_tokens", 8193),
         ("engine", "kv_budget_mib", 1),
         ("engine", "prefix_sharing", "off"),

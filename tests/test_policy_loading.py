@@ -10,6 +10,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
 import policy
+from attestation.roots import AMD_ARK_FINGERPRINTS
 from policy import (
     ForbiddenOptimizationError,
     InvalidValueError,
@@ -61,13 +62,28 @@ def with_value(section: str, key: str, value: object) -> str:
 
 def test_strict_pins_the_nvidia_root_and_refuses_simulation():
     strict = shipped_policy("strict")
-    root_pem = (vectors_path() / "nvidia-h100" / "device-identity-root.pem").read_bytes()
-    fingerprint = x509.load_pem_x509_certificate(root_pem).fingerprint(hashes.SHA256()).hex()
-    assert strict.attestation.pinned_roots == (fingerprint,)
+    vendor_roots = {
+        x509.load_pem_x509_certificates((vectors_path() / path).read_bytes())[-1].fingerprint(hashes.SHA256()).hex()
+        for path in ("nvidia-h100/device-identity-root.pem", "amd-sev-snp/ask-ark-milan.pem",
+                     "intel-tdx/intel-sgx-root-ca.pem")
+    }
+    # NVIDIA's, AMD's ARK per product line (Milan from the vectors; Genoa's is only pinned by fingerprint) and Intel's.
+    assert set(strict.attestation.pinned_roots) == vendor_roots | {AMD_ARK_FINGERPRINTS["Genoa"]}
+    assert set(AMD_ARK_FINGERPRINTS.values()) <= set(strict.attestation.pinned_roots)
     assert strict.attestation.allow_simulated is False
     assert strict.attestation.trust_local_simulated_root is False
     assert strict.is_development is False
     assert strict.engine.prefix_sharing == "request"
+
+
+def test_strict_pins_the_rim_root_and_accepts_no_gpu_gap():
+    strict = shipped_policy("strict")
+    rim_root_pem = (vectors_path() / "nvidia-h100" / "rim-root.pem").read_bytes()
+    fingerprint = x509.load_pem_x509_certificate(rim_root_pem).fingerprint(hashes.SHA256()).hex()
+    assert strict.attestation.pinned_rim_roots == (fingerprint,)
+    assert fingerprint not in strict.attestation.pinned_roots  # the RIM root signs no device chain
+    assert not [gap for gap in strict.attestation.accepted_gaps if gap.startswith("gpu-")]
+    assert strict.attestation.max_ocsp_age_s == 86_400
 
 
 def test_dev_accepts_simulation_and_says_so():
@@ -186,6 +202,10 @@ def test_missing_section_is_an_error():
         ("attestation", "pinned_roots", ["ab" * 32, "AB" * 32]),
         ("attestation", "required_confidential_mode", ["cpu", "tpm"]),
         ("attestation", "accepted_gaps", ["everything"]),
+        ("attestation", "accepted_gaps", ["gpu-revocation"]),  # checked now: no longer a gap to accept
+        ("attestation", "pinned_rim_roots", ["not-a-fingerprint"]),
+        ("attestation", "max_ocsp_age_s", 59),
+        ("attestation", "max_ocsp_age_s", 8 * 86_400),
         ("attestation", "allow_simulated", "no"),
         ("engine", "max_context_tokens", -1),
         ("engine", "allowed_model_digests", ["12" * 31]),

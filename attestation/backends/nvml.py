@@ -4,7 +4,9 @@ Reads the confidential-computing settings (environment PROD, ccFeature on,
 devToolsMode off), asks the GPU for an SPDM attestation report over the
 32-byte nonce SHA-256(report_data), and reads the device certificate chain.
 When configfs-tsm is present, the CPU TEE quote over the same report_data is
-added. Collection refuses, with a message saying what to change, when NVML is
+added, with its vendor's certificates and CRLs. The RIMs and OCSP responses the operator keeps in the
+collateral folder (attestation.backends.gpu_collateral) are stapled to the GPU evidence. Collection refuses, with a
+message saying what to change, when NVML is
 missing or the GPU is not in production CC mode.
 """
 
@@ -12,12 +14,14 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 from attestation.backends.base import bind, check_nonce, now_seconds
-from attestation.backends.tsm import TSM_REPORT_ROOT, tsm_available, tsm_quote
+from attestation.backends.gpu_collateral import collateral_dir, read_collateral
+from attestation.backends.tsm import TSM_REPORT_ROOT, tsm_available, tsm_evidence
 from attestation.binding import gpu_nonce
-from attestation.bundle import CpuEvidence, EvidenceBundle, GpuEvidence, GpuState
+from attestation.bundle import EvidenceBundle, GpuEvidence, GpuState
 from attestation.certs import pem_chain_to_der
 from attestation.errors import BackendError, BackendUnavailableError, GpuConfidentialModeOffError, NvmlMissingError
 from attestation.measurement import Measurement
@@ -110,11 +114,12 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, device_index: int = 0, *, tsm_root=TSM_REPORT_ROOT) -> None:
+    def __init__(self, device_index: int = 0, *, tsm_root=TSM_REPORT_ROOT, collateral: Path | None = None) -> None:
         self._nvml = load_nvml()
         self._status = nvml_status(self._nvml)
         self._device_index = device_index
         self._tsm_root = tsm_root
+        self._collateral = collateral if collateral is not None else collateral_dir()
 
     @property
     def status(self) -> NvmlStatus:
@@ -127,14 +132,14 @@ class NvmlBackend:
         timestamp = now_seconds()
         bound = bind(key_config, measurement, nonce, timestamp, state.encode())
         report, chain = self._gpu_report(gpu_nonce(bound))
+        ocsp, rims = read_collateral(self._collateral)
         cpu = None
         if tsm_available(self._tsm_root):
-            kind, quote = tsm_quote(bound, self._tsm_root)
-            cpu = CpuEvidence(kind, quote, ())
+            cpu = tsm_evidence(bound, self._tsm_root)
         return EvidenceBundle(
             backend=self.name, key_config=bytes(key_config), measurement=measurement, nonce=bytes(nonce),
             timestamp=timestamp, report_data=bound, cpu=cpu,
-            gpu=GpuEvidence("nvidia-hopper", report, chain, state),
+            gpu=GpuEvidence("nvidia-hopper", report, chain, state, ocsp=ocsp, rims=rims),
         )
 
     def _gpu_report(self, request_nonce: bytes) -> tuple[bytes, tuple[bytes, ...]]:

@@ -3,7 +3,9 @@
 Protocol: make a report entry under /sys/kernel/config/tsm/report, read its
 `generation`, write exactly 64 bytes of report_data to `inblob`, read the quote
 from `outblob`, then check that `generation` advanced by exactly one, so that
-no other writer changed the request between our write and our read.
+no other writer changed the request between our write and our read. The
+vendor's certificates and CRLs the operator fetched are stapled to the quote
+(:mod:`attestation.backends.collateral`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import secrets
 from pathlib import Path
 
 from attestation.backends.base import bind, check_nonce, now_seconds
+from attestation.backends.collateral import collateral_dir, load_collateral
 from attestation.binding import REPORT_DATA_SIZE
 from attestation.bundle import CpuEvidence, EvidenceBundle
 from attestation.errors import BackendError, TsmUnavailableError
@@ -47,6 +50,13 @@ def tsm_quote(report_data: bytes, root: Path = TSM_REPORT_ROOT) -> tuple[str, by
         entry.rmdir()
 
 
+def tsm_evidence(report_data: bytes, root: Path = TSM_REPORT_ROOT, collateral: Path | None = None) -> CpuEvidence:
+    """The CPU TEE's quote over `report_data`, with the certificates and CRLs stapled from `collateral`."""
+    kind, quote = tsm_quote(report_data, root)
+    chain, crls = load_collateral(kind, collateral_dir() if collateral is None else collateral)
+    return CpuEvidence(kind, quote, chain, crls)
+
+
 def _request(entry: Path, report_data: bytes) -> tuple[str, bytes]:
     if not (entry / "inblob").exists():
         raise TsmUnavailableError(f"{entry.parent} is not a configfs-tsm report directory (no inblob appeared)")
@@ -70,17 +80,17 @@ class TsmBackend:
 
     name = "tsm"
 
-    def __init__(self, root: Path = TSM_REPORT_ROOT) -> None:
+    def __init__(self, root: Path = TSM_REPORT_ROOT, collateral: Path | None = None) -> None:
         if not tsm_available(root):
             tsm_quote(bytes(REPORT_DATA_SIZE), root)  # raises the explanatory TsmUnavailableError
         self._root = root
+        self._collateral = collateral
 
     def collect(self, key_config: bytes, measurement: Measurement, nonce: bytes) -> EvidenceBundle:
         check_nonce(nonce)
         timestamp = now_seconds()
         bound = bind(key_config, measurement, nonce, timestamp, b"")
-        kind, quote = tsm_quote(bound, self._root)
         return EvidenceBundle(
             backend=self.name, key_config=bytes(key_config), measurement=measurement, nonce=bytes(nonce),
-            timestamp=timestamp, report_data=bound, cpu=CpuEvidence(kind, quote, ()), gpu=None,
+            timestamp=timestamp, report_data=bound, cpu=tsm_evidence(bound, self._root, self._collateral), gpu=None,
         )

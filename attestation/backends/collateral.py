@@ -1,0 +1,59 @@
+"""The CPU vendor's certificates and CRLs a node staples to its CPU TEE evidence.
+
+The node's operator fetches them ahead of time (and refreshes the CRLs
+regularly) into one folder, `$VEIL_CPU_COLLATERAL_DIR` or
+/etc/veil/cpu-collateral; verifiers never go online. File names, and where
+each comes from:
+
+SEV-SNP, from AMD KDS (https://kdsintf.amd.com):
+  vcek.der        /vcek/v1/{product}/{CHIP_ID hex}?blSPL=…&teeSPL=…&snpSPL=…&ucodeSPL=…
+                  (this chip's VCEK at its REPORTED_TCB)
+  cert_chain.pem  /vcek/v1/{product}/cert_chain   (the ASK, then the ARK)
+  crl.der         /vcek/v1/{product}/crl          (the ARK's CRL)
+TDX, from Intel PCS:
+  pck-crl.der     https://api.trustedservices.intel.com/sgx/certification/v4/pckcrl?ca=platform&encoding=der
+                  (ca=processor for a PCK issued by the Processor CA)
+  root-crl.der    https://certificates.trustedservices.intel.com/IntelSGXRootCA.der
+A TDX quote embeds its PCK chain, so no certificate file is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from attestation.certs import pem_chain_to_der
+from attestation.errors import BackendError, ChainError
+
+COLLATERAL_DIR_ENV = "VEIL_CPU_COLLATERAL_DIR"
+DEFAULT_COLLATERAL_DIR = Path("/etc/veil/cpu-collateral")
+CRL_FILES: dict[str, tuple[str, ...]] = {"sev-snp": ("crl.der",), "tdx": ("pck-crl.der", "root-crl.der")}
+
+
+def collateral_dir() -> Path:
+    """The folder the operator keeps the CPU vendor's certificates and CRLs in."""
+    return Path(os.environ.get(COLLATERAL_DIR_ENV, DEFAULT_COLLATERAL_DIR))
+
+
+def load_collateral(kind: str, folder: Path) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """(certificate chain, CRLs) to staple to a `kind` ("tdx", "sev-snp") report, read from `folder`."""
+    crls = tuple(_read(folder, name) for name in CRL_FILES[kind])
+    if kind == "tdx":
+        return (), crls
+    try:
+        ask_ark = pem_chain_to_der(_read(folder, "cert_chain.pem"))
+    except ChainError:
+        raise BackendError(f"{folder}/cert_chain.pem is not AMD KDS's PEM cert_chain (ASK, then ARK)") from None
+    if len(ask_ark) != 2:
+        raise BackendError(f"{folder}/cert_chain.pem must hold the ASK then the ARK, as AMD KDS serves it")
+    return (_read(folder, "vcek.der"), *ask_ark), crls
+
+
+def _read(folder: Path, name: str) -> bytes:
+    try:
+        return (folder / name).read_bytes()
+    except OSError as error:
+        raise BackendError(
+            f"cannot read {folder / name} ({error.strerror}): fetch it from the CPU vendor into "
+            f"${COLLATERAL_DIR_ENV} (see attestation/backends/collateral.py)"
+        ) from None

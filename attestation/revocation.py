@@ -1,0 +1,92 @@
+"""Revocation of attestation certificates, checked offline from what the node staples.
+
+A node fetches its vendor's certificate revocation lists (AMD KDS for the
+ARK's CRL; Intel PCS for the PCK CRL and the Intel SGX Root CA CRL) and
+staples them to its evidence; the verifier never goes online. For each
+issuer that must vouch for its children, the CRL it signed must be present,
+verify under that issuer's key, be no older than the policy allows and not
+past its next update, and must not list the certificate that issuer signed
+in the chain.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from cryptography import x509
+
+from attestation.errors import CrlError
+
+MAX_CRLS = 8
+
+
+def load_crls(crls: Sequence[bytes], what: str) -> tuple[x509.CertificateRevocationList, ...]:
+    """Parse stapled DER CRLs; raise CrlError if any is malformed."""
+    if len(crls) > MAX_CRLS:
+        raise CrlError(f"the {what} evidence staples more than {MAX_CRLS} CRLs")
+    try:
+        return tuple(x509.load_der_x509_crl(der) for der in crls)
+    except ValueError:
+        raise CrlError(f"the {what} evidence staples a malformed CRL (DER expected)") from None
+
+
+def check_chain_not_revoked(
+    chain: Sequence[x509.Certificate],
+    crls: Sequence[bytes],
+    *,
+    issuers: Sequence[int],
+    at_time: dt.datetime,
+    max_age_s: int,
+    what: str,
+) -> str:
+    """Check the CRL of each chain[i], i in `issuers`, against chain[i - 1]; return a one-line detail."""
+    parsed = load_crls(crls, what)
+    for index in issuers:
+        issuer, child = chain[index], chain[index - 1]
+        crl = _crl_signed_by(issuer, parsed, what)
+        _check_crl_fresh(crl, _name(issuer), at_time, max_age_s, what)
+        if crl.get_revoked_certificate_by_serial_number(child.serial_number) is not None:
+            raise CrlError(f"the {what} certificate {_name(child)!r} is revoked by {_name(issuer)!r}")
+    names = ", ".join(_name(chain[index]) for index in issuers)
+    return f"not revoked (CRLs of {names}, at most {max_age_s} s old)"
+
+
+def _crl_signed_by(
+    issuer: x509.Certificate, crls: Sequence[x509.CertificateRevocationList], what: str
+) -> x509.CertificateRevocationList:
+    candidates = [crl for crl in crls if crl.issuer == issuer.subject]
+    if not candidates:
+        raise CrlError(
+            f"the {what} evidence lacks the CRL of {_name(issuer)!r}; the node must staple it (fetched from its vendor)"
+        )
+    if len(candidates) > 1:
+        raise CrlError(f"the {what} evidence staples more than one CRL of {_name(issuer)!r}; staple the newest only")
+    crl = candidates[0]
+    try:
+        valid = crl.is_signature_valid(issuer.public_key())  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise CrlError(f"the stapled CRL of {_name(issuer)!r} is not signed by it")
+    return crl
+
+
+def _check_crl_fresh(
+    crl: x509.CertificateRevocationList, issuer: str, at_time: dt.datetime, max_age_s: int, what: str
+) -> None:
+    issued, expires = crl.last_update_utc, crl.next_update_utc
+    if issued > at_time:
+        raise CrlError(f"the {what} CRL of {issuer!r} is dated in the future; check the node's collateral")
+    if expires is None or expires < at_time:
+        raise CrlError(f"the {what} CRL of {issuer!r} is past its next update (stale); fetch a new one")
+    age = (at_time - issued).total_seconds()
+    if age > max_age_s:
+        raise CrlError(
+            f"the {what} CRL of {issuer!r} is {age:.0f} s old; policy allows {max_age_s} s. Fetch a new one"
+        )
+
+
+def _name(certificate: x509.Certificate) -> str:
+    names = certificate.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    return str(names[0].value) if names else certificate.subject.rfc4514_string()

@@ -1,0 +1,184 @@
+"""AMD SEV-SNP: the attestation report (ABI version 2 and later) and the VCEK that signs it.
+
+Report layout (0x4A0 bytes, integers little-endian):
+
+    0x000 VERSION u32        0x008 POLICY u64 (bit 18 MIGRATE_MA, bit 19 DEBUG)
+    0x030 VMPL u32           0x034 SIGNATURE_ALGO u32 (1: ECDSA P-384 with SHA-384)
+    0x048 KEY_INFO u32 (bits 2-4 SIGNING_KEY: 0 VCEK)
+    0x050 REPORT_DATA (64)   0x090 MEASUREMENT (48)   0x180 REPORTED_TCB (8)
+    0x1A0 CHIP_ID (64)       0x2A0 signature r ‖ s, 72 bytes each, little-endian,
+                             over bytes 0x000-0x29F
+
+The VCEK (chip key, one per chip and TCB) is certified by the ASK, the ASK by
+the ARK of its product line (RSA-PSS, SHA-384). The VCEK's extensions name
+the product and certify the TCB's security patch levels and the chip's hwID,
+which must equal the report's REPORTED_TCB and CHIP_ID: a key certified for
+another chip or another TCB does not vouch for this report.
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cryptography import utils as crypto_utils
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, utils
+
+from attestation.errors import CertifiedTcbError, ChainError, ChipIdError, CpuReportFormatError, SignatureError
+
+REPORT_SIZE = 0x4A0
+SIGNED_SIZE = 0x2A0
+MIN_VERSION = 2
+MAX_VERSION = 5
+POLICY_MIGRATE_MA = 1 << 18
+POLICY_DEBUG = 1 << 19
+SIGNATURE_ALGO_ECDSA_P384 = 1
+SIGNING_KEY_VCEK = 0
+_AMD_OID = "1.3.6.1.4.1.3704.1."
+PRODUCT_NAME_OID = _AMD_OID + "2"
+HWID_OID = _AMD_OID + "4"
+# REPORTED_TCB byte -> the VCEK extension certifying it (Milan and Genoa TCB layout).
+TCB_EXTENSIONS: tuple[tuple[str, int, str], ...] = (
+    ("boot loader", 0, _AMD_OID + "3.1"),
+    ("TEE", 1, _AMD_OID + "3.2"),
+    ("SNP firmware", 6, _AMD_OID + "3.3"),
+    ("microcode", 7, _AMD_OID + "3.8"),
+)
+
+
+class SnpReportFormatError(CpuReportFormatError):
+    """An SEV-SNP report does not have the layout of a supported ABI version."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnpReport:
+    """The fields Veil checks in an SEV-SNP attestation report."""
+
+    version: int
+    policy: int
+    vmpl: int
+    signing_key: int
+    report_data: bytes
+    measurement: bytes
+    reported_tcb: bytes
+    chip_id: bytes
+    signed: bytes
+    signature_r: int
+    signature_s: int
+
+    @property
+    def debug(self) -> bool:
+        return bool(self.policy & POLICY_DEBUG)
+
+    @property
+    def migration_agent(self) -> bool:
+        return bool(self.policy & POLICY_MIGRATE_MA)
+
+
+def parse_snp_report(report: bytes) -> SnpReport:
+    """Parse a report of a supported version signed with ECDSA P-384; raise SnpReportFormatError otherwise."""
+    if len(report) != REPORT_SIZE:
+        raise SnpReportFormatError(f"an SEV-SNP attestation report is {REPORT_SIZE:#x} bytes (truncated or padded)")
+    (version,) = struct.unpack_from("<I", report, 0x00)
+    if not MIN_VERSION <= version <= MAX_VERSION:
+        raise SnpReportFormatError(f"SEV-SNP report version {version} is not supported ({MIN_VERSION} to {MAX_VERSION})")
+    (policy,) = struct.unpack_from("<Q", report, 0x08)
+    vmpl, algorithm = struct.unpack_from("<II", report, 0x30)
+    (key_info,) = struct.unpack_from("<I", report, 0x48)
+    if algorithm != SIGNATURE_ALGO_ECDSA_P384:
+        raise SnpReportFormatError("the SEV-SNP report is not signed with ECDSA P-384")
+    return SnpReport(
+        version=version, policy=policy, vmpl=vmpl, signing_key=(key_info >> 2) & 0x7,
+        report_data=report[0x50:0x90], measurement=report[0x90:0xC0], reported_tcb=report[0x180:0x188],
+        chip_id=report[0x1A0:0x1E0], signed=report[:SIGNED_SIZE],
+        signature_r=int.from_bytes(report[0x2A0:0x2E8], "little"),
+        signature_s=int.from_bytes(report[0x2E8:0x330], "little"),
+    )
+
+
+def load_vcek_chain(chain: Sequence[bytes]) -> tuple[x509.Certificate, ...]:
+    """The bundle's VCEK, ASK and ARK (DER, in that order), parsed."""
+    if len(chain) != 3:
+        raise ChainError(
+            "SEV-SNP evidence must carry the VCEK, ASK and ARK certificates (from AMD KDS); "
+            f"it carries {len(chain)} certificate(s)"
+        )
+    with warnings.catch_warnings():
+        # AMD issues VCEKs with serial number 0, which RFC 5280 disallows and cryptography warns about.
+        warnings.simplefilter("ignore", crypto_utils.CryptographyDeprecationWarning)
+        try:
+            return tuple(x509.load_der_x509_certificate(der) for der in chain)
+        except ValueError:
+            raise ChainError("the SEV-SNP certificate chain holds a malformed certificate (VCEK, ASK or ARK)") from None
+
+
+def check_product_line(chain: Sequence[x509.Certificate]) -> str:
+    """The VCEK's product (e.g. Milan); its ASK and ARK must be that product's (SEV-<product>, ARK-<product>)."""
+    vcek, ask, ark = chain
+    product = _extension_ia5(vcek, PRODUCT_NAME_OID).split("-", 1)[0]
+    expected = (f"SEV-{product}", f"ARK-{product}")
+    if (_common_name(ask), _common_name(ark)) != expected:
+        raise ChainError(f"the SEV-SNP VCEK is for {product!r} but its chain is not that product's ASK and ARK")
+    return product
+
+
+def verify_report_signature(report: SnpReport, vcek: x509.Certificate) -> None:
+    """Check the report's signature under the VCEK's P-384 key."""
+    key = vcek.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp384r1":
+        raise SignatureError("the SEV-SNP VCEK does not hold an ECDSA P-384 key")
+    if report.signing_key != SIGNING_KEY_VCEK:
+        raise SignatureError("the SEV-SNP report is not signed by the chip's VCEK (VLEK or no key); Veil verifies VCEK reports")
+    try:
+        key.verify(utils.encode_dss_signature(report.signature_r, report.signature_s), report.signed, ec.ECDSA(hashes.SHA384()))
+    except InvalidSignature:
+        raise SignatureError("the SEV-SNP report's signature does not verify under its VCEK") from None
+
+
+def check_vcek_certifies(report: SnpReport, vcek: x509.Certificate) -> None:
+    """The VCEK must certify the report's REPORTED_TCB and CHIP_ID."""
+    for what, offset, oid in TCB_EXTENSIONS:
+        if _extension_small_int(vcek, oid) != report.reported_tcb[offset]:
+            raise CertifiedTcbError(
+                f"the SEV-SNP report's {what} security patch level differs from the one its VCEK certifies; "
+                "fetch the VCEK for the reported TCB"
+            )
+    if _extension_raw(vcek, HWID_OID) != report.chip_id:
+        raise ChipIdError("the SEV-SNP report's CHIP_ID differs from its VCEK's hwID: the VCEK is another chip's")
+
+
+def _extension_raw(certificate: x509.Certificate, oid: str) -> bytes:
+    try:
+        extension = certificate.extensions.get_extension_for_oid(x509.ObjectIdentifier(oid))
+    except x509.ExtensionNotFound:
+        raise ChainError(f"the SEV-SNP VCEK lacks AMD's extension {oid}; it is not a VCEK") from None
+    value = extension.value
+    if not isinstance(value, x509.UnrecognizedExtension):
+        raise ChainError(f"the SEV-SNP VCEK's extension {oid} is malformed")
+    return value.value
+
+
+def _extension_small_int(certificate: x509.Certificate, oid: str) -> int:
+    raw = _extension_raw(certificate, oid)  # DER INTEGER 0..255: 02 01 xx, or 02 02 00 xx above 127
+    if len(raw) == 3 and raw[:2] == b"\x02\x01" and raw[2] < 0x80:
+        return raw[2]
+    if len(raw) == 4 and raw[:3] == b"\x02\x02\x00" and raw[3] >= 0x80:
+        return raw[3]
+    raise ChainError(f"the SEV-SNP VCEK's extension {oid} is not a patch level from 0 to 255")
+
+
+def _extension_ia5(certificate: x509.Certificate, oid: str) -> str:
+    raw = _extension_raw(certificate, oid)
+    if len(raw) < 2 or raw[0] != 0x16 or raw[1] != len(raw) - 2:
+        raise ChainError(f"the SEV-SNP VCEK's extension {oid} is not a product name")
+    return raw[2:].decode("ascii", errors="replace")
+
+
+def _common_name(certificate: x509.Certificate) -> str:
+    names = certificate.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    return str(names[0].value) if names else ""

@@ -1,0 +1,328 @@
+"""CPU TEE evidence for tests: the genuine vectors, and synthetic AMD and Intel hierarchies that sign
+reports and CRLs with the same formats, so that every field and every CRL case can be exercised through
+the verifier (genuine reports cannot be re-signed, and no genuine CRLs are published with them)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import struct
+import time
+from dataclasses import dataclass, field
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
+from cryptography.x509.oid import NameOID
+
+from attestation.backends.base import bind
+from attestation.bundle import CpuEvidence, EvidenceBundle
+from attestation.certs import fingerprint
+from attestation.measurement import Measurement
+from attestation.tdx import INTEL_QE_MRSIGNER, INTEL_QE_VENDOR_ID
+from attestation.verifier import verify_with_report
+from policy import parse_policy, shipped_policy_path
+from tests.conftest import vectors_path
+from tests.test_attestation_support import NONCE, key_config
+
+DER = serialization.Encoding.DER
+NOW = dt.datetime.now(dt.timezone.utc)
+CODE_DIGEST = "c0de" * 16
+MODEL_DIGEST = "ab0e0a8e2b3a3b1e2cc3d7a0b5bd5b04bd0f1cc07e8c2d5fa45e5ab2b3f3f4a1"
+SNP_MEASUREMENT = bytes(range(48))
+TDX_MRTD = bytes(range(100, 148))
+TDX_RTMRS = tuple(bytes([index + 1]) * 48 for index in range(4))
+PSS = padding.PSS(padding.MGF1(hashes.SHA384()), 48)
+
+
+# ----- the genuine vectors ----------------------------------------------------------------------
+
+def genuine_snp() -> tuple[bytes, tuple[bytes, bytes, bytes]]:
+    """The genuine Milan report and its VCEK, ASK and ARK (DER)."""
+    folder = vectors_path() / "amd-sev-snp"
+    ask, ark = x509.load_pem_x509_certificates((folder / "ask-ark-milan.pem").read_bytes())
+    chain = ((folder / "vcek-milan.der").read_bytes(), ask.public_bytes(DER), ark.public_bytes(DER))
+    return (folder / "report.bin").read_bytes(), chain
+
+
+def genuine_tdx(name: str) -> bytes:
+    return (vectors_path() / "intel-tdx" / name).read_bytes()
+
+
+GENUINE_TDX_QUOTES = ("quote-spr-e4.bin", "quote-gcp-cos113.bin")
+
+
+# ----- synthetic certificate hierarchies ------------------------------------------------------------
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def issue_certificate(
+    subject: str, public_key, issuer: str, issuer_key, *, ca: bool, serial: int,
+    extensions: tuple[x509.ExtensionType, ...] = (), days: int = 3650,
+) -> x509.Certificate:
+    builder = (
+        x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer))
+        .public_key(public_key).serial_number(serial)
+        .not_valid_before(NOW - dt.timedelta(days=1)).not_valid_after(NOW + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    for extension in extensions:
+        builder = builder.add_extension(extension, critical=False)
+    if isinstance(issuer_key, rsa.RSAPrivateKey):
+        return builder.sign(issuer_key, hashes.SHA384(), rsa_padding=PSS)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def make_crl(
+    issuer: x509.Certificate, issuer_key, *, revoked: tuple[int, ...] = (),
+    this_update: dt.datetime | None = None, next_update: dt.datetime | None = None,
+) -> bytes:
+    """A DER CRL by `issuer`, valid from an hour ago for a week unless told otherwise."""
+    builder = (
+        x509.CertificateRevocationListBuilder().issuer_name(issuer.subject)
+        .last_update(this_update or NOW - dt.timedelta(hours=1))
+        .next_update(next_update or NOW + dt.timedelta(days=7))
+    )
+    for serial in revoked:
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(NOW - dt.timedelta(hours=2)).build()
+        )
+    if isinstance(issuer_key, rsa.RSAPrivateKey):
+        return builder.sign(issuer_key, hashes.SHA384(), rsa_padding=PSS).public_bytes(DER)
+    return builder.sign(issuer_key, hashes.SHA256()).public_bytes(DER)
+
+
+def _amd_extension(suffix: str, value: bytes) -> x509.UnrecognizedExtension:
+    return x509.UnrecognizedExtension(x509.ObjectIdentifier("1.3.6.1.4.1.3704.1." + suffix), value)
+
+
+@dataclass(frozen=True)
+class AmdHierarchy:
+    """ARK → ASK → VCEK of one synthetic chip, product Milan."""
+
+    ark_key: rsa.RSAPrivateKey
+    ark: x509.Certificate
+    ask_key: rsa.RSAPrivateKey
+    ask: x509.Certificate
+    vcek_key: ec.EllipticCurvePrivateKey
+    vcek: x509.Certificate
+    chip_id: bytes
+    tcb: bytes  # REPORTED_TCB bytes the VCEK certifies
+
+    @property
+    def chain(self) -> tuple[bytes, bytes, bytes]:
+        return tuple(cert.public_bytes(DER) for cert in (self.vcek, self.ask, self.ark))  # type: ignore[return-value]
+
+    def crls(self, **options) -> tuple[bytes, ...]:
+        return (make_crl(self.ark, self.ark_key, **options),)
+
+
+def vcek_extensions(product: str, tcb: bytes, chip_id: bytes) -> tuple[x509.ExtensionType, ...]:
+    spl = {"3.1": tcb[0], "3.2": tcb[1], "3.3": tcb[6], "3.8": tcb[7]}
+    return (
+        _amd_extension("2", b"\x16" + bytes([len(product)]) + product.encode()),
+        *(_amd_extension(oid, bytes([2, 1, level])) for oid, level in spl.items()),
+        _amd_extension("4", chip_id),
+    )
+
+
+@functools.cache
+def amd_hierarchy(product: str = "Milan") -> AmdHierarchy:
+    ark_key = rsa.generate_private_key(65537, 2048)
+    ark = issue_certificate(f"ARK-{product}", ark_key.public_key(), f"ARK-{product}", ark_key, ca=True, serial=1)
+    ask_key = rsa.generate_private_key(65537, 2048)
+    ask = issue_certificate(f"SEV-{product}", ask_key.public_key(), f"ARK-{product}", ark_key, ca=True, serial=2)
+    vcek_key = ec.generate_private_key(ec.SECP384R1())
+    chip_id, tcb = hashlib.sha512(b"veil test chip").digest(), bytes([3, 0, 0, 0, 0, 0, 8, 115])
+    vcek = issue_certificate("SEV-VCEK", vcek_key.public_key(), f"SEV-{product}", ask_key, ca=False, serial=3,
+                             extensions=vcek_extensions(f"{product}-B0", tcb, chip_id))
+    return AmdHierarchy(ark_key, ark, ask_key, ask, vcek_key, vcek, chip_id, tcb)
+
+
+@dataclass
+class SnpFields:
+    """What a synthetic SEV-SNP report says; defaults are a well-behaved production guest."""
+
+    report_data: bytes = bytes(64)
+    version: int = 2
+    policy: int = (1 << 17) | (1 << 16)  # reserved bit 17 set, SMT allowed; no debug, no migration agent
+    vmpl: int = 0
+    measurement: bytes = SNP_MEASUREMENT
+    reported_tcb: bytes | None = None  # None: the TCB the VCEK certifies
+    chip_id: bytes | None = None  # None: the VCEK's hwID
+    key_info: int = 0
+
+
+def snp_report(hierarchy: AmdHierarchy, fields: SnpFields) -> bytes:
+    """A report with `fields`, signed by the hierarchy's VCEK as the firmware signs it."""
+    report = bytearray(0x4A0)
+    struct.pack_into("<IIQ", report, 0, fields.version, 0, fields.policy)
+    struct.pack_into("<II", report, 0x30, fields.vmpl, 1)
+    struct.pack_into("<I", report, 0x48, fields.key_info)
+    report[0x50:0x90] = fields.report_data
+    report[0x90:0xC0] = fields.measurement
+    report[0x180:0x188] = hierarchy.tcb if fields.reported_tcb is None else fields.reported_tcb
+    report[0x1A0:0x1E0] = hierarchy.chip_id if fields.chip_id is None else fields.chip_id
+    r, s = utils.decode_dss_signature(hierarchy.vcek_key.sign(bytes(report[:0x2A0]), ec.ECDSA(hashes.SHA384())))
+    report[0x2A0:0x2E8] = r.to_bytes(72, "little")
+    report[0x2E8:0x330] = s.to_bytes(72, "little")
+    return bytes(report)
+
+
+@dataclass(frozen=True)
+class IntelHierarchy:
+    """Intel SGX Root CA → PCK Platform CA → PCK of one synthetic platform."""
+
+    root_key: ec.EllipticCurvePrivateKey
+    root: x509.Certificate
+    platform_key: ec.EllipticCurvePrivateKey
+    platform: x509.Certificate
+    pck_key: ec.EllipticCurvePrivateKey
+    pck: x509.Certificate
+
+    def pem_chain(self) -> bytes:
+        return b"".join(cert.public_bytes(serialization.Encoding.PEM) for cert in (self.pck, self.platform, self.root))
+
+    def crls(self, *, pck: dict | None = None, root: dict | None = None) -> tuple[bytes, bytes]:
+        return (make_crl(self.platform, self.platform_key, **(pck or {})), make_crl(self.root, self.root_key, **(root or {})))
+
+
+@functools.cache
+def intel_hierarchy() -> IntelHierarchy:
+    root_key = ec.generate_private_key(ec.SECP256R1())
+    root = issue_certificate("Intel SGX Root CA", root_key.public_key(), "Intel SGX Root CA", root_key, ca=True, serial=10)
+    platform_key = ec.generate_private_key(ec.SECP256R1())
+    platform = issue_certificate("Intel SGX PCK Platform CA", platform_key.public_key(), "Intel SGX Root CA", root_key,
+                                 ca=True, serial=11)
+    pck_key = ec.generate_private_key(ec.SECP256R1())
+    pck = issue_certificate("Intel SGX PCK Certificate", pck_key.public_key(), "Intel SGX PCK Platform CA",
+                            platform_key, ca=False, serial=12)
+    return IntelHierarchy(root_key, root, platform_key, platform, pck_key, pck)
+
+
+@dataclass
+class TdxFields:
+    """What a synthetic TDX quote says; defaults are a well-behaved production TD."""
+
+    report_data: bytes = bytes(64)
+    version: int = 4
+    td_attributes: int = 1 << 28  # SEPT_VE_DISABLE, no debug
+    mrtd: bytes = TDX_MRTD
+    rtmrs: tuple[bytes, ...] = TDX_RTMRS
+    qe_mrsigner: bytes = INTEL_QE_MRSIGNER
+    qe_auth_data: bytes = bytes(range(32))
+    certify_other_key: bool = False  # the QE report binds a key other than the one that signs
+    pem_chain: bytes | None = None  # None: the hierarchy's chain
+    attestation_key: ec.EllipticCurvePrivateKey = field(default_factory=lambda: ec.generate_private_key(ec.SECP256R1()))
+
+
+def _raw_p256(key: ec.EllipticCurvePrivateKey, data: bytes) -> bytes:
+    r, s = utils.decode_dss_signature(key.sign(data, ec.ECDSA(hashes.SHA256())))
+    return r.to_bytes(32, "big") + s.to_bytes(32, "big")
+
+
+def tdx_quote(hierarchy: IntelHierarchy, fields: TdxFields) -> bytes:
+    """A version-4-layout quote with `fields`, signed as Intel's QE and PCE sign it."""
+    header = struct.pack("<HHIHH", fields.version, 2, 0x81, 0, 0) + INTEL_QE_VENDOR_ID + bytes(20)
+    body = bytearray(584)
+    struct.pack_into("<Q", body, 0x0A8 - 0x30, fields.td_attributes)
+    body[0x0B8 - 0x30:0x0E8 - 0x30] = fields.mrtd
+    for index, rtmr in enumerate(fields.rtmrs):
+        start = 0x178 + 48 * index - 0x30
+        body[start:start + 48] = rtmr
+    body[0x238 - 0x30:] = fields.report_data
+    signed = header + bytes(body)
+    point = fields.attestation_key.public_key().public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)[1:]
+    bound_key = bytes(64) if fields.certify_other_key else point
+    qe_report = bytearray(384)
+    qe_report[128:160] = fields.qe_mrsigner
+    qe_report[320:352] = hashlib.sha256(bound_key + fields.qe_auth_data).digest()
+    chain = hierarchy.pem_chain() if fields.pem_chain is None else fields.pem_chain
+    inner = struct.pack("<HI", 5, len(chain)) + chain
+    qe_data = (bytes(qe_report) + _raw_p256(hierarchy.pck_key, bytes(qe_report))
+               + struct.pack("<H", len(fields.qe_auth_data)) + fields.qe_auth_data + inner)
+    signature_data = _raw_p256(fields.attestation_key, signed) + point + struct.pack("<HI", 6, len(qe_data)) + qe_data
+    return signed + struct.pack("<I", len(signature_data)) + signature_data
+
+
+# ----- policies and bundles ---------------------------------------------------------------------
+
+def cpu_policy(*, roots: tuple[str, ...] = (), launch: str = "", extra: str = "", max_crl_age_s: int = 86_400,
+               modes: str = '["cpu"]'):
+    """`strict` for CPU-only evidence: the synthetic roots pinned, the test code and model digests listed with
+    the synthetic images' launch measurements (or `launch`, TOML inline tables)."""
+    pins = roots or (fingerprint(amd_hierarchy().ark), fingerprint(intel_hierarchy().root))
+    launch = launch or (
+        f'{{ tee = "sev-snp", code = "{CODE_DIGEST}", measurement = "{SNP_MEASUREMENT.hex()}" }}, '
+        f'{{ tee = "tdx", code = "{CODE_DIGEST}", mrtd = "{TDX_MRTD.hex()}", rtmr0 = "{TDX_RTMRS[0].hex()}" }}'
+    )
+    text = shipped_policy_path("strict").read_text()
+    replacements = {
+        'required_confidential_mode = ["cpu", "gpu"]': f"required_confidential_mode = {modes}",
+        "allowed_code_digests = []": f'allowed_code_digests = ["{CODE_DIGEST}"{extra}]',
+        "allowed_model_digests = []": f'allowed_model_digests = ["{MODEL_DIGEST}"]',
+        "launch_measurements = []": f"launch_measurements = [{launch}]",
+        "max_crl_age_s = 2592000": f"max_crl_age_s = {max_crl_age_s}",
+    }
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    start = text.index("pinned_roots = [")
+    end = text.index("]", start) + 1
+    return parse_policy(text[:start] + "pinned_roots = [" + ", ".join(f'"{pin}"' for pin in pins) + "]" + text[end:])
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a node binds: its key configuration, measurement, nonce and time, and the resulting report_data."""
+
+    key_config: bytes
+    measurement: Measurement
+    timestamp: int
+    report_data: bytes
+
+
+def binding_for(policy, code_digest: str = CODE_DIGEST) -> Binding:
+    measurement = Measurement(bytes.fromhex(code_digest), policy.digest, bytes.fromhex(MODEL_DIGEST))
+    config, timestamp = key_config(), int(time.time())
+    return Binding(config, measurement, timestamp, bind(config, measurement, NONCE, timestamp, b""))
+
+
+def tsm_bundle(binding: Binding, cpu: CpuEvidence) -> EvidenceBundle:
+    return EvidenceBundle(backend="tsm", key_config=binding.key_config, measurement=binding.measurement,
+                          nonce=NONCE, timestamp=binding.timestamp, report_data=binding.report_data, cpu=cpu, gpu=None)
+
+
+def snp_evidence(policy, fields: SnpFields | None = None, *, crls: tuple[bytes, ...] | None = None,
+                 chain: tuple[bytes, ...] | None = None, code_digest: str = CODE_DIGEST) -> EvidenceBundle:
+    """A tsm bundle with a synthetic SEV-SNP report over the bundle's own binding, unless `fields` says otherwise."""
+    hierarchy = amd_hierarchy()
+    binding = binding_for(policy, code_digest)
+    fields = fields or SnpFields()
+    if fields.report_data == bytes(64):
+        fields.report_data = binding.report_data
+    cpu = CpuEvidence("sev-snp", snp_report(hierarchy, fields), hierarchy.chain if chain is None else chain,
+                      hierarchy.crls() if crls is None else crls)
+    return tsm_bundle(binding, cpu)
+
+
+def tdx_evidence(policy, fields: TdxFields | None = None, *, crls: tuple[bytes, ...] | None = None,
+                 code_digest: str = CODE_DIGEST) -> EvidenceBundle:
+    """A tsm bundle with a synthetic TDX quote over the bundle's own binding, unless `fields` says otherwise."""
+    hierarchy = intel_hierarchy()
+    binding = binding_for(policy, code_digest)
+    fields = fields or TdxFields()
+    if fields.report_data == bytes(64):
+        fields.report_data = binding.report_data
+    cpu = CpuEvidence("tdx", tdx_quote(hierarchy, fields), (), hierarchy.crls() if crls is None else crls)
+    return tsm_bundle(binding, cpu)
+
+
+def assert_refused_by(bundle: EvidenceBundle, policy, error_type: type, check: str) -> None:
+    """The verifier refuses `bundle` with exactly `error_type`, at `check`, after every earlier check passed."""
+    outcome = verify_with_report(bundle, policy)
+    assert type(outcome.error) is error_type, outcome.error
+    assert [result.name for result in outcome.checks if result.passed is False] == [check]

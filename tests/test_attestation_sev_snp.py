@@ -1,0 +1,266 @@
+"""AMD SEV-SNP evidence: the genuine Milan report and its VCEK, ASK and ARK through the verifier's own
+steps, and single-field corruptions of genuine and synthetic evidence, each refused by its own check."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import struct
+
+import pytest
+from cryptography import x509
+
+from attestation import errors, sev_snp
+from attestation.bundle import CpuEvidence
+from attestation.certs import fingerprint
+from attestation.cpu_evidence import check_cpu_revocation, verify_cpu_chain, verify_cpu_report
+from attestation.roots import AMD_ARK_FINGERPRINTS
+from attestation.sev_snp import SnpReportFormatError
+from attestation.verifier import verify, verify_with_report
+from policy import shipped_policy
+from tests.cpu_tee_support import (
+    CODE_DIGEST,
+    DER,
+    NOW,
+    SNP_MEASUREMENT,
+    SnpFields,
+    amd_hierarchy,
+    assert_refused_by,
+    cpu_policy,
+    genuine_snp,
+    issue_certificate,
+    make_crl,
+    snp_evidence,
+    vcek_extensions,
+)
+from tests.test_attestation_support import flip
+
+STRICT_PINS = shipped_policy("strict").attestation.pinned_roots
+GENUINE_MEASUREMENT = (
+    "b07af9620f3b839b47996422ddec6058338951d984e312115131ea82705eaf5b6bdf8a9ece31a5a608eb0cf2e4872b01"
+)
+GENUINE_CHIP_ID = (
+    "3ac3fe21e13fb0990eb28a802e3fb6a29483a6b0753590c951bdd3b8e53786184ca39e359669a2b76a1936776b564ea4"
+    "64cdce40c05f63c9b610c5068b006b5d"
+)
+
+
+def verify_genuine(report: bytes, chain: tuple[bytes, ...], pins=STRICT_PINS):
+    """The chain and signature steps the verifier's checks run, on evidence without a Veil binding."""
+    cpu = CpuEvidence("sev-snp", report, chain)
+    verified = verify_cpu_chain(cpu, pins, NOW)
+    return verify_cpu_report(cpu, verified)
+
+
+# ----- the genuine report ----------------------------------------------------------------------------
+
+def test_the_genuine_milan_report_verifies_to_the_pinned_ark():
+    report, chain = genuine_snp()
+    verified = verify_cpu_chain(CpuEvidence("sev-snp", report, chain), STRICT_PINS, NOW)
+    assert fingerprint(verified.certificates[-1]) == AMD_ARK_FINGERPRINTS["Milan"]
+    assert "ARK-Milan" in verified.detail
+    fields = verify_genuine(report, chain)
+    assert fields.report_data == bytes.fromhex("0102030405") + bytes(59)  # compared with the vector, not a binding
+    assert fields.launch is not None and fields.launch.measurement.hex() == GENUINE_MEASUREMENT
+    assert fields.chip_id == "sev-snp:" + GENUINE_CHIP_ID
+    assert fields.vmpl == 0 and not fields.migration_agent
+    assert fields.debug  # the vector's guest policy is 0xB0000: DEBUG allowed
+
+
+def test_the_genuine_report_is_refused_by_strict_for_want_of_a_crl_and_by_its_debug_policy():
+    report, chain = genuine_snp()
+    policy = cpu_policy(roots=(AMD_ARK_FINGERPRINTS["Milan"],))
+    bundle = snp_evidence(policy, chain=chain)
+    bundle = dataclasses.replace(bundle, cpu=CpuEvidence("sev-snp", report, chain, ()))
+    outcome = verify_with_report(bundle, policy)
+    assert isinstance(outcome.error, errors.CrlError) and "CRL of 'ARK-Milan'" in str(outcome.error)
+    with pytest.raises(errors.DebugModeError):
+        from attestation.checks import Context, check_debug
+
+        context = Context(bundle, policy, 0.0, None, NOW)
+        context.cpu_report = verify_genuine(report, chain)
+        check_debug(context)
+
+
+@pytest.mark.parametrize("offset,field", [
+    (0x2A0, "signature r"), (0x2E8, "signature s"), (0x50, "REPORT_DATA"), (0x90, "MEASUREMENT"),
+    (0x08, "POLICY"), (0x30, "VMPL"), (0x140, "REPORT_ID"), (0x1E0, "COMMITTED_TCB"),
+])
+def test_a_flipped_bit_of_the_genuine_report_breaks_its_signature(offset, field):
+    report, chain = genuine_snp()
+    with pytest.raises(errors.SignatureError, match="does not verify under its VCEK"):
+        verify_genuine(flip(report, offset), chain)
+
+
+def test_a_flipped_reported_tcb_or_chip_id_breaks_the_signature_first():
+    report, chain = genuine_snp()
+    for offset in (0x180, 0x1A0):
+        with pytest.raises(errors.SignatureError) as refusal:
+            verify_genuine(flip(report, offset), chain)
+        assert type(refusal.value) is errors.SignatureError
+
+
+@pytest.mark.parametrize("version", [0, 1, 6, 0x100])
+def test_unsupported_report_versions_are_refused(version):
+    report, chain = genuine_snp()
+    with pytest.raises(SnpReportFormatError, match=f"version {version} is not supported"):
+        verify_genuine(struct.pack("<I", version) + report[4:], chain)
+
+
+@pytest.mark.parametrize("length", [0x49F, 0x2A0, 100, 0x4A1])
+def test_truncated_or_padded_reports_are_refused(length):
+    report, chain = genuine_snp()
+    with pytest.raises(SnpReportFormatError, match="truncated or padded"):
+        verify_genuine((report + bytes(1))[:length], chain)
+
+
+def test_another_signature_algorithm_is_refused():
+    report, chain = genuine_snp()
+    with pytest.raises(SnpReportFormatError, match="ECDSA P-384"):
+        verify_genuine(report[:0x34] + struct.pack("<I", 2) + report[0x38:], chain)
+
+
+@pytest.mark.parametrize("index,what", [(0, "VCEK"), (1, "ASK"), (2, "ARK")])
+def test_a_corrupted_certificate_of_the_genuine_chain_is_refused(index, what):
+    report, chain = genuine_snp()
+    certificate = chain[index]
+    corrupted = list(chain)
+    corrupted[index] = flip(certificate, len(certificate) - 20)  # inside the signature value
+    with pytest.raises(errors.ChainError):
+        verify_genuine(report, tuple(corrupted))
+
+
+def test_a_chain_missing_a_certificate_names_what_is_missing():
+    report, chain = genuine_snp()
+    for partial in (chain[1:], chain[:2], ()):
+        with pytest.raises(errors.ChainError, match="VCEK, ASK and ARK"):
+            verify_genuine(report, partial)
+
+
+def test_an_unpinned_ark_is_a_wrong_root():
+    report, chain = genuine_snp()
+    with pytest.raises(errors.ChainError, match="wrong root"):
+        verify_genuine(report, chain, pins=[AMD_ARK_FINGERPRINTS["Genoa"]])
+
+
+def test_another_chips_vcek_does_not_verify_the_genuine_report():
+    report, _ = genuine_snp()
+    with pytest.raises(errors.SignatureError):
+        verify_genuine(report, amd_hierarchy().chain, pins=[fingerprint(amd_hierarchy().ark)])
+
+
+def test_a_vcek_under_another_products_chain_is_refused():
+    hierarchy = amd_hierarchy()
+    genoa_vcek = issue_certificate(
+        "SEV-VCEK", hierarchy.vcek_key.public_key(), "SEV-Milan", hierarchy.ask_key, ca=False, serial=4,
+        extensions=vcek_extensions("Genoa-B1", hierarchy.tcb, hierarchy.chip_id),
+    )
+    chain = (genoa_vcek.public_bytes(DER), *hierarchy.chain[1:])
+    with pytest.raises(errors.ChainError, match="'Genoa' but its chain is not that product's"):
+        verify_cpu_chain(CpuEvidence("sev-snp", bytes(0x4A0), chain), [fingerprint(hierarchy.ark)], NOW)
+
+
+# ----- synthetic evidence through the whole verifier -------------------------------------------------
+
+def test_synthetic_evidence_passes_every_check_and_names_its_chip():
+    policy = cpu_policy()
+    node = verify(snp_evidence(policy), policy)
+    assert node.cpu_chip_id == "sev-snp:" + amd_hierarchy().chip_id.hex()
+    assert all(check.passed for check in node.checks)
+
+
+def refusal(bundle, policy) -> errors.AttestationError:
+    outcome = verify_with_report(bundle, policy)
+    assert outcome.error is not None
+    return outcome.error
+
+
+def test_a_reported_tcb_the_vcek_does_not_certify_is_refused():
+    policy = cpu_policy()
+    for index, what in ((0, "boot loader"), (1, "TEE"), (6, "SNP firmware"), (7, "microcode")):
+        tcb = bytearray(amd_hierarchy().tcb)
+        tcb[index] += 1
+        error = refusal(snp_evidence(policy, SnpFields(reported_tcb=bytes(tcb))), policy)
+        assert isinstance(error, errors.CertifiedTcbError) and what in str(error)
+
+
+def test_a_chip_id_other_than_the_vceks_is_refused():
+    policy = cpu_policy()
+    error = refusal(snp_evidence(policy, SnpFields(chip_id=bytes(64))), policy)
+    assert isinstance(error, errors.ChipIdError)
+
+
+@pytest.mark.parametrize("fields,error_type,check", [
+    (SnpFields(policy=(1 << 17) | (1 << 19)), errors.DebugModeError, "debug"),
+    (SnpFields(policy=(1 << 17) | (1 << 18)), errors.MigrationAgentError, "debug"),
+    (SnpFields(vmpl=1), errors.PrivilegeLevelError, "confidential mode"),
+    (SnpFields(key_info=1 << 2), errors.SignatureError, "signature"),
+    (SnpFields(report_data=bytes(63) + b"\x01"), errors.BindingError, "binding"),
+    (SnpFields(measurement=bytes(48)), errors.LaunchMeasurementError, "measurement"),
+])
+def test_a_guest_field_is_refused_by_its_own_check(fields, error_type, check):
+    policy = cpu_policy()
+    assert_refused_by(snp_evidence(policy, fields), policy, error_type, check)
+
+
+def test_a_launch_measurement_listed_for_other_code_is_refused():
+    other_code = "0c0d" * 16
+    launch = f'{{ tee = "sev-snp", code = "{other_code}", measurement = "{SNP_MEASUREMENT.hex()}" }}'
+    policy = cpu_policy(launch=launch, extra=f', "{other_code}"')
+    error = refusal(snp_evidence(policy, code_digest=CODE_DIGEST), policy)
+    assert isinstance(error, errors.LaunchMeasurementError) and "listed for other code" in str(error)
+    assert verify(snp_evidence(policy, code_digest=other_code), policy).cpu_chip_id is not None
+
+
+@pytest.mark.parametrize("crl_options,message", [
+    ({"next_update": NOW - dt.timedelta(hours=1), "this_update": NOW - dt.timedelta(hours=2)}, "stale"),
+    ({"this_update": NOW - dt.timedelta(days=3)}, "policy allows 86400 s"),
+    ({"this_update": NOW + dt.timedelta(hours=1)}, "dated in the future"),
+    ({"revoked": (2,)}, "'SEV-Milan' is revoked by 'ARK-Milan'"),
+])
+def test_a_bad_ark_crl_is_refused(crl_options, message):
+    policy = cpu_policy()
+    hierarchy = amd_hierarchy()
+    error = refusal(snp_evidence(policy, crls=hierarchy.crls(**crl_options)), policy)
+    assert isinstance(error, errors.CrlError) and message in str(error)
+
+
+def test_a_crl_not_signed_by_the_ark_is_refused():
+    policy = cpu_policy()
+    hierarchy = amd_hierarchy()
+    forged = make_crl(hierarchy.ark, hierarchy.ask_key)  # ARK's name, ASK's key
+    error = refusal(snp_evidence(policy, crls=(forged,)), policy)
+    assert isinstance(error, errors.CrlError) and "not signed by it" in str(error)
+
+
+def test_evidence_without_its_crl_names_the_missing_crl():
+    policy = cpu_policy()
+    error = refusal(snp_evidence(policy, crls=()), policy)
+    assert isinstance(error, errors.CrlError) and "lacks the CRL of 'ARK-Milan'" in str(error)
+
+
+def test_evidence_without_a_report_names_it():
+    policy = cpu_policy()
+    bundle = snp_evidence(policy)
+    bundle = dataclasses.replace(bundle, cpu=dataclasses.replace(bundle.cpu, report=b""))
+    error = refusal(bundle, policy)
+    assert isinstance(error, errors.CpuReportFormatError) and "no report or quote" in str(error)
+
+
+def test_the_arks_crl_is_the_one_revocation_reads_for_a_vcek_chain():
+    # AMD revokes ASKs through the ARK's CRL; VCEKs are retired by TCB, so no ASK CRL is asked for.
+    hierarchy = amd_hierarchy()
+    cpu = CpuEvidence("sev-snp", bytes(0x4A0), hierarchy.chain, hierarchy.crls())
+    verified = verify_cpu_chain(cpu, [fingerprint(hierarchy.ark)], NOW)
+    assert "CRLs of ARK-Milan," in check_cpu_revocation(cpu, verified, NOW, 7200)
+    with pytest.raises(errors.CrlError, match="policy allows 60 s"):
+        check_cpu_revocation(cpu, verified, NOW, 60)
+
+
+def test_the_genoa_ark_pinned_by_strict_is_the_one_amd_serves():
+    from tests.conftest import REPO_ROOT
+
+    ark = x509.load_pem_x509_certificate((REPO_ROOT / "tests" / "data" / "amd-ark-genoa.pem").read_bytes())
+    ark.verify_directly_issued_by(ark)
+    assert fingerprint(ark) == AMD_ARK_FINGERPRINTS["Genoa"] and fingerprint(ark) in STRICT_PINS
+    assert sev_snp.POLICY_DEBUG == 1 << 19 and sev_snp.POLICY_MIGRATE_MA == 1 << 18
