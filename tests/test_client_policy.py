@@ -10,13 +10,10 @@ import base64
 import json
 import os
 import secrets
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from attestation.backends.sim import SimBackend
 from attestation.measurement import Measurement
@@ -26,6 +23,7 @@ from client.errors import GatewayError
 from client.sdk import Client
 from ohttp import generate_key_pair
 from policy import Policy, load_policy, shipped_policy, shipped_policy_path
+from tests.http_stand_in import environment, served
 from tests.test_client_refusal import StandIn, _app
 
 NODES = 5
@@ -35,24 +33,9 @@ NODES = 5
 def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIn]:
     root = tmp_path_factory.mktemp("policy-k") / "root"
     state = StandIn({"version": 1, "nodes": [], "policy_digest": ""})
-    server = uvicorn.Server(uvicorn.Config(_app(state), host="127.0.0.1", port=0, log_level="warning",
-                                           access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    state.url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    previous = os.environ.get(ROOT_DIR_ENV)
-    os.environ[ROOT_DIR_ENV] = str(root)
-    try:
+    with served(_app(state)) as url, environment(ROOT_DIR_ENV, str(root)):
+        state.url = url
         yield state
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        if previous is None:
-            os.environ.pop(ROOT_DIR_ENV, None)
-        else:
-            os.environ[ROOT_DIR_ENV] = previous
 
 
 def _node(policy: Policy) -> dict:

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import secrets
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request, Response
 
 from attestation.backends.sim import SimBackend
@@ -25,6 +21,7 @@ from client.errors import GatewayError, NoVerifiedNodeError
 from client.sdk import Client
 from ohttp import generate_key_pair
 from policy import shipped_policy
+from tests.http_stand_in import environment, served
 
 
 @dataclass
@@ -66,24 +63,9 @@ def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIn]:
     root = tmp_path_factory.mktemp("refusal")
     trusted, untrusted = _node(root / "trusted-root"), _node(root / "other-root")
     server_state = StandIn({"version": 1, "nodes": [trusted, untrusted], "policy_digest": ""})
-    server = uvicorn.Server(uvicorn.Config(_app(server_state), host="127.0.0.1", port=0, log_level="warning",
-                                           access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    server_state.url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    previous = os.environ.get(ROOT_DIR_ENV)
-    os.environ[ROOT_DIR_ENV] = str(root / "trusted-root")
-    try:
+    with served(_app(server_state)) as url, environment(ROOT_DIR_ENV, str(root / "trusted-root")):
+        server_state.url = url
         yield server_state
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        if previous is None:
-            os.environ.pop(ROOT_DIR_ENV, None)
-        else:
-            os.environ[ROOT_DIR_ENV] = previous
 
 
 def _ask(client: Client) -> None:
