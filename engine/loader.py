@@ -71,7 +71,7 @@ def checkpoint_layout(model: LlamaFamilyForCausalLM) -> dict[str, tuple[int, ...
     for module_name, module in model.named_modules():
         for param_name, param in module.named_parameters(recurse=False):
             if isinstance(module, MergedLinear):
-                layout |= module.checkpoint_names(module_name, param_name)
+                layout |= module.checkpoint_shapes(module_name, param_name)
             else:
                 layout[f"{module_name}.{param_name}" if module_name else param_name] = tuple(param.shape)
     if model.config.tie_word_embeddings:
@@ -101,5 +101,5 @@ def _merge_projections(model: LlamaFamilyForCausalLM, state: dict[str, torch.Ten
         if not isinstance(module, MergedLinear):
             continue
         for param_name, _ in module.named_parameters(recurse=False):
-            parts = [state.pop(name) for name in module.checkpoint_names(module_name, param_name)]
+            parts = [state.pop(name) for name in module.checkpoint_shapes(module_name, param_name)]
             state[f"{module_name}.{param_name}"] = torch.cat(parts)

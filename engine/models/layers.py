@@ -38,7 +38,7 @@ class MergedLinear(nn.Linear):
         """Each part's output, as views of the one product."""
         return self(hidden).split(list(self.parts.values()), dim=-1)
 
-    def checkpoint_names(self, module_name: str, param_name: str) -> dict[str, tuple[int, ...]]:
+    def checkpoint_shapes(self, module_name: str, param_name: str) -> dict[str, tuple[int, ...]]:
         """The checkpoint's names and shapes for this module's `param_name` ("weight" or "bias"), in order."""
         parent = module_name.rpartition(".")[0]
         prefix = f"{parent}." if parent else ""
