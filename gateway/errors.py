@@ -152,3 +152,10 @@ class NodeBusyError(NodeUnreachableError):
     """The node is at its own capacity and refused the request."""
 
     code = "node_busy"
+
+
+class SpentTokensError(GatewayError):
+    """The spent-token store could not record a spend: the token is refused, never admitted unrecorded."""
+
+    status = 503
+    code = "token_store_unavailable"
