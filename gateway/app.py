@@ -140,7 +140,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
     async def ohttp(request: Request, node_id: str = Path(max_length=64),
                     _: Admission = Depends(authorize_anonymously),
                     __: None = Depends(refuse_expectations)) -> Response:
-        media_type = _request_media_type(request)
+        media_type = request_media_type(request)
         if not _is_node_id(node_id):
             raise NoCandidateError("that path does not name an admitted node; fetch /v1/nodes")
         body = await read_bounded(request, min(settings.max_body_bytes, MAX_ENCAPSULATED_BYTES))
@@ -184,7 +184,8 @@ async def refuse_expectations(request: Request) -> None:
                                      "request without it, body included")
 
 
-def _request_media_type(request: Request) -> str:
+def request_media_type(request: Request) -> str:
+    """The declared OHTTP request media type, or UnsupportedMediaTypeError (415)."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type not in RESPONSE_MEDIA_TYPES:
         raise UnsupportedMediaTypeError("the content type must be message/ohttp-req or message/ohttp-chunked-req")

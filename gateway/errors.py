@@ -159,3 +159,17 @@ class SpentTokensError(GatewayError):
 
     status = 503
     code = "token_store_unavailable"
+
+
+class GatewayUnreachableError(GatewayError):
+    """A relay could not reach the gateway it forwards to, or lost it before its answer began."""
+
+    status = 502
+    code = "gateway_unreachable"
+
+
+class RelayOnlyError(GatewayError):
+    """The gateway accepts inference only through its relays, and this caller is not one."""
+
+    status = 403
+    code = "relay_only"
