@@ -47,6 +47,7 @@ from gateway.models import (
     parse_register_body,
 )
 from gateway.pool import NodePool
+from gateway.relay_only import only_from_relays
 from gateway.responses import install_error_handlers, read_bounded, relay_response
 from gateway.results import ResultSigner
 from gateway.settings import GatewaySettings
@@ -114,6 +115,7 @@ def _build_runtime(settings: GatewaySettings, audit_sink: AuditSink | None,
 
 def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
     settings = runtime.settings
+    from_relays = [Depends(only_from_relays(settings.relay_only))]
 
     @app.get("/v1/nodes", response_model=Directory, summary="The attested directory, the same for every caller")
     async def directory() -> Response:
@@ -127,7 +129,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "nodes": len(runtime.pool)}
 
-    @app.post("/v1/infer", responses=_ERRORS, openapi_extra=_body_schema(InferBody),
+    @app.post("/v1/infer", responses=_ERRORS, openapi_extra=_body_schema(InferBody), dependencies=from_relays,
               summary="Forward one of the client's encapsulations to a uniformly chosen healthy candidate")
     async def infer(request: Request, _: Admission = Depends(authorize_anonymously),
                     __: None = Depends(refuse_expectations)) -> Response:
@@ -135,7 +137,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
         candidates = parse_infer_body(body, settings.max_candidates)
         return relay_response(await runtime.forwarder.open(candidates))
 
-    @app.post("/v1/nodes/{node_id}/ohttp", responses=_ERRORS,
+    @app.post("/v1/nodes/{node_id}/ohttp", responses=_ERRORS, dependencies=from_relays,
               summary="Forward a standard RFC 9458 or chunked OHTTP request to one node")
     async def ohttp(request: Request, node_id: str = Path(max_length=64),
                     _: Admission = Depends(authorize_anonymously),
@@ -148,7 +150,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
             raise MalformedRequestError("the body must be the encapsulated OHTTP request")
         return relay_response(await runtime.forwarder.open((Candidate(node_id, media_type, body),)))
 
-    @app.post("/v1/nodes/{node_id}/attest", responses=_ERRORS,
+    @app.post("/v1/nodes/{node_id}/attest", responses=_ERRORS, dependencies=from_relays,
               summary="Fresh evidence from one node, bound to the client's own nonce")
     async def attest(request: Request, node_id: str = Path(max_length=64),
                      _: Admission = Depends(authorize_anonymously)) -> dict[str, str]:

@@ -46,6 +46,9 @@ def register(subparsers: Any) -> None:
                         help="close an idle connection after this long (default: %(default)s)")
     parser.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
                         help="past this many open connections, answer 503 (default: %(default)s)")
+    parser.add_argument("--relay-only", action="append", default=[], metavar="ADDRESS",
+                        help="accept requests for nodes (/v1/infer, /v1/nodes/ID/ohttp and /attest) only from this "
+                             "relay address or network, repeatable (default: from anyone)")
     parser.add_argument("--allow-registration", action="store_true",
                         help="let nodes ask to join through POST /v1/nodes/register (each is attested first)")
     parser.set_defaults(handler=run_gateway)
@@ -114,6 +117,7 @@ def run_gateway(args: argparse.Namespace) -> int:
             max_in_flight_per_node=args.max_in_flight_per_node, directory_size=args.directory_size,
             accept_timeout_s=args.accept_timeout_s, header_timeout_s=args.header_timeout_s,
             body_timeout_s=args.body_timeout_s, keep_alive_s=args.keep_alive_s, max_connections=args.max_connections,
+            relay_only=tuple(args.relay_only),
         )
         return serve(settings)
     except (GatewayStartError, GatewayError) as error:

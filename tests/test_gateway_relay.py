@@ -273,3 +273,32 @@ def test_the_sdk_works_through_the_relay_and_the_gateway_sees_only_the_relay(rea
     assert "/v1/nodes" in paths and "/v1/infer" in paths and any(path.endswith("/attest") for path in paths)
     assert all(arrival.peer == "127.0.0.1" for arrival in real_arrivals)
     assert all(arrival.header_names <= {"host", "content-length", "content-type"} for arrival in real_arrivals)
+
+
+def test_a_relay_only_gateway_refuses_direct_clients_and_serves_its_relay(nodes) -> None:
+    received_before = sum(len(node.servicer.received) for node in nodes)
+    node_id = nodes[0].node_id
+    with start_gateway([node.address for node in nodes], [], relay_only=("127.0.0.0/31",)) as live_gateway:
+        with from_client(live_gateway.url) as direct:
+            refused = [
+                direct.post("/v1/infer", json=infer_body(nodes, b"direct")),
+                direct.post(f"/v1/nodes/{node_id}/ohttp", content=b"direct", headers={"content-type": "message/ohttp-req"}),
+                direct.post(f"/v1/nodes/{node_id}/attest", json={"nonce": "00" * 32}),
+            ]
+            directory = direct.get("/v1/nodes")
+        with start_relay(live_gateway.url) as live_relay, from_client(live_relay.url) as through:
+            relayed = through.post("/v1/infer", json=infer_body(nodes, b"relayed"))
+    assert [(answer.status_code, answer.json()["error"]["code"]) for answer in refused] == [(403, "relay_only")] * 3
+    assert directory.status_code == 200
+    assert relayed.status_code == 200 and relayed.content.startswith(b"relayed|")
+    assert sum(len(node.servicer.received) for node in nodes) == received_before + 1, "a direct request reached a node"
+
+
+@pytest.mark.parametrize("relay", ["relay.example.org", "127.0.0.1:8080", "10.0.0.0/33"])
+def test_relay_only_takes_ip_addresses_or_networks_not_host_names(relay: str) -> None:
+    from gateway.errors import GatewaySettingsError
+    from gateway.settings import GatewaySettings
+
+    with pytest.raises(GatewaySettingsError) as raised:
+        GatewaySettings(relay_only=(relay,))
+    assert relay not in raised.value.message
