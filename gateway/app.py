@@ -21,7 +21,7 @@ from fastapi.responses import Response
 
 from audit.sink import AuditSink, open_sink
 from gateway.audit import GatewayAuditor
-from gateway.auth import Admission, authorize_anonymously
+from gateway.auth import Admission, TokenGate, authorize_anonymously
 from gateway.backpressure import InFlightLimiter
 from gateway.directory import DirectoryCache
 from gateway.errors import (
@@ -51,6 +51,7 @@ from gateway.relay_only import only_from_relays
 from gateway.responses import install_error_handlers, read_bounded, relay_response
 from gateway.results import ResultSigner
 from gateway.settings import GatewaySettings
+from gateway.token_gate import token_gate_for
 from policy import resolve_policy
 
 _NODE_ID = re.compile(NODE_ID_PATTERN.strip("^$"), re.ASCII)
@@ -70,6 +71,7 @@ class GatewayRuntime:
     directory: DirectoryCache
     auditor: GatewayAuditor
     signer: ResultSigner
+    token_gate: TokenGate | None = None
 
 
 def create_app(
@@ -110,7 +112,8 @@ def _build_runtime(settings: GatewaySettings, audit_sink: AuditSink | None,
     keeper = PoolKeeper(settings, pool, auditor)
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_node, settings.retry_after_s)
     forwarder = Forwarder(keeper, limiter, auditor, settings.accept_timeout_s, routing_rng)
-    return GatewayRuntime(settings, pool, keeper, forwarder, DirectoryCache(pool, settings.directory_size, settings.directory_epoch_s), auditor, signer)
+    return GatewayRuntime(settings, pool, keeper, forwarder, DirectoryCache(pool, settings.directory_size, settings.directory_epoch_s), auditor, signer,
+                          token_gate_for(policy, settings))
 
 
 def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
@@ -152,8 +155,9 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
 
     @app.post("/v1/nodes/{node_id}/attest", responses=_ERRORS, dependencies=from_relays,
               summary="Fresh evidence from one node, bound to the client's own nonce")
-    async def attest(request: Request, node_id: str = Path(max_length=64),
-                     _: Admission = Depends(authorize_anonymously)) -> dict[str, str]:
+    async def attest(request: Request, node_id: str = Path(max_length=64)) -> dict[str, str]:
+        # No token: a client checks candidates' evidence before each request, and a token spent on
+        # that would buy no inference. The in-flight bound below limits this work instead.
         nonce = parse_attest_body(await read_bounded(request, 1024))
         entry = runtime.pool.lookup(node_id) if _is_node_id(node_id) else None
         if entry is None:

@@ -51,6 +51,13 @@ def register(subparsers: Any) -> None:
                              "relay address or network, repeatable (default: from anyone)")
     parser.add_argument("--allow-registration", action="store_true",
                         help="let nodes ask to join through POST /v1/nodes/register (each is attested first)")
+    parser.add_argument("--origin", default="",
+                        help="HOST[:PORT] clients reach this gateway by; tokens must be bound to it when the "
+                             "policy lists issuer keys (default: none)")
+    parser.add_argument("--issuer-directory", default="",
+                        help="the token issuer's key directory, a file or http(s) URL (default: none)")
+    parser.add_argument("--spent-tokens", default="",
+                        help="spent-token store, sqlite:PATH or redis://HOST:PORT/DB (default: this process only)")
     parser.set_defaults(handler=run_gateway)
     _register_relay(subparsers)
 
@@ -102,8 +109,6 @@ def run_relay(args: argparse.Namespace) -> int:
         return 2
 
 
-
-
 def run_gateway(args: argparse.Namespace) -> int:
     """Build the settings and serve until SIGINT/SIGTERM; exit 2 on a bad configuration."""
     from gateway.errors import GatewayError
@@ -118,6 +123,7 @@ def run_gateway(args: argparse.Namespace) -> int:
             accept_timeout_s=args.accept_timeout_s, header_timeout_s=args.header_timeout_s,
             body_timeout_s=args.body_timeout_s, keep_alive_s=args.keep_alive_s, max_connections=args.max_connections,
             relay_only=tuple(args.relay_only),
+            origin=args.origin, issuer_directory=args.issuer_directory, spent_tokens=args.spent_tokens,
         )
         return serve(settings)
     except (GatewayStartError, GatewayError) as error:

@@ -63,6 +63,12 @@ class GatewaySettings:
     max_connections: int = 1024
     # When set, only these peers (relay addresses or networks) may send requests for nodes.
     relay_only: tuple[str, ...] = ()
+    # Used only when the policy's [authorization] lists issuer keys: the origin name tokens must be
+    # bound to (the host[:port] clients reach this gateway by), the issuer's directory (a file or an
+    # http(s) URL) holding the listed keys, and the spent-token store ("" keeps them in this process).
+    origin: str = ""
+    issuer_directory: str = ""
+    spent_tokens: str = ""
 
     def __post_init__(self) -> None:
         for address in self.nodes:
