@@ -302,3 +302,43 @@ def test_relay_only_takes_ip_addresses_or_networks_not_host_names(relay: str) ->
     with pytest.raises(GatewaySettingsError) as raised:
         GatewaySettings(relay_only=(relay,))
     assert relay not in raised.value.message
+
+
+def test_veil_relay_serves_logs_no_client_and_stops_cleanly(gateway, nodes, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parents[1]
+    port_file = tmp_path / "relay.port"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "client.cli", "relay", "--gateway", gateway.url, "--listen", "127.0.0.1:0",
+         "--port-file", str(port_file)], cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with from_client(f"http://127.0.0.1:{port_file.read_text().strip()}") as http:
+            answer = http.post("/v1/infer", json=infer_body(nodes, CANARY.encode()), headers=IDENTIFYING_HEADERS)
+            missing = http.get(f"/{CANARY}")
+        assert answer.status_code == 200 and answer.content.startswith(CANARY.encode())
+        assert missing.status_code == 404
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=20)
+    assert process.returncode == 0
+    assert "veil relay: serving on 127.0.0.1:" in err
+    assert CANARY not in out + err and CLIENT_ADDRESS not in out + err and "POST" not in out + err
+
+
+def test_veil_relay_refuses_a_bad_gateway_url_with_status_2() -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "client.cli", "relay", "--gateway", "gateway.example:8000"],
+                          cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "veil relay: cannot start: the gateway URL must look like" in done.stderr
