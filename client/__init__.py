@@ -20,6 +20,8 @@ _EXPORTS = {
     "ModelNotFoundError": "client.errors",
     "StreamTruncatedError": "client.errors",
     "ResponseIntegrityError": "client.errors",
+    "TokenIssuanceError": "client.errors",
+    "TokenWallet": "client.tokens",
     "ChatCompletion": "client.types",
     "ChatCompletionChunk": "client.types",
     "Completion": "client.types",

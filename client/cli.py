@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "policy.cli",
     "enclave.cli",
     "gateway.cli",
+    "gateway.issuer.cli",
     "audit.cli",
 )
 

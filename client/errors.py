@@ -112,3 +112,7 @@ class ResponseIntegrityError(VeilClientError):
     def __init__(self, node_id: str | None, what: str) -> None:
         self.node_id = node_id
         super().__init__(f"{what}; the response was discarded. Send the request again")
+
+
+class TokenIssuanceError(VeilClientError):
+    """No Privacy Pass token could be obtained: the issuer refused, is unreachable, or offers an unlisted key."""

@@ -61,6 +61,7 @@ class FleetSettings:
     extra_node_args: tuple[str, ...] = ()
     # More node addresses for the gateway to admit (nodes started elsewhere); not waited for.
     extra_gateway_nodes: tuple[str, ...] = ()
+    extra_gateway_args: tuple[str, ...] = ()  # for example --origin and --issuer-directory for tokens
     # CPUs each kind of process may run on (None: any). Benchmarks keep the nodes' cores free of
     # gateway and client work, as separate machines would.
     node_cpus: frozenset[int] | None = None
@@ -268,7 +269,7 @@ class Fleet:
         for address in [f"127.0.0.1:{node.port}" for node in self.nodes] + list(s.extra_gateway_nodes):
             arguments += ["--node", address]
         arguments += _optional("--reattest-s", s.reattest_s) + _optional("--health-s", s.health_s)
-        arguments += _optional("--key-grace-s", s.key_grace_s)
+        arguments += _optional("--key-grace-s", s.key_grace_s) + list(s.extra_gateway_args)
         return self._spawn("gateway", arguments, s.gateway_cpus)
 
     def _wait_for_port(self, process: FleetProcess, deadline: float) -> int:

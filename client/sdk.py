@@ -37,6 +37,7 @@ from client.errors import (
     StreamTruncatedError,
     VeilClientError,
 )
+from client.tokens import TokenWallet
 from client.types import (
     CandidateRecord,
     ChatCompletion,
@@ -100,6 +101,7 @@ class Client:
     `timeout` bounds connecting to the gateway and each of its short answers; `answer_timeout_s` bounds
     the wait for more of an inference answer once sent (a whole answer's body comes only when its
     generation ends; None waits as long as the node works).
+    `tokens` supplies a Privacy Pass token for each request attempt, for a gateway whose policy demands them.
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class Client:
         fresh_evidence: bool = False,
         max_retries: int = 2,
         http: httpx.Client | None = None,
+        tokens: TokenWallet | None = None,
     ) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must not be negative")
@@ -132,6 +135,8 @@ class Client:
             base_url=gateway_url, timeout=timeout, headers={"user-agent": _USER_AGENT},
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
         )
+        # Privacy Pass tokens for a gateway whose policy demands them; one per request attempt.
+        self._tokens = tokens
         self._directory = DirectoryCache(self._http, directory_ttl_s)
         self._verifier = CandidateVerifier(self.policy)
         self._route_lock = threading.Lock()
@@ -267,8 +272,10 @@ class Client:
             {"node_id": s.node_id, "media_type": s.media_type, "encapsulated": base64.b64encode(s.encapsulated).decode()}
             for s in sealed
         ]}
+        headers = {"authorization": self._tokens.authorization()} if self._tokens is not None else None
         try:
-            request = self._http.build_request("POST", INFER_PATH, json=payload, timeout=self._answer_timeout)
+            request = self._http.build_request("POST", INFER_PATH, json=payload, headers=headers,
+                                               timeout=self._answer_timeout)
             return self._http.send(request, stream=True)
         except httpx.HTTPError as error:
             raise GatewayError(UNREACHABLE, "unreachable", f"the request could not be sent ({type(error).__name__}); "

@@ -21,7 +21,7 @@ from fastapi.responses import Response
 
 from audit.sink import AuditSink, open_sink
 from gateway.audit import GatewayAuditor
-from gateway.auth import Admission, authorize_anonymously
+from gateway.auth import Admission, TokenGate, authorize_anonymously
 from gateway.backpressure import InFlightLimiter
 from gateway.directory import DirectoryCache
 from gateway.errors import (
@@ -47,9 +47,11 @@ from gateway.models import (
     parse_register_body,
 )
 from gateway.pool import NodePool
+from gateway.relay_only import only_from_relays
 from gateway.responses import install_error_handlers, read_bounded, relay_response
 from gateway.results import ResultSigner
 from gateway.settings import GatewaySettings
+from gateway.token_gate import token_gate_for
 from policy import resolve_policy
 
 _NODE_ID = re.compile(NODE_ID_PATTERN.strip("^$"), re.ASCII)
@@ -69,6 +71,7 @@ class GatewayRuntime:
     directory: DirectoryCache
     auditor: GatewayAuditor
     signer: ResultSigner
+    token_gate: TokenGate | None = None
 
 
 def create_app(
@@ -109,11 +112,13 @@ def _build_runtime(settings: GatewaySettings, audit_sink: AuditSink | None,
     keeper = PoolKeeper(settings, pool, auditor)
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_node, settings.retry_after_s)
     forwarder = Forwarder(keeper, limiter, auditor, settings.accept_timeout_s, routing_rng)
-    return GatewayRuntime(settings, pool, keeper, forwarder, DirectoryCache(pool, settings.directory_size, settings.directory_epoch_s), auditor, signer)
+    return GatewayRuntime(settings, pool, keeper, forwarder, DirectoryCache(pool, settings.directory_size, settings.directory_epoch_s), auditor, signer,
+                          token_gate_for(policy, settings))
 
 
 def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
     settings = runtime.settings
+    from_relays = [Depends(only_from_relays(settings.relay_only))]
 
     @app.get("/v1/nodes", response_model=Directory, summary="The attested directory, the same for every caller")
     async def directory() -> Response:
@@ -127,7 +132,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "nodes": len(runtime.pool)}
 
-    @app.post("/v1/infer", responses=_ERRORS, openapi_extra=_body_schema(InferBody),
+    @app.post("/v1/infer", responses=_ERRORS, openapi_extra=_body_schema(InferBody), dependencies=from_relays,
               summary="Forward one of the client's encapsulations to a uniformly chosen healthy candidate")
     async def infer(request: Request, _: Admission = Depends(authorize_anonymously),
                     __: None = Depends(refuse_expectations)) -> Response:
@@ -135,12 +140,12 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
         candidates = parse_infer_body(body, settings.max_candidates)
         return relay_response(await runtime.forwarder.open(candidates))
 
-    @app.post("/v1/nodes/{node_id}/ohttp", responses=_ERRORS,
+    @app.post("/v1/nodes/{node_id}/ohttp", responses=_ERRORS, dependencies=from_relays,
               summary="Forward a standard RFC 9458 or chunked OHTTP request to one node")
     async def ohttp(request: Request, node_id: str = Path(max_length=64),
                     _: Admission = Depends(authorize_anonymously),
                     __: None = Depends(refuse_expectations)) -> Response:
-        media_type = _request_media_type(request)
+        media_type = request_media_type(request)
         if not _is_node_id(node_id):
             raise NoCandidateError("that path does not name an admitted node; fetch /v1/nodes")
         body = await read_bounded(request, min(settings.max_body_bytes, MAX_ENCAPSULATED_BYTES))
@@ -148,10 +153,11 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
             raise MalformedRequestError("the body must be the encapsulated OHTTP request")
         return relay_response(await runtime.forwarder.open((Candidate(node_id, media_type, body),)))
 
-    @app.post("/v1/nodes/{node_id}/attest", responses=_ERRORS,
+    @app.post("/v1/nodes/{node_id}/attest", responses=_ERRORS, dependencies=from_relays,
               summary="Fresh evidence from one node, bound to the client's own nonce")
-    async def attest(request: Request, node_id: str = Path(max_length=64),
-                     _: Admission = Depends(authorize_anonymously)) -> dict[str, str]:
+    async def attest(request: Request, node_id: str = Path(max_length=64)) -> dict[str, str]:
+        # No token: a client checks candidates' evidence before each request, and a token spent on
+        # that would buy no inference. The in-flight bound below limits this work instead.
         nonce = parse_attest_body(await read_bounded(request, 1024))
         entry = runtime.pool.lookup(node_id) if _is_node_id(node_id) else None
         if entry is None:
@@ -184,7 +190,8 @@ async def refuse_expectations(request: Request) -> None:
                                      "request without it, body included")
 
 
-def _request_media_type(request: Request) -> str:
+def request_media_type(request: Request) -> str:
+    """The declared OHTTP request media type, or UnsupportedMediaTypeError (415)."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type not in RESPONSE_MEDIA_TYPES:
         raise UnsupportedMediaTypeError("the content type must be message/ohttp-req or message/ohttp-chunked-req")

@@ -46,9 +46,67 @@ def register(subparsers: Any) -> None:
                         help="close an idle connection after this long (default: %(default)s)")
     parser.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
                         help="past this many open connections, answer 503 (default: %(default)s)")
+    parser.add_argument("--relay-only", action="append", default=[], metavar="ADDRESS",
+                        help="accept requests for nodes (/v1/infer, /v1/nodes/ID/ohttp and /attest) only from this "
+                             "relay address or network, repeatable (default: from anyone)")
     parser.add_argument("--allow-registration", action="store_true",
                         help="let nodes ask to join through POST /v1/nodes/register (each is attested first)")
+    parser.add_argument("--origin", default="",
+                        help="HOST[:PORT] clients reach this gateway by; tokens must be bound to it when the "
+                             "policy lists issuer keys (default: none)")
+    parser.add_argument("--issuer-directory", default="",
+                        help="the token issuer's key directory, a file or http(s) URL (default: none)")
+    parser.add_argument("--spent-tokens", default="",
+                        help="spent-token store, sqlite:PATH or redis://HOST:PORT/DB (default: this process only)")
     parser.set_defaults(handler=run_gateway)
+    _register_relay(subparsers)
+
+
+def _register_relay(subparsers: Any) -> None:
+    """Add `veil relay` to the command line."""
+    parser = subparsers.add_parser(
+        "relay",
+        help="run an OHTTP relay that keeps client addresses from a gateway",
+        description="Forward encrypted requests (/v1/infer, /v1/nodes/ID/ohttp, /v1/nodes/ID/attest) and the "
+                    "directory (/v1/nodes) to one gateway, with no client header but a Privacy Pass token, no "
+                    "client address and nothing added; stream answers back as they come. No access log is kept. "
+                    "Run it apart from the gateway's operator: whoever runs both can link addresses to requests.",
+    )
+    parser.add_argument("--gateway", required=True, metavar="URL", help="the gateway to forward to (https://HOST[:PORT])")
+    parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (port 0 picks a free one)")
+    parser.add_argument("--port-file", type=Path, help="write the chosen port here once serving (default: none, not written)")
+    parser.add_argument("--max-in-flight", type=int, default=DEFAULTS.max_in_flight,
+                        help="past this many requests in flight, answer 503 with Retry-After")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULTS.max_body_bytes,
+                        help="answer 413 to a larger request body")
+    parser.add_argument("--answer-timeout-s", type=float, default=600.0,
+                        help="end an answer the gateway pauses within for longer")
+    parser.add_argument("--header-timeout-s", type=float, default=DEFAULTS.header_timeout_s,
+                        help="close a connection whose request head takes longer")
+    parser.add_argument("--body-timeout-s", type=float, default=DEFAULTS.body_timeout_s,
+                        help="close a connection whose request body takes longer")
+    parser.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
+                        help="past this many open connections, answer 503")
+    parser.set_defaults(handler=run_relay)
+
+
+def run_relay(args: argparse.Namespace) -> int:
+    """Build the relay's settings and serve until SIGINT/SIGTERM; exit 2 on a bad configuration."""
+    from gateway.errors import GatewayError
+    from gateway.relay import RelaySettings, serve_relay
+    from gateway.serve import GatewayStartError
+
+    try:
+        settings = RelaySettings(
+            gateway_url=args.gateway, listen=args.listen, port_file=args.port_file, max_in_flight=args.max_in_flight,
+            max_body_bytes=args.max_body_bytes, answer_timeout_s=args.answer_timeout_s,
+            header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+            max_connections=args.max_connections,
+        )
+        return serve_relay(settings)
+    except (GatewayStartError, GatewayError) as error:
+        print(f"veil relay: cannot start: {error}", file=sys.stderr)
+        return 2
 
 
 def run_gateway(args: argparse.Namespace) -> int:
@@ -64,6 +122,8 @@ def run_gateway(args: argparse.Namespace) -> int:
             max_in_flight_per_node=args.max_in_flight_per_node, directory_size=args.directory_size,
             accept_timeout_s=args.accept_timeout_s, header_timeout_s=args.header_timeout_s,
             body_timeout_s=args.body_timeout_s, keep_alive_s=args.keep_alive_s, max_connections=args.max_connections,
+            relay_only=tuple(args.relay_only),
+            origin=args.origin, issuer_directory=args.issuer_directory, spent_tokens=args.spent_tokens,
         )
         return serve(settings)
     except (GatewayStartError, GatewayError) as error:

@@ -152,3 +152,24 @@ class NodeBusyError(NodeUnreachableError):
     """The node is at its own capacity and refused the request."""
 
     code = "node_busy"
+
+
+class SpentTokensError(GatewayError):
+    """The spent-token store could not record a spend: the token is refused, never admitted unrecorded."""
+
+    status = 503
+    code = "token_store_unavailable"
+
+
+class GatewayUnreachableError(GatewayError):
+    """A relay could not reach the gateway it forwards to, or lost it before its answer began."""
+
+    status = 502
+    code = "gateway_unreachable"
+
+
+class RelayOnlyError(GatewayError):
+    """The gateway accepts inference only through its relays, and this caller is not one."""
+
+    status = 403
+    code = "relay_only"

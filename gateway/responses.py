@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from gateway.auth import TokenRequiredError
 from gateway.errors import (
     GatewayError,
     MalformedRequestError,
@@ -75,6 +76,8 @@ async def read_bounded(request: Request, max_bytes: int) -> bytes:
 def error_response(error: GatewayError) -> JSONResponse:
     """The JSON answer for `error`: its fixed code and message, plus Retry-After when overloaded."""
     headers = {"retry-after": str(error.retry_after_s)} if isinstance(error, OverloadedError) else None
+    if isinstance(error, TokenRequiredError):
+        headers = {"www-authenticate": error.www_authenticate, "cache-control": "no-store"}
     body = {"error": {"code": error.code, "message": error.message}}
     return JSONResponse(body, status_code=error.status, headers=headers)
 

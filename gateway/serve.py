@@ -132,8 +132,6 @@ def uvicorn_config_options(settings: GatewaySettings) -> dict[str, object]:
 
 def serve(settings: GatewaySettings) -> int:
     """Run the gateway for `settings` until it is stopped; raise GatewayStartError on bad configuration."""
-    import uvicorn
-
     from audit.errors import AuditError
     from gateway.app import create_app
     from policy import PolicyError
@@ -146,20 +144,27 @@ def serve(settings: GatewaySettings) -> int:
     if app.state.runtime.pool.policy.is_development:
         print(f"veil gateway: WARNING policy {app.state.runtime.pool.policy.name!r} admits nodes with SIMULATED "
               "attestation; nothing protects user data on them. Development only.", file=sys.stderr)
+    return serve_app(app, settings, name="veil gateway")
+
+
+def serve_app(app: Any, settings: GatewaySettings, *, name: str) -> int:
+    """Serve `app` on `settings.listen` with the gateway's uvicorn options until stopped (also the issuer's)."""
+    import uvicorn
+
     sock = bind_listener(settings.listen)
     server = uvicorn.Server(uvicorn.Config(app, **uvicorn_config_options(settings)))
     # uvicorn stops cleanly on SIGINT/SIGTERM and then re-raises the signal to the handler it
     # found; this one makes that a normal exit (status 0) instead of death by signal.
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, _stopped_by_signal)
-    return asyncio.run(_serve(server, sock, settings.port_file))
+    return asyncio.run(_serve(server, sock, settings.port_file, name))
 
 
 def _stopped_by_signal(signum: int, frame: object) -> None:
     """The server has already shut down when this runs; nothing is left to do."""
 
 
-async def _serve(server: uvicorn.Server, sock: socket.socket, port_file: Path | None) -> int:
+async def _serve(server: uvicorn.Server, sock: socket.socket, port_file: Path | None, name: str) -> int:
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
@@ -169,7 +174,7 @@ async def _serve(server: uvicorn.Server, sock: socket.socket, port_file: Path | 
     host, port = sock.getsockname()[:2]
     if port_file is not None:
         write_port_file(port_file, port)
-    print(f"veil gateway: serving on {host}:{port}", file=sys.stderr, flush=True)
+    print(f"{name}: serving on {host}:{port}", file=sys.stderr, flush=True)
     await task
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,11 +61,20 @@ class GatewaySettings:
     keep_alive_s: float = 5.0
     # Open connections past this many get 503 for each request, and are closed.
     max_connections: int = 1024
+    # When set, only these peers (relay addresses or networks) may send requests for nodes.
+    relay_only: tuple[str, ...] = ()
+    # Used only when the policy's [authorization] lists issuer keys: the origin name tokens must be
+    # bound to (the host[:port] clients reach this gateway by), the issuer's directory (a file or an
+    # http(s) URL) holding the listed keys, and the spent-token store ("" keeps them in this process).
+    origin: str = ""
+    issuer_directory: str = ""
+    spent_tokens: str = ""
 
     def __post_init__(self) -> None:
         for address in self.nodes:
             parse_address(address)
         parse_address(self.listen)
+        relay_networks(self.relay_only)
         _require_positive("reattest_s", self.reattest_s)
         _require_positive("health_s", self.health_s)
         _require_positive("attest_timeout_s", self.attest_timeout_s)
@@ -90,6 +100,15 @@ def parse_address(address: str) -> tuple[str, int]:
     if match is None or not 0 <= int(match["port"]) <= 65535:
         raise GatewaySettingsError("a node or listen address must look like HOST:PORT (for example 127.0.0.1:7001)")
     return match["host"].strip("[]"), int(match["port"])
+
+
+def relay_networks(addresses: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """The relays' addresses (`127.0.0.1`, `2001:db8::7`) or networks (`10.0.0.0/24`), parsed."""
+    try:
+        return tuple(ipaddress.ip_network(address, strict=False) for address in addresses)
+    except ValueError:
+        raise GatewaySettingsError("a relay is an IP address or network (for example 127.0.0.1 or "
+                                   "10.0.0.0/24), not a host name") from None
 
 
 def _require_positive(name: str, value: float) -> None:

@@ -51,12 +51,13 @@ from policy.errors import (
     WeakenedGuaranteeError,
 )
 from policy.loader import load_policy, parse_policy
-from policy.model import AttestationPolicy, AuditPolicy, EnginePolicy, Policy, RoutingPolicy
+from policy.model import AttestationPolicy, AuditPolicy, AuthorizationPolicy, EnginePolicy, Policy, RoutingPolicy
 from policy.shipped import resolve_policy, shipped_policy, shipped_policy_path
 
 __all__ = [
     "AttestationPolicy",
     "AuditPolicy",
+    "AuthorizationPolicy",
     "EnginePolicy",
     "ForbiddenOptimizationError",
     "InvalidValueError",

@@ -36,6 +36,7 @@ def canonical_encoding(policy: Policy) -> bytes:
         "engine": section_dict(policy.engine),
         "routing": section_dict(policy.routing),
         "audit": section_dict(policy.audit),
+        "authorization": section_dict(policy.authorization),
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return text.encode("ascii")

@@ -15,6 +15,7 @@ _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _HEX_MEASUREMENT = re.compile(r"[0-9a-f]{96}")
 _LAUNCH_KEYS = {"sev-snp": {"tee", "code", "measurement"}, "tdx": {"tee", "code", "mrtd", "rtmr0", "rtmr1", "rtmr2", "rtmr3"}}
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+_HOST_NAME = re.compile(r"(?:[a-z0-9-]{1,63}(?:\.[a-z0-9-]{1,63})*)?", re.ASCII)
 
 
 def boolean(where: str, value: Any) -> bool:
@@ -55,6 +56,13 @@ def choice(*allowed: str) -> Reader:
 def name(where: str, value: Any) -> str:
     if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise InvalidValueError(f"{where} must be 1-64 lowercase letters, digits or '-'")
+    return value
+
+
+def host_name(where: str, value: Any) -> str:
+    """A DNS host name (lower-case letters, digits, '.', '-'), or "" for none."""
+    if not isinstance(value, str) or len(value) > 253 or not _HOST_NAME.fullmatch(value):
+        raise InvalidValueError(f"{where} must be a lower-case host name (letters, digits, '.', '-') or empty")
     return value
 
 

@@ -15,6 +15,7 @@ from policy.model import (
     KNOWN_GAPS,
     AttestationPolicy,
     AuditPolicy,
+    AuthorizationPolicy,
     EnginePolicy,
     Policy,
     RoutingPolicy,
@@ -59,6 +60,7 @@ SCHEMA: dict[str, dict[str, fields.Reader]] = {
         "schema_version": fields.integer(1, 1 << 16),
         "sink": fields.audit_sink,
     },
+    "authorization": {"issuer_name": fields.host_name, "issuer_keys": fields.digest_set},
 }
 
 
@@ -118,6 +120,7 @@ def _assemble(sections: dict[str, dict[str, Any]]) -> Policy:
         "engine": EnginePolicy(**sections["engine"]),
         "routing": RoutingPolicy(**sections["routing"]),
         "audit": AuditPolicy(**sections["audit"]),
+        "authorization": AuthorizationPolicy(**sections["authorization"]),
     }
     draft = Policy(digest=b"", **parts)
     return Policy(digest=digest_of(canonical_encoding(draft)), **parts)
@@ -128,6 +131,8 @@ def _check_consistency(policy: Policy) -> None:
 
     check_guarantees(policy)
     attestation = policy.attestation
+    if policy.authorization.issuer_keys and not policy.authorization.issuer_name:
+        raise InvalidValueError("authorization.issuer_keys needs authorization.issuer_name: the issuer tokens name")
     if not attestation.pinned_roots and not attestation.trust_local_simulated_root:
         raise InvalidValueError("attestation.pinned_roots is empty: pin at least one root certificate")
     dev_only = {

@@ -85,6 +85,16 @@ class AuditPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthorizationPolicy:
+    """Which anonymous tokens the gateway accepts (Privacy Pass, RFC 9578 type 2); no keys: everyone is admitted."""
+
+    issuer_name: str  # the issuer's host name that token challenges name ("" when no keys are listed)
+    # SHA-256 token key ids of the issuer keys whose tokens are accepted. Listing them here puts them
+    # in the measured policy: an issuer cannot hand one user a key of their own unnoticed.
+    issuer_keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """A loaded, validated policy and the digest that nodes attest to."""
 
@@ -93,6 +103,7 @@ class Policy:
     engine: EnginePolicy
     routing: RoutingPolicy
     audit: AuditPolicy
+    authorization: AuthorizationPolicy
     digest: bytes  # SHA-256 of canonical_bytes()
 
     @property

@@ -174,25 +174,23 @@ class GrpcNode:
         self.server.stop(0).wait()
 
 
-class LiveGateway:
-    """The gateway application on a real uvicorn server in a background thread."""
+class LiveServer:
+    """An ASGI application on a real uvicorn server (with the gateway's serving options) in a background thread."""
 
-    def __init__(self, settings: GatewaySettings, *, rng=None) -> None:
-        self.audit = MemorySink()
-        self.app = create_app(settings, audit_sink=self.audit, routing_rng=rng)
-        self.runtime = self.app.state.runtime
+    def __init__(self, app, settings: GatewaySettings) -> None:
+        self.app = app
         self._socket = bind_listener("127.0.0.1:0")
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(self.app, **uvicorn_config_options(settings)))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 
-    def __enter__(self) -> LiveGateway:
+    def __enter__(self):
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the gateway did not start")
+                raise RuntimeError("the server did not start")
             time.sleep(0.02)
         return self
 
@@ -200,6 +198,15 @@ class LiveGateway:
         self._server.should_exit = True
         self._thread.join(15)
         self._socket.close()
+
+
+class LiveGateway(LiveServer):
+    """The gateway application on a real uvicorn server in a background thread."""
+
+    def __init__(self, settings: GatewaySettings, *, rng=None) -> None:
+        self.audit = MemorySink()
+        super().__init__(create_app(settings, audit_sink=self.audit, routing_rng=rng), settings)
+        self.runtime = self.app.state.runtime
 
     def run_round(self) -> None:
         """Run one pool upkeep round now, on the server's event loop."""

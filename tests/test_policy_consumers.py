@@ -20,7 +20,7 @@ from attestation.errors import ChainError, CrlError, OcspStaleError, RimChainErr
 from attestation.verifier import verify, verify_with_report
 from enclave.selfcheck import check_node_settings
 from enclave.settings import NodeSettings
-from policy import AttestationPolicy, AuditPolicy, EnginePolicy, RoutingPolicy
+from policy import AttestationPolicy, AuditPolicy, AuthorizationPolicy, EnginePolicy, RoutingPolicy
 from policy.forbidden import KNOBS
 from policy.loader import SCHEMA, parse_policy
 from tests.test_attestation_support import code_digest, collect, dev_policy, dev_variant, sim_root_dir  # noqa: F401
@@ -82,6 +82,12 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
     "audit.sink": (
         "tests/test_enclave_node.py::test_a_node_audits_to_the_sink_its_policy_names_unless_the_operator_overrides_it",
         "tests/test_audit_sink.py::test_every_shipped_policys_sink_is_a_form_open_sink_accepts"),
+    "authorization.issuer_name": (
+        "tests/test_gateway_tokens.py::test_a_bad_token_gets_401_with_the_challenge_and_reaches_no_node",
+        "tests/test_policy_loading.py::test_authorization_keys_need_an_issuer_name"),
+    "authorization.issuer_keys": (
+        "tests/test_gateway_tokens.py::test_a_bad_token_gets_401_with_the_challenge_and_reaches_no_node",
+        "tests/test_gateway_tokens.py::test_the_dev_policy_admits_without_a_token"),
 }
 
 
@@ -109,7 +115,8 @@ def test_single_valued_knobs_are_enforced_by_the_loader() -> None:
 
 
 def test_the_policy_model_has_no_field_outside_the_schema() -> None:
-    sections = {"attestation": AttestationPolicy, "engine": EnginePolicy, "routing": RoutingPolicy, "audit": AuditPolicy}
+    sections = {"attestation": AttestationPolicy, "engine": EnginePolicy, "routing": RoutingPolicy, "audit": AuditPolicy,
+                "authorization": AuthorizationPolicy}
     fields = {f"{name}.{field.name}" for name, section in sections.items() for field in dataclasses.fields(section)}
     assert fields | {"policy.name", "policy.format"} == _schema_keys()
 

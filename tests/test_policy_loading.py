@@ -267,3 +267,17 @@ def test_every_error_is_a_policy_error():
     for error in (ForbiddenOptimizationError, InvalidValueError, MissingKeyError, PolicySyntaxError,
                   UnknownKeyError, UnknownPolicyError, WeakenedGuaranteeError):
         assert issubclass(error, policy.PolicyError)
+
+
+def test_authorization_keys_need_an_issuer_name():
+    listed = with_value("authorization", "issuer_keys", ["ab" * 32])
+    with pytest.raises(InvalidValueError, match="issuer_name"):
+        parse_policy(listed)
+    document = tomllib.loads(listed)
+    document["authorization"]["issuer_name"] = "issuer.example"
+    loaded = parse_policy(to_toml(document))
+    assert loaded.authorization.issuer_keys == ("ab" * 32,) and loaded.authorization.issuer_name == "issuer.example"
+    for bad_name in ("Issuer.Example", "issuer example", 7):
+        document["authorization"]["issuer_name"] = bad_name
+        with pytest.raises(InvalidValueError):
+            parse_policy(to_toml(document))

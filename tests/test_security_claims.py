@@ -160,13 +160,24 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_gateway_imports_nothing_that_can_decrypt() -> None:
-    """The gateway reads OHTTP media types only: no HPKE, no key, no opener is in its code."""
+    """The gateway reads OHTTP media types and Privacy Pass tokens only: no HPKE, no key, no opener."""
     allowed = {"ohttp.media_types", "enclave.proto"}
     for path in sorted((REPO_ROOT / "gateway").rglob("*.py")):
         for module in imported_modules(path):
             top = module.split(".")[0]
             if top in ("ohttp", "enclave", "engine", "kernels", "client"):
-                assert module in allowed, f"{path.relative_to(REPO_ROOT)} imports {module}"
+                privacy_pass = module == "ohttp.privacypass" or module.startswith("ohttp.privacypass.")
+                assert module in allowed or privacy_pass, f"{path.relative_to(REPO_ROOT)} imports {module}"
+
+
+def test_privacy_pass_uses_no_other_part_of_ohttp() -> None:
+    """ohttp.privacypass (blind signatures and token formats) reaches no HPKE or OHTTP code of its own package."""
+    for path in sorted((REPO_ROOT / "ohttp" / "privacypass").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level in (0, 1), f"{path.name} imports from outside ohttp.privacypass"
+                assert node.level == 1 or not (node.module or "").startswith("ohttp"), path.name
 
 
 def test_serving_code_neither_prints_nor_logs() -> None:

@@ -1,0 +1,65 @@
+"""`veil issuer`: run the Privacy Pass token issuer (FastAPI on uvicorn), or add a signing key."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gateway.settings import GatewaySettings
+
+DEFAULTS = GatewaySettings()
+
+
+def register(subparsers: Any) -> None:
+    """Add `veil issuer` to the command line."""
+    parser = subparsers.add_parser(
+        "issuer",
+        help="run the Privacy Pass token issuer for the gateway's anonymous authorization",
+        description="Authenticate accounts by JWT, count their tokens against a quota and blindly sign "
+                    "token requests (RFC 9578 type 2). Keeps per-account counts only; no access log.",
+    )
+    parser.add_argument("--config", type=Path, default=Path("issuer.toml"), help="issuer configuration file (TOML)")
+    parser.add_argument("--keys", type=Path, default=Path("issuer-keys"), help="directory of token-key-<not_before>.pem files")
+    parser.add_argument("--listen", default="127.0.0.1:8100", help="HOST:PORT to serve on (port 0 picks a free one)")
+    parser.add_argument("--port-file", type=Path, help="write the chosen port here once serving (default: none, not written)")
+    parser.add_argument("--add-key-not-before", type=int, metavar="UNIX_TIME",
+                        help="generate a signing key valid from UNIX_TIME (0: now), print its key id and exit "
+                             "(default: none, serve instead)")
+    parser.add_argument("--header-timeout-s", type=float, default=DEFAULTS.header_timeout_s,
+                        help="close a connection whose request head takes longer (default: %(default)s)")
+    parser.add_argument("--body-timeout-s", type=float, default=DEFAULTS.body_timeout_s,
+                        help="close a connection whose request body takes longer (default: %(default)s)")
+    parser.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
+                        help="past this many open connections, answer 503 (default: %(default)s)")
+    parser.set_defaults(handler=run_issuer)
+
+
+def run_issuer(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM, or add a key; exit 2 on a bad configuration."""
+    from gateway.errors import GatewayError
+    from gateway.issuer.app import create_issuer_app
+    from gateway.issuer.config import load_config
+    from gateway.issuer.keys import add_key, load_keyring
+    from gateway.serve import GatewayStartError, serve_app
+
+    try:
+        if args.add_key_not_before is not None:
+            not_before = args.add_key_not_before or int(time.time())
+            key = add_key(args.keys, not_before)
+            print(f"veil issuer: added token key {key.token_key.key_id.hex()} valid from {not_before}; "
+                  "list this id in the gateway policy's [authorization] issuer_keys")
+            return 0
+        config = load_config(args.config)
+        keyring = load_keyring(args.keys)
+        for dated in keyring.published(time.time()):
+            print(f"veil issuer: publishing token key {dated.key.token_key.key_id.hex()} valid from {dated.not_before}",
+                  file=sys.stderr)
+        settings = GatewaySettings(listen=args.listen, port_file=args.port_file, header_timeout_s=args.header_timeout_s,
+                                   body_timeout_s=args.body_timeout_s, max_connections=args.max_connections)
+        return serve_app(create_issuer_app(config, keyring), settings, name="veil issuer")
+    except (GatewayStartError, GatewayError) as error:
+        print(f"veil issuer: cannot start: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,228 @@
+"""`veil relay`: an Oblivious Relay Resource (RFC 9458 section 4) in front of one Veil gateway.
+
+Run by a party other than the gateway's operator, the relay keeps client
+addresses from the gateway: the gateway sees only the relay's connections,
+shared by all of its clients. The relay sees client addresses, and the sizes
+and timing of ciphertexts, never a plaintext.
+
+What it forwards, and nothing else (every other path is 404):
+
+- `GET /v1/nodes`, the directory. It is the same for every caller, so fetching
+  it through the relay hides nothing new, and a client never has to connect
+  to the gateway directly.
+- `POST /v1/infer`, the JSON body of a client's sealed candidates.
+- `POST /v1/nodes/{node_id}/ohttp`, a standard (`message/ohttp-req`) or
+  chunked (`message/ohttp-chunked-req`) OHTTP request.
+- `POST /v1/nodes/{node_id}/attest`, a client's nonce asking a node for fresh
+  evidence.
+
+Of a request it forwards the body, a media type it sets itself
+(`application/json`, or the OHTTP media type it checked) and a Privacy Pass
+`Authorization: PrivateToken` credential, which RFC 9576 makes unlinkable to
+the client that redeems it: no other client header, no client address, and
+nothing added (no `Forwarded`, `X-Forwarded-For`,
+`Via` or user agent). Of an answer it passes the gateway's status, its body
+as it arrives (a chunked OHTTP answer is forwarded incrementally, never
+buffered, RFC 9842) and only `FORWARDED_RESPONSE_HEADERS`. Bodies are bounded
+(413 above `max_body_bytes`) and so are requests in flight (503 with
+`Retry-After` at the bound); it serves with the gateway's uvicorn settings: no
+access log, no server header, deadlines for a request's head and body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+from fastapi import Depends, FastAPI, Path as PathParameter, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.app import refuse_expectations, request_media_type
+from gateway.backpressure import InFlightLimiter, Permit
+from gateway.errors import GatewaySettingsError, GatewayUnreachableError, NotFoundError
+from gateway.models import MAX_ENCAPSULATED_BYTES, NODE_ID_PATTERN
+from gateway.responses import NODE_ID_HEADER, install_error_handlers, read_bounded
+from gateway.settings import GatewaySettings
+
+# What a client needs of an answer: how to read it, whether it comes incrementally, when to retry,
+# which node answered (the SDK decrypts with that node's context), that it is not to be cached, and
+# which Privacy Pass token the gateway asks for.
+FORWARDED_RESPONSE_HEADERS = ("content-type", "incremental", "retry-after", NODE_ID_HEADER, "cache-control",
+                              "www-authenticate")
+# A Privacy Pass token (RFC 9577) is unlinkable to its client by design; it is the one client header passed on.
+TOKEN_SCHEME = "privatetoken "
+MAX_TOKEN_HEADER_BYTES = 4096
+_JSON = "application/json"
+_NODE_ID = re.compile(NODE_ID_PATTERN, re.ASCII)
+_GATEWAY_DEFAULTS = GatewaySettings()
+_UNREACHABLE = "the relay could not reach the gateway; retry later"
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySettings:
+    """Everything `create_relay_app` needs; the serving bounds are the gateway's own defaults."""
+
+    gateway_url: str
+    listen: str = "127.0.0.1:0"
+    port_file: Path | None = None
+    max_body_bytes: int = _GATEWAY_DEFAULTS.max_body_bytes
+    max_in_flight: int = _GATEWAY_DEFAULTS.max_in_flight
+    retry_after_s: int = _GATEWAY_DEFAULTS.retry_after_s
+    connect_timeout_s: float = 10.0
+    # How long the gateway may pause within an answer (a whole answer's body comes when generation ends).
+    answer_timeout_s: float = 600.0
+    header_timeout_s: float = _GATEWAY_DEFAULTS.header_timeout_s
+    body_timeout_s: float = _GATEWAY_DEFAULTS.body_timeout_s
+    keep_alive_s: float = _GATEWAY_DEFAULTS.keep_alive_s
+    max_connections: int = _GATEWAY_DEFAULTS.max_connections
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.gateway_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise GatewaySettingsError("the gateway URL must look like https://HOST[:PORT] (http:// on loopback)")
+        for name in ("max_body_bytes", "max_in_flight", "retry_after_s"):
+            if getattr(self, name) < 1:
+                raise GatewaySettingsError(f"{name} must be at least 1")
+        for name in ("connect_timeout_s", "answer_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise GatewaySettingsError(f"{name} must be a positive number of seconds")
+        self.serving()  # the listen address and the serving bounds are checked as the gateway checks its own
+
+    def serving(self) -> GatewaySettings:
+        """The settings `gateway.serve` serves with: the listen address, port file and connection bounds."""
+        return GatewaySettings(listen=self.listen, port_file=self.port_file, header_timeout_s=self.header_timeout_s,
+                               body_timeout_s=self.body_timeout_s, keep_alive_s=self.keep_alive_s,
+                               max_connections=self.max_connections)
+
+
+class Upstream:
+    """The relay's connections to the gateway, and the bound on requests in flight through them."""
+
+    def __init__(self, settings: RelaySettings) -> None:
+        self.limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight, settings.retry_after_s)
+        self._http = _gateway_client(settings)
+
+    async def forward(self, request: Request, path: str, media_type: str | None, max_bytes: int) -> Response:
+        """Send `path` the request's bounded body (POST) or nothing (GET); the gateway's streamed answer."""
+        permit = self.limiter.admit_request()
+        try:
+            body = await read_bounded(request, max_bytes) if media_type else None
+            headers = {"content-type": media_type, **_token_credential(request)} if media_type else None
+            outgoing = self._http.build_request(request.method, path, content=body, headers=headers)
+            answer = await self._http.send(outgoing, stream=True)
+        except httpx.HTTPError:
+            permit.release()
+            raise GatewayUnreachableError(_UNREACHABLE) from None
+        except BaseException:
+            permit.release()
+            raise
+        return ForwardedAnswer(answer, permit)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+
+def _token_credential(request: Request) -> dict[str, str]:
+    """The request's one PrivateToken credential, or nothing (other schemes could name the client)."""
+    values = request.headers.getlist("authorization")
+    if len(values) != 1 or len(values[0]) > MAX_TOKEN_HEADER_BYTES or not values[0].lower().startswith(TOKEN_SCHEME):
+        return {}
+    return {"authorization": values[0]}
+
+
+def _gateway_client(settings: RelaySettings) -> httpx.AsyncClient:
+    timeout = httpx.Timeout(settings.connect_timeout_s, read=settings.answer_timeout_s)
+    limits = httpx.Limits(max_connections=settings.max_in_flight, max_keepalive_connections=settings.max_in_flight)
+    http = httpx.AsyncClient(base_url=settings.gateway_url.rstrip("/"), timeout=timeout, limits=limits,
+                             trust_env=False, follow_redirects=False)
+    # httpx sends Accept, Accept-Encoding, Connection and User-Agent by default; the relay adds nothing.
+    for name in list(http.headers):
+        del http.headers[name]
+    return http
+
+
+class ForwardedAnswer(StreamingResponse):
+    """The gateway's answer, passed on as it arrives; the slot and the gateway's answer are closed at the end."""
+
+    def __init__(self, answer: httpx.Response, permit: Permit) -> None:
+        headers = {name: answer.headers[name] for name in FORWARDED_RESPONSE_HEADERS if name in answer.headers}
+        super().__init__(_passed_on(answer), status_code=answer.status_code, headers=headers)
+        self._answer = answer
+        self._permit = permit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._answer.aclose()
+            self._permit.release()
+
+
+async def _passed_on(answer: httpx.Response) -> AsyncIterator[bytes]:
+    """The answer's bytes as they come, as sent (never decoded); losing the gateway ends the stream early,
+    which the client's decryption reports as a truncated answer."""
+    try:
+        async for chunk in answer.aiter_raw():
+            yield chunk
+    except httpx.HTTPError:
+        return
+
+
+def create_relay_app(settings: RelaySettings) -> FastAPI:
+    """The relay application for `settings`."""
+    upstream = Upstream(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await upstream.close()
+
+    app = FastAPI(title="Veil relay", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.upstream = upstream
+    install_error_handlers(app)
+    _install_routes(app, upstream, settings.max_body_bytes)
+    return app
+
+
+def _install_routes(app: FastAPI, upstream: Upstream, max_body_bytes: int) -> None:
+    @app.get("/v1/nodes")
+    async def directory(request: Request) -> Response:
+        return await upstream.forward(request, "/v1/nodes", None, 0)
+
+    @app.post("/v1/infer", dependencies=[Depends(refuse_expectations)])
+    async def infer(request: Request) -> Response:
+        return await upstream.forward(request, "/v1/infer", _JSON, max_body_bytes)
+
+    @app.post("/v1/nodes/{node_id}/ohttp", dependencies=[Depends(refuse_expectations)])
+    async def ohttp(request: Request, node_id: str = PathParameter(max_length=64)) -> Response:
+        media_type = request_media_type(request)
+        limit = min(max_body_bytes, MAX_ENCAPSULATED_BYTES)
+        return await upstream.forward(request, f"/v1/nodes/{_checked(node_id)}/ohttp", media_type, limit)
+
+    @app.post("/v1/nodes/{node_id}/attest")
+    async def attest(request: Request, node_id: str = PathParameter(max_length=64)) -> Response:
+        return await upstream.forward(request, f"/v1/nodes/{_checked(node_id)}/attest", _JSON, 1024)
+
+
+def _checked(node_id: str) -> str:
+    """`node_id` if it is one (so that no client text but a node id ever reaches the gateway's path)."""
+    if _NODE_ID.fullmatch(node_id) is None:
+        raise NotFoundError("that path does not name a node; fetch /v1/nodes")
+    return node_id
+
+
+def serve_relay(settings: RelaySettings) -> int:
+    """Run the relay until SIGINT/SIGTERM (exit status 0)."""
+    from gateway.serve import serve_app
+
+    return serve_app(create_relay_app(settings), settings.serving(), name="veil relay")
+

@@ -1,0 +1,146 @@
+"""The gateway demanding Privacy Pass tokens, over real HTTP in front of a real gRPC node and SQLite store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.auth import ProcessSpentTokens
+from gateway.errors import GatewaySettingsError
+from ohttp.privacypass import (
+    TokenChallenge,
+    answer_token_request,
+    begin_issuance,
+    encode_authorization,
+    finish_issuance,
+    parse_www_authenticate,
+)
+from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
+    GrpcNode,
+    LiveGateway,
+    RecordingNode,
+    SimEvidence,
+    candidate,
+    client,
+    gateway_settings,
+    sim_root,
+)
+from tests.token_support import ISSUER_NAME, make_keys, node_evidence, policy_listing, write_directory
+
+ORIGIN = "gateway.veil.test"
+CHALLENGE = TokenChallenge(issuer_name=ISSUER_NAME, origin_info=(ORIGIN,))
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - listed, listed, published but unlisted
+    return make_keys(tmp_path_factory.mktemp("issuer-keys"), 3)
+
+
+@pytest.fixture(scope="module")
+def policy_file(keys, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return policy_listing(tmp_path_factory.mktemp("policy") / "policy.toml", keys[:2])
+
+
+@pytest.fixture(scope="module")
+def node(sim_root: Path, policy_file: Path):
+    started = GrpcNode(RecordingNode(node_evidence(policy_file)))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(node, keys, policy_file: Path, tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("gateway")
+    settings = gateway_settings(
+        [node.address], policy=str(policy_file), origin=ORIGIN,
+        issuer_directory=str(write_directory(folder / "directory.json", keys)),
+        spent_tokens=f"sqlite:{folder / 'spent.sqlite'}",
+    )
+    with LiveGateway(settings) as live:
+        live.wait_for(lambda: len(live.runtime.pool) == 1)
+        yield live
+
+
+def _token(key, challenge: TokenChallenge = CHALLENGE) -> str:  # noqa: ANN001
+    pending = begin_issuance(key.token_key, challenge)
+    return encode_authorization(finish_issuance(pending, answer_token_request([key], pending.request.encode())))
+
+
+def _infer(gateway, node, authorization: str | None):  # noqa: ANN001, ANN202
+    headers = {} if authorization is None else {"authorization": authorization}
+    with client(gateway.url) as http:
+        return http.post("/v1/infer", json={"candidates": [candidate(node.node_id, b"sealed")]}, headers=headers)
+
+
+def test_a_valid_token_is_admitted_once_and_its_replay_refused(gateway, node, keys) -> None:
+    for key in keys[:2]:
+        token = _token(key)
+        before = len(node.servicer.received)
+        assert _infer(gateway, node, token).status_code == 200
+        assert len(node.servicer.received) == before + 1
+        replay = _infer(gateway, node, token)
+        assert replay.status_code == 401 and replay.json()["error"]["code"] == "token_required"
+        assert len(node.servicer.received) == before + 1
+    decisions = gateway.runtime.token_gate.decisions
+    assert decisions[(keys[0].token_key.key_id.hex(), True)] >= 1
+    assert decisions[(keys[1].token_key.key_id.hex(), False)] >= 1
+
+
+@pytest.mark.parametrize("case", ["missing", "malformed", "unlisted key", "other origin", "other issuer", "bit flip"])
+def test_a_bad_token_gets_401_with_the_challenge_and_reaches_no_node(gateway, node, keys, case: str) -> None:
+    authorization = {
+        "missing": lambda: None,
+        "malformed": lambda: 'PrivateToken token="not base64!"',
+        "unlisted key": lambda: _token(keys[2]),
+        "other origin": lambda: _token(keys[0], TokenChallenge(ISSUER_NAME, ("elsewhere.test",))),
+        "other issuer": lambda: _token(keys[0], TokenChallenge("issuer.other.test", (ORIGIN,))),
+        "bit flip": lambda: _token(keys[0])[:-6] + ("A" if _token(keys[0])[-6] != "A" else "B") + _token(keys[0])[-5:],
+    }[case]()
+    before = len(node.servicer.received)
+    answer = _infer(gateway, node, authorization)
+    assert answer.status_code == 401
+    assert len(node.servicer.received) == before
+    challenges = parse_www_authenticate(answer.headers["www-authenticate"])
+    assert {c.token_key.key_id for c in challenges} == {k.token_key.key_id for k in keys[:2]}
+    assert all(c.challenge == CHALLENGE for c in challenges)
+    if authorization is not None:
+        assert authorization[-24:] not in answer.text  # the refusal never echoes the token
+
+
+def test_the_raw_ohttp_route_demands_a_token_too(gateway, node, keys) -> None:
+    with client(gateway.url) as http:
+        answer = http.post(f"/v1/nodes/{node.node_id}/ohttp", content=b"sealed",
+                           headers={"content-type": "message/ohttp-req"})
+        assert answer.status_code == 401
+        answer = http.post(f"/v1/nodes/{node.node_id}/ohttp", content=b"sealed",
+                           headers={"content-type": "message/ohttp-req", "authorization": _token(keys[0])})
+        assert answer.status_code == 200
+
+
+def test_the_dev_policy_admits_without_a_token(sim_root: Path) -> None:
+    node = GrpcNode(RecordingNode(SimEvidence()))
+    try:
+        with LiveGateway(gateway_settings([node.address])) as live:
+            live.wait_for(lambda: len(live.runtime.pool) == 1)
+            assert live.runtime.token_gate is None
+            assert _infer(live, node, None).status_code == 200
+    finally:
+        node.stop()
+
+
+def test_a_policy_with_keys_needs_origin_and_a_directory_holding_them(keys, tmp_path: Path) -> None:
+    policy = str(policy_listing(tmp_path / "policy.toml", keys[:1]))
+    with pytest.raises(GatewaySettingsError):
+        LiveGateway(gateway_settings([], policy=policy))
+    only_unlisted = str(write_directory(tmp_path / "directory.json", keys[2:]))
+    with pytest.raises(GatewaySettingsError):
+        LiveGateway(gateway_settings([], policy=policy, origin=ORIGIN, issuer_directory=only_unlisted))
+
+
+def test_the_process_store_spends_once_and_forgets_expired_pairs() -> None:
+    now = [100.0]
+    store = ProcessSpentTokens(clock=lambda: now[0])
+    assert store.spend(b"k", b"n", 200.0) is True
+    assert store.spend(b"k", b"n", 200.0) is False
+    assert store.spend(b"k", b"m", 50.0) is False
