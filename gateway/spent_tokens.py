@@ -119,13 +119,7 @@ class SqliteSpentTokens:
             os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
             db = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
             db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            db.execute("PRAGMA journal_mode = WAL")
-            # A spend must survive a power loss, or a token spent just before it could be spent again.
-            db.execute("PRAGMA synchronous = FULL")
-            # Deleted (expired) rows are overwritten, not left readable in free pages.
-            db.execute("PRAGMA secure_delete = ON")
-            for statement in _SCHEMA:
-                db.execute(statement)
+            _set_up(db, time.monotonic() + busy_timeout_s)
         except (OSError, sqlite3.Error) as error:
             raise GatewaySettingsError(f"cannot open the spent-token file ({type(error).__name__}); "
                                        "give a writable path to sqlite:PATH") from None
@@ -197,3 +191,25 @@ class RedisSpentTokens:
 
     def close(self) -> None:
         self._redis.close()
+
+
+def _set_up(db: sqlite3.Connection, deadline: float) -> None:
+    """WAL mode, durability and the table, retried until `deadline` while another process sets them up.
+
+    Switching a new file to WAL takes a lock for which SQLite does not call its busy handler, so two
+    replicas opening the same new file at once can see "database is locked" without any wait.
+    """
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            # A spend must survive a power loss, or a token spent just before it could be spent again.
+            db.execute("PRAGMA synchronous = FULL")
+            # Deleted (expired) rows are overwritten, not left readable in free pages.
+            db.execute("PRAGMA secure_delete = ON")
+            for statement in _SCHEMA:
+                db.execute(statement)
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
