@@ -30,6 +30,8 @@ from audit.events import (
     RouteDecision,
     RouteOutcome,
     StopReason,
+    TokenDecisions,
+    TokenRefusal,
 )
 from audit.sink import AuditSink, JsonLinesSink, MemorySink, NullSink, open_sink
 
@@ -60,6 +62,8 @@ __all__ = [
     "RouteDecision",
     "RouteOutcome",
     "StopReason",
+    "TokenDecisions",
+    "TokenRefusal",
     "bucket_latency_ms",
     "bucket_tokens",
     "open_sink",

@@ -21,7 +21,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from audit.errors import AuditSchemaError
 from audit.fields import (
@@ -34,9 +34,12 @@ from audit.fields import (
     NodeId,
     NodeIds,
     OptionalLatencyBucket,
+    OptionalIssuerKeyId,
     OptionalNodeId,
     PolicyDigest,
     Release,
+    Tally,
+    TallyPeriod,
     TokenBucket,
 )
 
@@ -101,6 +104,22 @@ class EvictionReason(enum.StrEnum):
     UNREACHABLE = "unreachable"
     POLICY_MISMATCH = "policy_mismatch"
     DRAINED = "drained"
+
+
+class TokenRefusal(enum.StrEnum):
+    """Why the gateway refused a request's Privacy Pass token."""
+
+    MISSING = "missing"
+    MALFORMED = "malformed"
+    UNKNOWN_KEY = "unknown_key"
+    WRONG_CHALLENGE = "wrong_challenge"
+    SPENT = "spent"
+    STORE_UNREACHABLE = "store_unreachable"
+
+
+# Refused before the token is known to name a listed key: counted under no key id, since any other
+# id would be whatever the client chose to write.
+UNKEYED_REFUSALS = frozenset({TokenRefusal.MISSING, TokenRefusal.MALFORMED, TokenRefusal.UNKNOWN_KEY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +252,37 @@ class NodeEvicted(AuditEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class TokenDecisions(AuditEvent):
+    """A gateway's tally of the Privacy Pass tokens it accepted and refused under one issuer key.
+
+    The gateway emits its tallies every minute and when it stops, never per request, so no event
+    dates a request more finely than the `period_s` seconds that end at the event's timestamp.
+    `key_id` is one of the key ids the policy lists, or null for the refusals that name none
+    (missing, malformed or unknown key); nothing about a token itself is ever recorded.
+    """
+
+    kind: ClassVar[str] = "token_decisions"
+    gateway_id: GatewayId
+    key_id: OptionalIssuerKeyId
+    period_s: TallyPeriod
+    accepted: Counter
+    refused: Annotated[Mapping[str, int], Tally(TokenRefusal, "tokens refused, by reason")]
+
+    def __post_init__(self) -> None:
+        validate_event(self)
+        keyed = self.key_id is not None
+        if any(self.refused[reason] for reason in TokenRefusal if (reason in UNKEYED_REFUSALS) == keyed):
+            raise AuditSchemaError(
+                "field 'refused' of TokenDecisions counts missing, malformed and unknown_key refusals under "
+                "a null key_id only, and every other refusal under its listed key",
+                kind=self.kind, field="refused",
+            )
+        if not keyed and self.accepted:
+            raise AuditSchemaError("field 'accepted' of TokenDecisions must be 0 when key_id is null; "
+                                   "an accepted token names a listed key", kind=self.kind, field="accepted")
+
+
+@dataclass(frozen=True, slots=True)
 class EventsDropped(AuditEvent):
     """A sink's queue was full and it dropped `dropped` events since its last report.
 
@@ -247,7 +297,7 @@ class EventsDropped(AuditEvent):
 EVENT_TYPES: Mapping[str, type[AuditEvent]] = types.MappingProxyType({
     cls.kind: cls
     for cls in (NodeStarted, NodeStopped, EvidenceRefreshed, RequestFinished, BlocksZeroed,
-                RouteDecision, NodeAdmitted, NodeEvicted, EventsDropped)
+                RouteDecision, NodeAdmitted, NodeEvicted, TokenDecisions, EventsDropped)
 })
 
 
@@ -338,6 +388,8 @@ def record_of_validated(event: AuditEvent, now: float) -> dict[str, Any]:
 def _to_json(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, Mapping):
+        return {name: _to_json(item) for name, item in value.items()}
     if isinstance(value, tuple):
         return [_to_json(item) for item in value]
     return value

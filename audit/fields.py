@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import enum
 import re
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
@@ -159,6 +161,28 @@ class Nullable:
         return {"anyOf": [self.inner.json_schema(), {"type": "null"}], "description": self.description}
 
 
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """One count per member of an enum: a JSON object keyed by every member's value, and nothing else."""
+
+    enum_type: type[enum.Enum]
+    description: str
+
+    def check(self, value: Any, where: str) -> Mapping[str, int]:
+        names = [member.value for member in self.enum_type]
+        if not isinstance(value, Mapping) or len(value) != len(names) or not all(name in value for name in names):
+            raise _reject(where, f"an object with one count for each of {', '.join(names)}")
+        counts = {name: COUNT.check(value[name], where) for name in names}
+        if type(value) is types.MappingProxyType and list(value.items()) == list(counts.items()):
+            return value
+        return types.MappingProxyType(counts)  # read-only, like the frozen event that holds it
+
+    def json_schema(self) -> dict[str, Any]:
+        names = [member.value for member in self.enum_type]
+        return {"type": "object", "properties": {name: COUNT.json_schema() for name in names},
+                "required": names, "additionalProperties": False, "description": self.description}
+
+
 NODE_ID = Identifier("[0-9a-f]{16,64}", "a node identifier: lowercase hex, 16 to 64 characters")
 GATEWAY_ID = Identifier("[0-9a-f]{16,64}", "a gateway identifier: lowercase hex, 16 to 64 characters")
 POLICY_DIGEST = Identifier("[0-9a-f]{64}", "a policy digest: SHA-256 as 64 lowercase hex characters")
@@ -169,10 +193,13 @@ RELEASE = Identifier(
     r"(?:(?:a|b|rc|\.dev|\.post)[0-9]{1,4}|-(?:alpha|beta|rc|dev)(?:\.[0-9]{1,4})?)?",
     "a release: MAJOR.MINOR.PATCH with an optional a/b/rc/dev/post number",
 )
+# An issuer key's id (RFC 9578: SHA-256 of the key): public, and listed by the measured policy.
+ISSUER_KEY_ID = Identifier("[0-9a-f]{64}", "an issuer key id: SHA-256 as 64 lowercase hex characters")
 TOKEN_BUCKET = Bucket(TOKEN_BUCKETS, "a token-count bucket")
 LATENCY_BUCKET = Bucket(LATENCY_BUCKETS, "a latency bucket")
 COUNT = Count()
 CAPACITY = Count(1, 1_000_000, "a node's capacity weight: concurrent sequences it serves")
+TALLY_PERIOD = Count(1, 31 * 86400, "the whole seconds a tally covers, ending at its timestamp")
 
 # Aliases used in event declarations; the spec rides along as Annotated metadata.
 NodeId = Annotated[str, NODE_ID]
@@ -185,4 +212,7 @@ OptionalLatencyBucket = Annotated[str | None, Nullable(LATENCY_BUCKET, "a latenc
 Counter = Annotated[int, COUNT]
 Capacity = Annotated[int, CAPACITY]
 NodeIds = Annotated[tuple[str, ...], Sequence(NODE_ID, 1, 64, "node identifiers")]
+OptionalIssuerKeyId = Annotated[str | None, Nullable(ISSUER_KEY_ID, "an issuer key id, or null when the "
+                                                                   "token named no key the policy lists")]
+TallyPeriod = Annotated[int, TALLY_PERIOD]
 OptionalNodeId = Annotated[str | None, Nullable(NODE_ID, "a node identifier, or null when no node was chosen")]

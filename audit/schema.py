@@ -4,6 +4,10 @@ The schema is generated from the event classes, and the generated document of
 each version is also stored in `audit/schemas/` so that anyone can check audit
 files without running Veil. A test compares the two: changing an event means
 bumping `SCHEMA_VERSION` and storing the new document beside the old ones.
+Adding a kind does not: every record an earlier release wrote still validates
+against the new document, and no existing kind reads differently, so the
+document of the version is updated in place (a checker holding the earlier
+copy sees the new kind as unknown, and fetches the current one).
 """
 
 from __future__ import annotations

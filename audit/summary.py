@@ -15,6 +15,7 @@ from audit.events import (
     NodeStopped,
     RequestFinished,
     RouteDecision,
+    TokenDecisions,
 )
 from audit.records import AuditLog
 
@@ -40,6 +41,8 @@ class FleetSummary:
     blocks_zeroed: int = 0
     residue_blocks: int = 0
     dropped_events: int = 0
+    tokens_accepted: Counter[str] = field(default_factory=Counter)  # by issuer key id
+    tokens_refused: Counter[str] = field(default_factory=Counter)  # by reason
 
 
 def summarize(log: AuditLog) -> FleetSummary:
@@ -74,6 +77,10 @@ def _count(summary: FleetSummary, event: object) -> None:
             summary.zeroing_batches += 1
             summary.blocks_zeroed += blocks
             summary.residue_blocks += residue
+        case TokenDecisions(key_id=key_id, accepted=accepted, refused=refused):
+            if accepted:
+                summary.tokens_accepted[f"key {key_id[:12]}"] += accepted
+            summary.tokens_refused.update({reason: count for reason, count in refused.items() if count})
         case EventsDropped(dropped=dropped):
             summary.dropped_events += dropped
 
@@ -99,6 +106,7 @@ def format_summary(summary: FleetSummary) -> str:
         f"routes: {_breakdown(summary.route_outcomes)} by {len(summary.gateways)} gateway(s)",
         f"directory: {len(summary.admitted)} node(s) admitted; evictions: {_breakdown(summary.eviction_reasons)}",
         f"KV scrubbing: {summary.zeroing_batches} batches, {summary.blocks_zeroed} blocks zeroed, residue: {residue}",
+        f"tokens: accepted {_breakdown(summary.tokens_accepted)}; refused {_breakdown(summary.tokens_refused)}",
         f"dropped events: {summary.dropped_events}; files cut by a crash: {summary.truncated_tails}",
     ]
     return "\n".join(lines) + "\n"

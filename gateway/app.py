@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI, Path, Request
 from fastapi.responses import Response
 
 from audit.sink import AuditSink, open_sink
-from gateway.audit import GatewayAuditor
+from gateway.audit import GatewayAuditor, TokenTallyReporter
 from gateway.auth import Admission, TokenGate, authorize_anonymously
 from gateway.backpressure import InFlightLimiter
 from gateway.directory import DirectoryCache
@@ -90,10 +90,16 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await runtime.keeper.start()
+        tallies = None if runtime.token_gate is None else TokenTallyReporter(runtime.token_gate.decisions,
+                                                                             runtime.auditor)
+        if tallies is not None:
+            tallies.start()
         try:
             yield
         finally:
             await runtime.keeper.stop()
+            if tallies is not None:
+                await tallies.stop()
             runtime.auditor.close()
 
     app = FastAPI(title="Veil gateway", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -22,17 +22,20 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 from fastapi import Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
-from gateway.errors import GatewayError
+from audit import TokenRefusal
+from gateway.errors import GatewayError, SpentTokensError
 from gateway.spent_tokens import SpentTokens
 from ohttp.privacypass import (
     PrivacyPassError,
+    Token,
     TokenChallenge,
     TokenKey,
+    UnknownTokenKeyError,
     encode_www_authenticate,
     parse_authorization,
     require_challenge,
@@ -86,6 +89,40 @@ class ProcessSpentTokens:
         self._spent.clear()
 
 
+@dataclass(frozen=True, slots=True)
+class KeyTally:
+    """The decisions under one listed key (`key_id` hex), or under none (None), since the last take."""
+
+    key_id: str | None
+    accepted: int
+    refused: Mapping[TokenRefusal, int]
+
+
+class TokenDecisionCounts:
+    """Tokens accepted and refused, per listed key and refusal reason, since the last `take`.
+
+    Counts only: never a nonce, a time or anything about the requester. Requests are admitted on
+    worker threads, so every update holds a lock (a Counter's `+=` is not atomic across threads).
+    """
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str | None, TokenRefusal | None]] = Counter()
+        self._lock = threading.Lock()
+
+    def count(self, key_id: str | None, refusal: TokenRefusal | None) -> None:
+        """One decision: accepted when `refusal` is None."""
+        with self._lock:
+            self._counts[(key_id, refusal)] += 1
+
+    def take(self) -> list[KeyTally]:
+        """The counts since the last take, one tally per key that has any, and start counting afresh."""
+        with self._lock:
+            counts, self._counts = self._counts, Counter()
+        keys = sorted({key_id for key_id, _ in counts}, key=lambda key_id: key_id or "")
+        return [KeyTally(key_id, counts[(key_id, None)], {reason: counts[(key_id, reason)] for reason in TokenRefusal})
+                for key_id in keys]
+
+
 @dataclass(slots=True)
 class TokenGate:
     """Checks one token against the trusted keys and this gateway's challenge, and spends it."""
@@ -95,9 +132,8 @@ class TokenGate:
     spent: SpentTokens
     retention_s: float = DEFAULT_RETENTION_S
     clock: Callable[[], float] = time.time
-    # Tokens accepted and refused per issuer key id (hex; "unknown" when no listed key is named):
-    # counts only, never a nonce, a time or anything about the requester.
-    decisions: Counter[tuple[str, bool]] = field(default_factory=Counter)
+    # What the gateway's audit tally reports (see gateway.audit): counts per listed key and reason.
+    decisions: TokenDecisionCounts = field(default_factory=TokenDecisionCounts)
     _challenge_header: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
@@ -106,29 +142,48 @@ class TokenGate:
     def admit(self, authorization: str | None) -> Admission:
         """Admit a request carrying a valid, unspent token; raise TokenRequiredError otherwise."""
         if authorization is None:
-            self._refuse(None, "this gateway requires a Privacy Pass token: obtain one from the issuer")
+            self._refuse(None, TokenRefusal.MISSING,
+                         "this gateway requires a Privacy Pass token: obtain one from the issuer")
+        token = self._verified(authorization)
+        key_id = token.token_key_id.hex()
+        try:
+            require_challenge(token, self.challenge.digest())
+        except PrivacyPassError as error:
+            self._refuse(key_id, TokenRefusal.WRONG_CHALLENGE, _not_acceptable(error))
+        try:
+            first_spend = self.spent.spend(token.token_key_id, token.nonce, self._expiry())
+        except SpentTokensError:
+            self.decisions.count(key_id, TokenRefusal.STORE_UNREACHABLE)
+            raise
+        if not first_spend:
+            self._refuse(key_id, TokenRefusal.SPENT,
+                         "the token was spent already: every request needs a fresh token")
+        self.decisions.count(key_id, None)
+        return Admission(admitted=True, scheme="privacypass", key_id=token.token_key_id)
+
+    def _verified(self, authorization: str) -> Token:
+        """The token, signed under a listed key; a refusal counted under no key otherwise."""
         try:
             token = parse_authorization(authorization)
             verify_token(token, self.trusted)
-            require_challenge(token, self.challenge.digest())
+        except UnknownTokenKeyError as error:
+            self._refuse(None, TokenRefusal.UNKNOWN_KEY, _not_acceptable(error))
         except PrivacyPassError as error:
-            self._refuse(None, f"the token is not acceptable ({type(error).__name__}): obtain a fresh one")
-        if not self.spent.spend(token.token_key_id, token.nonce, self._expiry()):
-            self._refuse(token.token_key_id, "the token was spent already: every request needs a fresh token")
-        self._count(token.token_key_id, True)
-        return Admission(admitted=True, scheme="privacypass", key_id=token.token_key_id)
+            # A signature that does not verify leaves the named key id unproven: counted under none.
+            self._refuse(None, TokenRefusal.MALFORMED, _not_acceptable(error))
+        return token
 
     def _expiry(self) -> float:
         window = math.floor(self.clock() / self.retention_s)
         return (window + 2) * self.retention_s
 
-    def _count(self, key_id: bytes | None, accepted: bool) -> None:
-        name = key_id.hex() if key_id is not None and key_id in self.trusted else "unknown"
-        self.decisions[(name, accepted)] += 1
-
-    def _refuse(self, key_id: bytes | None, message: str) -> None:
-        self._count(key_id, False)
+    def _refuse(self, key_id: str | None, reason: TokenRefusal, message: str) -> NoReturn:
+        self.decisions.count(key_id, reason)
         raise TokenRequiredError(message, self._challenge_header)
+
+
+def _not_acceptable(error: PrivacyPassError) -> str:
+    return f"the token is not acceptable ({type(error).__name__}): obtain a fresh one"
 
 
 _OPEN_ADMISSION = Admission(admitted=True, scheme="open")

@@ -10,7 +10,7 @@ from audit import BlocksZeroed, JsonLinesSink, MemorySink
 from audit.cli import parse_capacities, register
 from audit.records import AuditLog, read_audit_files
 from audit.summary import format_summary, summarize
-from tests.test_audit_events import NODE_A, NODE_B, sample_events
+from tests.test_audit_events import ISSUER_KEY, NODE_A, NODE_B, sample_events
 
 
 def veil_audit(argv: list[str]) -> int:
@@ -32,11 +32,12 @@ def test_summary_counts_a_fleet(tmp_path, capsys):
     write_events(tmp_path / "b.jsonl", [BlocksZeroed(NODE_B, step=1, blocks=5, residue_blocks=0)])
     assert veil_audit(["summary", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 0
     out = capsys.readouterr().out
-    assert "2 file(s), 10 events" in out
+    assert "2 file(s), 11 events" in out
     assert "KV scrubbing: 2 batches, 17 blocks zeroed, residue: none" in out
     assert "routes: 1 (failover 1) by 1 gateway(s)" in out
     assert "requests: 1 (ok 1)" in out
     assert "dropped events: 3" in out
+    assert f"tokens: accepted 41 (key {ISSUER_KEY[:12]} 41); refused 3 (spent 2, wrong_challenge 1)" in out
     assert len(out.splitlines()) <= 24  # one screen
 
 

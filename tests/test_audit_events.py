@@ -22,6 +22,8 @@ from audit import (
     RequestStatus,
     RouteDecision,
     RouteOutcome,
+    TokenDecisions,
+    TokenRefusal,
     bucket_latency_ms,
     bucket_tokens,
 )
@@ -32,6 +34,12 @@ NODE_A = hashlib.sha256(b"node a").hexdigest()[:32]
 NODE_B = hashlib.sha256(b"node b").hexdigest()[:32]
 GATEWAY = hashlib.sha256(b"gateway").hexdigest()[:16]
 POLICY = hashlib.sha256(b"policy").hexdigest()
+ISSUER_KEY = hashlib.sha256(b"issuer key").hexdigest()
+
+
+def refusals(**counts: int) -> dict[str, int]:
+    """A TokenDecisions `refused` object: every reason, 0 unless given."""
+    return {reason.value: counts.get(reason.value, 0) for reason in TokenRefusal}
 
 
 def sample_events() -> list:
@@ -46,6 +54,7 @@ def sample_events() -> list:
         RouteDecision(GATEWAY, (NODE_A, NODE_B), NODE_B, "failover", "10-49ms"),
         NodeAdmitted(GATEWAY, NODE_A, capacity=8),
         NodeEvicted(GATEWAY, NODE_B, "evidence_expired"),
+        TokenDecisions(GATEWAY, ISSUER_KEY, period_s=60, accepted=41, refused=refusals(spent=2, wrong_challenge=1)),
         EventsDropped(dropped=3),
     ]
 
@@ -124,6 +133,42 @@ def test_route_decision_consistency():
         RouteDecision(GATEWAY, (), None, "no_candidate", "0-9ms")
     shed = RouteDecision(GATEWAY, (NODE_A,), None, "overloaded", "0-9ms")
     assert shed.outcome is RouteOutcome.OVERLOADED and shed.chosen is None
+
+
+def test_token_decisions_count_each_refusal_under_the_key_it_can_name():
+    unkeyed = TokenDecisions(GATEWAY, None, period_s=60, accepted=0, refused=refusals(missing=3, malformed=1))
+    assert dict(unkeyed.refused) == refusals(missing=3, malformed=1)
+    with pytest.raises(AuditSchemaError, match="accepted"):
+        TokenDecisions(GATEWAY, None, period_s=60, accepted=1, refused=refusals())
+    with pytest.raises(AuditSchemaError, match="refused"):
+        TokenDecisions(GATEWAY, None, period_s=60, accepted=0, refused=refusals(spent=1))
+    with pytest.raises(AuditSchemaError, match="refused"):
+        TokenDecisions(GATEWAY, ISSUER_KEY, period_s=60, accepted=0, refused=refusals(unknown_key=1))
+
+
+@pytest.mark.parametrize("refused", [
+    refusals() | {"because": 1},  # a reason outside the enum
+    {name: count for name, count in refusals().items() if name != "spent"},  # one missing
+    refusals(spent=-1),
+    refusals() | {"spent": True},
+    [0] * len(TokenRefusal),
+])
+def test_token_refusals_are_one_count_per_reason(refused):
+    with pytest.raises(AuditSchemaError, match="refused"):
+        TokenDecisions(GATEWAY, ISSUER_KEY, period_s=60, accepted=0, refused=refused)
+
+
+@pytest.mark.parametrize("change", [{"key_id": ISSUER_KEY[:63]}, {"key_id": ISSUER_KEY.upper()}, {"period_s": 0}])
+def test_token_decisions_name_a_whole_key_id_and_a_period_of_a_second_or_more(change):
+    sample = TokenDecisions(GATEWAY, ISSUER_KEY, period_s=60, accepted=1, refused=refusals())
+    with pytest.raises(AuditSchemaError):
+        dataclasses.replace(sample, **change)
+
+
+def test_token_refusals_are_read_only():
+    event = TokenDecisions(GATEWAY, ISSUER_KEY, period_s=60, accepted=1, refused=refusals())
+    with pytest.raises(TypeError):
+        event.refused["spent"] = 5  # type: ignore[index]
 
 
 def test_residue_cannot_exceed_the_batch():

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
-from gateway.auth import ProcessSpentTokens
+from audit import MemorySink
+from gateway.app import create_app
+from gateway.audit import GatewayAuditor, TokenTallyReporter
+from gateway.auth import ProcessSpentTokens, TokenGate, TokenRequiredError
 from gateway.errors import GatewaySettingsError
 from ohttp.privacypass import (
     TokenChallenge,
@@ -14,11 +19,14 @@ from ohttp.privacypass import (
     begin_issuance,
     encode_authorization,
     finish_issuance,
+    parse_authorization,
     parse_www_authenticate,
 )
+from tests.test_audit_events import refusals
 from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     GrpcNode,
     LiveGateway,
+    LiveServer,
     RecordingNode,
     SimEvidence,
     candidate,
@@ -82,9 +90,6 @@ def test_a_valid_token_is_admitted_once_and_its_replay_refused(gateway, node, ke
         replay = _infer(gateway, node, token)
         assert replay.status_code == 401 and replay.json()["error"]["code"] == "token_required"
         assert len(node.servicer.received) == before + 1
-    decisions = gateway.runtime.token_gate.decisions
-    assert decisions[(keys[0].token_key.key_id.hex(), True)] >= 1
-    assert decisions[(keys[1].token_key.key_id.hex(), False)] >= 1
 
 
 @pytest.mark.parametrize("case", ["missing", "malformed", "unlisted key", "other origin", "other issuer", "bit flip"])
@@ -144,3 +149,74 @@ def test_the_process_store_spends_once_and_forgets_expired_pairs() -> None:
     assert store.spend(b"k", b"n", 200.0) is True
     assert store.spend(b"k", b"n", 200.0) is False
     assert store.spend(b"k", b"m", 50.0) is False
+
+
+def _tally_records(path: Path) -> list[dict]:
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {record["kind"] for record in records} <= {"node_admitted", "route_decision", "token_decisions"}
+    return [record for record in records if record["kind"] == "token_decisions"]
+
+
+def test_the_audit_file_holds_token_tallies_and_nothing_else_about_the_tokens(node, keys, policy_file: Path,
+                                                                              tmp_path: Path) -> None:
+    settings = gateway_settings(
+        [node.address], policy=str(policy_file), origin=ORIGIN, audit=f"file:{tmp_path / 'audit.jsonl'}",
+        issuer_directory=str(write_directory(tmp_path / "directory.json", keys)),
+        spent_tokens=f"sqlite:{tmp_path / 'spent.sqlite'}",
+    )
+    presented = [_token(keys[0]) for _ in range(3)] + [_token(keys[1])]
+    refused = [None, 'PrivateToken token="not base64!"', _token(keys[2]), presented[0],
+               _token(keys[0], TokenChallenge(ISSUER_NAME, ("elsewhere.test",)))]
+    flipped = _token(keys[1])
+    refused.append(flipped[:-6] + ("A" if flipped[-6] != "A" else "B") + flipped[-5:])
+    with LiveServer(create_app(settings), settings) as live:
+        pool = live.app.state.runtime.pool
+        LiveGateway.wait_for(live, lambda: len(pool) == 1)
+        for authorization, status in [(value, 200) for value in presented] + [(value, 401) for value in refused]:
+            assert _infer(live, node, authorization).status_code == status
+    tallies = {record["key_id"]: record for record in _tally_records(tmp_path / "audit.jsonl")}
+    key0, key1 = (key.token_key.key_id.hex() for key in keys[:2])
+    assert set(tallies) == {key0, key1, None}
+    assert (tallies[key0]["accepted"], tallies[key1]["accepted"], tallies[None]["accepted"]) == (3, 1, 0)
+    assert tallies[key0]["refused"] == refusals(spent=1, wrong_challenge=1)
+    assert tallies[key1]["refused"] == refusals()
+    assert tallies[None]["refused"] == refusals(missing=1, malformed=2, unknown_key=1)
+    assert all(record["period_s"] >= 1 for record in tallies.values())
+    text = (tmp_path / "audit.jsonl").read_text()
+    for authorization in presented + refused[1:]:
+        encoded = authorization.split('token="', 1)[1].rstrip('"')
+        assert encoded not in text and encoded[:16] not in text
+    for authorization in presented + [refused[2], refused[4], flipped]:
+        token = parse_authorization(authorization)
+        for secret in (token.nonce, token.encode(), token.authenticator, token.challenge_digest):
+            assert secret.hex() not in text
+    assert keys[2].token_key.key_id.hex() not in text  # an unlisted key's id is the client's to choose
+
+
+def test_the_reporter_tallies_on_its_interval_and_at_stop(keys) -> None:
+    clock = [1000.0]
+    sink = MemorySink()
+    gate = TokenGate(CHALLENGE, {keys[0].token_key.key_id: keys[0].token_key}, ProcessSpentTokens())
+    reporter = TokenTallyReporter(gate.decisions, GatewayAuditor(sink, "ab" * 8), interval_s=0.05,
+                                  clock=lambda: clock[0])
+
+    async def run() -> None:
+        reporter.start()
+        gate.admit(_token(keys[0]))
+        with pytest.raises(TokenRequiredError):
+            gate.admit(None)
+        clock[0] += 59.2
+        while len(sink.events) < 2:  # the timer's tally
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # more timer ticks, with nothing counted: nothing emitted
+        with pytest.raises(TokenRequiredError):
+            gate.admit("PrivateToken token=AAAA")
+        clock[0] += 0.3
+        await reporter.stop()
+
+    asyncio.run(run())
+    events = sink.events
+    assert [(e.key_id, e.period_s, e.accepted, dict(e.refused)) for e in events[:2]] == [
+        (None, 60, 0, refusals(missing=1)), (keys[0].token_key.key_id.hex(), 60, 1, refusals())]
+    assert [(e.key_id, e.period_s, e.accepted, dict(e.refused)) for e in events[2:]] == [
+        (None, 1, 0, refusals(malformed=1))]
