@@ -1,4 +1,5 @@
-"""A local fleet on loopback: one `veil gateway` and N `veil node` processes (`veil up`).
+"""A local fleet on loopback: one `veil gateway` and N `veil node` processes (`veil up`), and on request
+a `veil issuer` whose tokens the gateway then demands and a `veil relay` in front of the gateway.
 
 For development, the demo, the end-to-end tests and the benchmark. Nodes run
 the built-in tiny model under SIMULATED attestation and the development
@@ -25,19 +26,28 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
-from client.errors import VeilClientError
+from client.fleet_access import (
+    FleetError,
+    ISSUER_NAME,
+    ORIGIN,
+    RELAY_ADDRESS,
+    FleetAccount,
+    printed_key_id,
+    write_issuer_config,
+    write_policy_listing,
+)
+from client.tokens import DEFAULT_BATCH_SIZE, TokenWallet
+from ohttp.privacypass import WELL_KNOWN_PATH
 
 DEFAULT_MODEL_DIR = Path(".veil/tiny-model")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _POLL_S = 0.05
-
-
-class FleetError(VeilClientError):
-    """A local fleet could not start or stop as asked."""
+W = TypeVar("W", bound=TokenWallet)
 
 
 @dataclass(slots=True)
@@ -66,6 +76,14 @@ class FleetSettings:
     # gateway and client work, as separate machines would.
     node_cpus: frozenset[int] | None = None
     gateway_cpus: frozenset[int] | None = None
+    # A token issuer with one account (`account`): the fleet's own policy lists the issuer's key, so the
+    # gateway demands a Privacy Pass token for every request for a node.
+    tokens: bool = False
+    account: str = "fleet"
+    tokens_per_period: int = 1000
+    # An OHTTP relay in front of the gateway, which then takes requests for nodes from the relay's address only.
+    relay: bool = False
+    relay_target: str | None = None  # where the relay forwards (default: this fleet's gateway)
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 32:
@@ -115,20 +133,32 @@ class Fleet:
         self.model_dir = self.settings.model_dir or DEFAULT_MODEL_DIR
         self.nodes: list[FleetProcess] = []
         self.gateway: FleetProcess | None = None
+        self.issuer: FleetProcess | None = None
+        self.relay: FleetProcess | None = None
+        self.account: FleetAccount | None = None
+        self.issuer_key_ids: tuple[str, ...] = ()
+        # The policy every process and the client load: the base policy, or the fleet's own file listing its issuer.
+        self.policy = self.settings.policy
 
     # ----- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> Fleet:
-        """Write the model if needed, start the nodes, then the gateway; return once all N are admitted."""
+        """Write the model if needed, start the issuer and nodes, the gateway, then the relay; return once
+        all N nodes are admitted."""
         try:
             load_or_create_sim_root(self.sim_root_dir)  # before the nodes, so they share one root
             self._ensure_model()
+            if self.settings.tokens:
+                self.issuer = self._start_issuer()  # its key is in the policy the nodes measure
             self.nodes = [self._start_node(index) for index in range(self.settings.nodes)]
             deadline = time.monotonic() + self.settings.start_timeout_s
-            for node in self.nodes:
-                node.port = self._wait_for_port(node, deadline)
+            for process in self.nodes + ([self.issuer] if self.issuer else []):
+                process.port = self._wait_for_port(process, deadline)
             self.gateway = self._start_gateway()
             self.gateway.port = self._wait_for_port(self.gateway, deadline)
+            if self.settings.relay:
+                self.relay = self._start_relay()
+                self.relay.port = self._wait_for_port(self.relay, deadline)
             self.wait_for_pool(self.settings.nodes, deadline - time.monotonic(), at_least=True)
         except BaseException:
             self.stop()
@@ -136,8 +166,9 @@ class Fleet:
         return self
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        """Stop the gateway, then the nodes (SIGTERM, then SIGKILL after `timeout_s`); remove a temporary work folder."""
-        processes = ([self.gateway] if self.gateway else []) + self.nodes
+        """Stop the relay, the gateway, the nodes, then the issuer (SIGTERM, then SIGKILL after `timeout_s`);
+        remove a temporary work folder."""
+        processes = [process for process in (self.relay, self.gateway, *self.nodes, self.issuer) if process]
         for process in processes:
             if process.alive:
                 process.popen.send_signal(signal.SIGTERM)
@@ -161,9 +192,28 @@ class Fleet:
 
     @property
     def gateway_url(self) -> str:
-        if self.gateway is None or self.gateway.port is None:
-            raise FleetError("the fleet is not running; start it first")
-        return f"http://127.0.0.1:{self.gateway.port}"
+        return self._url(self.gateway, "the fleet is not running; start it first")
+
+    @property
+    def issuer_url(self) -> str:
+        return self._url(self.issuer, "the fleet runs no token issuer; start it with tokens=True")
+
+    @property
+    def relay_url(self) -> str:
+        return self._url(self.relay, "the fleet runs no relay; start it with relay=True")
+
+    @property
+    def client_url(self) -> str:
+        """Where clients send requests: the relay when the fleet runs one, else the gateway."""
+        return self.relay_url if self.relay is not None else self.gateway_url
+
+    def token_wallet(self, batch_size: int = DEFAULT_BATCH_SIZE, http: httpx.Client | None = None,
+                     kind: type[W] = TokenWallet) -> W:
+        """A wallet (of class `kind`) obtaining tokens for this fleet's gateway from its issuer, as its account."""
+        if self.account is None:
+            raise FleetError("the fleet runs no token issuer; start it with tokens=True")
+        return kind(self.issuer_url, self.account.credential, issuer_name=ISSUER_NAME, origin=ORIGIN,
+                           listed_key_ids=self.issuer_key_ids, batch_size=batch_size, http=http)
 
     @property
     def environment(self) -> dict[str, str]:
@@ -248,10 +298,45 @@ class Fleet:
             )
         return FleetProcess(name, popen, stdout_path, stderr_path)
 
+    def _start_issuer(self) -> FleetProcess:
+        """Register the account, make a signing key, write the policy listing it, and start `veil issuer`."""
+        folder = self.workdir / "issuer"
+        shutil.rmtree(folder / "keys", ignore_errors=True)  # a fresh key for each start, even in an old work folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.account = FleetAccount.generate(self.settings.account)
+        config = write_issuer_config(folder / "issuer.toml", self.account, self.settings.tokens_per_period)
+        added = subprocess.run(
+            [sys.executable, "-m", "client", "issuer", "--keys", str(folder / "keys"), "--add-key-not-before", "0"],
+            env=self._env(), capture_output=True, text=True, timeout=120,
+        )
+        if added.returncode != 0:
+            raise FleetError(f"veil issuer could not add a signing key: {added.stderr.strip()[-500:]}")
+        self.issuer_key_ids = (printed_key_id(added.stdout),)
+        self.policy = str(write_policy_listing(self.workdir / "policy.toml", self.settings.policy,
+                                               self.issuer_key_ids).resolve())
+        return self._spawn("issuer", [
+            "issuer", "--config", str(config.resolve()), "--keys", str((folder / "keys").resolve()),
+            "--listen", "127.0.0.1:0", "--port-file", str(self.paths.run / "issuer.port")])
+
+    def _start_relay(self) -> FleetProcess:
+        target = self.settings.relay_target or self.gateway_url
+        return self._spawn("relay", ["relay", "--gateway", target, "--listen", "127.0.0.1:0",
+                                     "--port-file", str(self.paths.run / "relay.port")], self.settings.gateway_cpus)
+
+    def _access_arguments(self) -> list[str]:
+        """The gateway's options for the fleet's issuer and relay."""
+        arguments = []
+        if self.issuer is not None:
+            arguments += ["--origin", ORIGIN, "--issuer-directory", f"{self.issuer_url}{WELL_KNOWN_PATH}",
+                          "--spent-tokens", f"sqlite:{(self.workdir / 'spent-tokens.sqlite').resolve()}"]
+        if self.settings.relay:
+            arguments += ["--relay-only", RELAY_ADDRESS]
+        return arguments
+
     def _start_node(self, index: int) -> FleetProcess:
         s = self.settings
         arguments = [
-            "node", "--model", str(Path(self.model_dir).resolve()), "--policy", s.policy, "--attestation", "sim",
+            "node", "--model", str(Path(self.model_dir).resolve()), "--policy", self.policy, "--attestation", "sim",
             "--listen", "127.0.0.1:0", "--port-file", str(self.paths.run / f"node-{index}.port"),
             "--capacity", str(s.capacity), "--kv-cache-gib", str(s.kv_cache_gib),
             "--audit", f"file:{self.paths.audit / f'node-{index}.jsonl'}",
@@ -262,14 +347,14 @@ class Fleet:
     def _start_gateway(self) -> FleetProcess:
         s = self.settings
         arguments = [
-            "gateway", "--listen", f"127.0.0.1:{s.gateway_port}", "--policy", s.policy,
+            "gateway", "--listen", f"127.0.0.1:{s.gateway_port}", "--policy", self.policy,
             "--port-file", str(self.paths.run / "gateway.port"),
             "--audit", f"file:{self.paths.audit / 'gateway.jsonl'}",
         ]
         for address in [f"127.0.0.1:{node.port}" for node in self.nodes] + list(s.extra_gateway_nodes):
             arguments += ["--node", address]
         arguments += _optional("--reattest-s", s.reattest_s) + _optional("--health-s", s.health_s)
-        arguments += _optional("--key-grace-s", s.key_grace_s) + list(s.extra_gateway_args)
+        arguments += _optional("--key-grace-s", s.key_grace_s) + self._access_arguments() + list(s.extra_gateway_args)
         return self._spawn("gateway", arguments, s.gateway_cpus)
 
     def _wait_for_port(self, process: FleetProcess, deadline: float) -> int:
@@ -285,6 +370,13 @@ class Fleet:
             if time.monotonic() > deadline:
                 raise FleetError(f"{process.name} did not start in time; its messages are in {process.stderr_path}")
             time.sleep(_POLL_S)
+
+    def _url(self, process: FleetProcess | None, missing: str) -> str:
+        if process is None:
+            raise FleetError(missing)
+        if process.port is None:
+            raise FleetError("the fleet is not running; start it first")
+        return f"http://127.0.0.1:{process.port}"
 
     def _check_alive(self) -> None:
         if self.gateway is not None and not self.gateway.alive:
