@@ -23,6 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo = subparsers.add_parser("demo", help="start a local fleet, send encrypted requests, show what was verified")
     demo.add_argument("--nodes", type=int, default=3, help="node processes to start (default: 3)")
     demo.add_argument("--model", type=Path, default=None, help="model folder (default: the built-in tiny model)")
+    demo.add_argument("--tokens", action=argparse.BooleanOptionalAction, default=True,
+                      help="run a token issuer and spend one Privacy Pass token per request")
+    demo.add_argument("--relay", action=argparse.BooleanOptionalAction, default=True,
+                      help="send every request through an OHTTP relay; the gateway takes requests from it only")
     demo.set_defaults(handler=_demo)
 
 
@@ -48,6 +52,9 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
                     help="concurrent requests each node declares, at most the policy's max_node_capacity (default: 8)")
     up.add_argument("--model", type=Path, default=None, help="model folder (default: the built-in tiny model)")
     up.add_argument("--workdir", type=Path, default=None, help="where logs and audit files go (default: a temporary folder)")
+    up.add_argument("--relay", action=argparse.BooleanOptionalAction, default=False,
+                    help="run an OHTTP relay in front of the gateway and print its URL for clients; the gateway "
+                         "then takes requests for nodes from the relay only")
     up.set_defaults(handler=_up)
 
 
@@ -148,14 +155,18 @@ def _up(args: argparse.Namespace) -> int:
 
     # The default simulated root, so that `veil chat` in another shell trusts this fleet as is.
     settings = FleetSettings(nodes=args.nodes, gateway_port=args.gateway_port, model_dir=args.model,
-                             workdir=args.workdir, sim_root_dir=sim_root_dir(), capacity=args.capacity)
+                             workdir=args.workdir, sim_root_dir=sim_root_dir(), capacity=args.capacity,
+                             relay=args.relay)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     print(f"veil up: starting {args.nodes} node(s) and a gateway (SIMULATED attestation, development policy)",
           file=sys.stderr)
     try:
         with Fleet(settings) as fleet:
-            print(fleet.gateway_url, flush=True)
+            print(fleet.client_url, flush=True)
+            if fleet.relay is not None:
+                print(f"veil up: the relay at {fleet.relay_url} forwards to the gateway at {fleet.gateway_url}",
+                      file=sys.stderr)
             print(f"veil up: ready; logs and audit files in {fleet.workdir}. Ctrl-C stops the fleet.", file=sys.stderr)
             stopping.wait()
     except KeyboardInterrupt:
@@ -195,4 +206,4 @@ def _proxy(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from client.demo import run_demo
 
-    return run_demo(nodes=args.nodes, model_dir=args.model)
+    return run_demo(nodes=args.nodes, model_dir=args.model, tokens=args.tokens, relay=args.relay)

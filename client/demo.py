@@ -2,50 +2,125 @@
 
 Everything runs on loopback with SIMULATED attestation, the development policy
 and the built-in tiny model (random weights, so the answers are noise): the
-point is the path, not the prose.
+point is the path, not the prose. By default the whole anonymous path runs:
+the client obtains Privacy Pass tokens blindly from the fleet's issuer and
+sends each request, with one token, through an OHTTP relay, from an address
+of its own (127.0.0.3) that the gateway never sees.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import httpx
+
 from attestation.sim_root import ROOT_DIR_ENV
 from client.commands import describe_route
 from client.fleet import Fleet, FleetSettings
+from client.fleet_access import RELAY_ADDRESS
 from client.sdk import Client
+from client.tokens import TokenWallet
 from client.types import ChatCompletionChunk
 
 PROMPTS = ("What does a confidential-computing GPU protect?", "Name three prime numbers.")
 COMPLETION_PROMPT = "Once upon a time"
 STREAMED_PROMPT = "Tell me a short story about a lighthouse."
 _BAR = "=" * 78
+DEMO_ACCOUNT = "demo"
+CLIENT_ADDRESS = "127.0.0.3"  # a loopback address of the client's own, unlike the relay's
 
 
-def run_demo(nodes: int = 3, model_dir: Path | None = None) -> int:
-    """Start a fleet, send four encrypted requests (one streamed), print routes, checks and the audit summary."""
+class CountingWallet(TokenWallet):
+    """A wallet that counts the tokens it handed out and keeps the first, to show that it is refused again."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.spent = 0
+        self.first: str | None = None
+
+    def authorization(self) -> str:
+        value = super().authorization()
+        self.spent += 1
+        self.first = self.first or value
+        return value
+
+
+def run_demo(nodes: int = 3, model_dir: Path | None = None, tokens: bool = True, relay: bool = True) -> int:
+    """Start a fleet, send four encrypted requests (one streamed), print routes, checks, the anonymous path
+    (tokens and relay) and the audit summary."""
     started = time.monotonic()
     _banner()
     with tempfile.TemporaryDirectory(prefix="veil-demo-") as workdir:
         root = Path(workdir)
         # Each node gets one torch thread: on a small machine N nodes then share the cores fairly.
-        settings = FleetSettings(nodes=nodes, model_dir=model_dir, workdir=root / "fleet", torch_threads=1)
+        settings = FleetSettings(nodes=nodes, model_dir=model_dir, workdir=root / "fleet", torch_threads=1,
+                                 tokens=tokens, relay=relay, account=DEMO_ACCOUNT)
         fleet = Fleet(settings)
-        print(f"starting {nodes} node(s) and a gateway on loopback ...", flush=True)
+        extras = [name for name, wanted in (("a token issuer", tokens), ("a relay", relay)) if wanted]
+        print(f"starting {nodes} node(s), {', '.join(['a gateway', *extras])} on loopback ...", flush=True)
         with fleet:
             os.environ[ROOT_DIR_ENV] = str(fleet.sim_root_dir)  # the dev policy trusts this fleet's simulated root
             print(f"gateway {fleet.gateway_url} admitted {nodes} attested node(s) "
                   f"in {time.monotonic() - started:.1f} s\n", flush=True)
-            with Client(fleet.gateway_url, policy="dev") as client:
+            address = _own_loopback_address() if relay else None
+            wallet = fleet.token_wallet(kind=CountingWallet) if tokens else None
+            with _client_http(fleet.client_url, address) as http, \
+                    Client(fleet.client_url, policy=fleet.policy, tokens=wallet, http=http) as client:
                 _requests(client)
+                _anonymous_path(fleet, http, address, wallet)
         audit_files = sorted((root / "fleet" / "audit").glob("*.jsonl"))
         _audit_summary(audit_files)
     print(f"\nfleet stopped cleanly; demo took {time.monotonic() - started:.1f} s")
     return 0
+
+
+def _own_loopback_address() -> str | None:
+    """CLIENT_ADDRESS if this system routes it to loopback (Linux does), else None."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((CLIENT_ADDRESS, 0))
+        except OSError:
+            return None
+    return CLIENT_ADDRESS
+
+
+def _client_http(url: str, address: str | None) -> httpx.Client:
+    transport = httpx.HTTPTransport(local_address=address) if address else None
+    return httpx.Client(base_url=url, timeout=60.0, trust_env=False, transport=transport)
+
+
+def _anonymous_path(fleet: Fleet, http: httpx.Client, address: str | None, wallet: CountingWallet | None) -> None:
+    """What the tokens and the relay did, each said in one line, with one refused request as proof."""
+    if wallet is not None:
+        replayed = http.post("/v1/infer", json={"candidates": []}, headers={"authorization": wallet.first or ""})
+        print(f"tokens: {wallet.spent + len(wallet)} obtained blindly from the issuer at {fleet.issuer_url} "
+              f"(account {fleet.account.name!r}),\n  {wallet.spent} spent, one per request; the gateway never learns "
+              f"the account; a replayed token got {_refusal(replayed)}")
+    if fleet.relay is None:
+        return
+    if address is None:
+        print(f"relay: every request went through the relay at {fleet.relay_url}; this system has no second "
+              f"loopback address, so the client shares the relay's address {RELAY_ADDRESS}")
+        return
+    with _client_http(fleet.gateway_url, address) as direct:
+        refused = direct.post("/v1/infer", json={"candidates": []})
+    print(f"relay: every request went through the relay at {fleet.relay_url} from {address};\n  the gateway saw "
+          f"only the relay's address {RELAY_ADDRESS}: it takes requests for nodes from no other "
+          f"(a direct one from {address} got {_refusal(refused)})")
+
+
+def _refusal(response: httpx.Response) -> str:
+    try:
+        code = response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = "no error code"
+    return f"{response.status_code} {code}"
 
 
 def _banner() -> None:
