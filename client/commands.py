@@ -54,7 +54,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--workdir", type=Path, default=None, help="where logs and audit files go (default: a temporary folder)")
     up.add_argument("--relay", action=argparse.BooleanOptionalAction, default=False,
                     help="run an OHTTP relay in front of the gateway and print its URL for clients; the gateway "
-                         "then takes requests for nodes from the relay only")
+                         "then takes requests for nodes from the relay only (default: off)")
     up.set_defaults(handler=_up)
 
 
