@@ -37,7 +37,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
-from benchmarks.common import progress  # noqa: E402
+from benchmarks.common import Workload, progress  # noqa: E402
 
 DECODE_TARGET_MS = {1: 2.0, 64: 4.0, 256: 8.0}
 OFFLINE_TARGET_TOKENS_PER_S = 25_000
@@ -62,16 +62,6 @@ PRESETS = {
     "1b": LlamaShape(2048, 16, 32, 8, 64, 8192, 128256, True),
     "8b": LlamaShape(4096, 32, 32, 8, 128, 14336, 128256, False),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(self.output_lens)
 
 
 # ----- the model folder ---------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 # Run as a script, this folder would come first on sys.path and its kernels.py would shadow the package.
@@ -25,17 +24,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
-from benchmarks.common import progress  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Workload:
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(self.output_lens)
+from benchmarks.common import Workload, progress  # noqa: E402
 
 
 def make_workload(requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int) -> Workload:
