@@ -8,9 +8,9 @@ baselines, each with at most C requests in the engine at once:
 
 - engine loop: one thread adds requests and calls `step()`; a request joins exactly at a step
   boundary, which no server can promise, so this is the strictest baseline;
-- engine thread: the node's own engine thread with C reader threads, as the node runs it; requests
-  arrive whenever their reader is ready. The difference to the encrypted path is then exactly
-  SDK + gateway + OHTTP + gRPC.
+- engine core: the node's own engine core process with C reader threads, as the node runs it;
+  requests arrive whenever their reader is ready. The difference to the encrypted path is then
+  exactly SDK + gateway + OHTTP + gRPC.
 
 By default the node (and both baselines) run on their own core(s) and the SDK's threads and the
 gateway on the others, as separate machines would; `--shared-cpus` lets everything share every core.
@@ -107,7 +107,7 @@ def run_in_process(engine, jobs: list[Job], concurrency: int) -> Run:
 # ----- encrypted ----------------------------------------------------------------------------------
 
 
-def run_engine_thread(worker, jobs: list[Job], concurrency: int) -> Run:
+def run_engine_core(core, jobs: list[Job], concurrency: int) -> Run:
     from engine import SamplingParams
 
     def one(index: int) -> Result:
@@ -115,7 +115,7 @@ def run_engine_thread(worker, jobs: list[Job], concurrency: int) -> Run:
         params = SamplingParams(max_tokens=job.max_tokens, temperature=0.8, seed=job.seed)
         sent = time.perf_counter()
         ttft, pieces, tokens = None, [], 0
-        for batch in worker.submit(job.prompt, params).delta_batches():
+        for batch in core.submit(job.prompt, params).delta_batches():
             for delta in batch:
                 if ttft is None and delta.token_ids:
                     ttft = time.perf_counter() - sent
@@ -211,20 +211,23 @@ def _baselines(
     import torch
 
     from client.fleet import pinned
-    from enclave.engine_worker import EngineWorker
     from engine import EngineConfig, LLMEngine, SamplingParams
+    from engine.core_client import EngineCoreClient
 
     torch.set_num_threads(threads)
     with pinned(cpus.node if cpus else None):
         engine = LLMEngine(model_dir, EngineConfig(kv_cache_gib=0.25, max_num_seqs=64))
         engine.generate(["warm up"], SamplingParams(max_tokens=4))
         loop = {c: _timed(f"engine loop, concurrency {c}", run_in_process, engine, jobs, c) for c in levels}
-        worker = EngineWorker(engine)
-        worker.start()  # its thread, and the readers' threads below, inherit the node's cores
+        del engine
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the core process reads it as it starts, as the node's does
+        core = EngineCoreClient(model_dir, EngineConfig(kv_cache_gib=0.25, max_num_seqs=64))
+        core.start()  # the process, and the readers' threads below, inherit the node's cores
         try:
-            thread = {c: _timed(f"engine thread, concurrency {c}", run_engine_thread, worker, jobs, c) for c in levels}
+            list(core.submit("warm up", SamplingParams(max_tokens=4)).deltas())
+            thread = {c: _timed(f"engine core, concurrency {c}", run_engine_core, core, jobs, c) for c in levels}
         finally:
-            worker.stop()
+            core.stop()
     return loop, thread
 
 
@@ -268,10 +271,10 @@ def _report(args: argparse.Namespace, cpus: CpuSplit | None, loop: dict[int, Run
                  else "node, gateway and SDK sharing every core")
     print(f"\nend-to-end: {args.requests} requests x {args.max_tokens} tokens, one node, loopback, "
           f"{args.threads} torch thread(s) per engine, {placement}; SIMULATED attestation (the cryptography is real)")
-    header = (f"{'conc':>4} | {'engine loop':^21} | {'engine thread':^21} | {'encrypted':^31} | "
+    header = (f"{'conc':>4} | {'engine loop':^21} | {'engine core':^21} | {'encrypted':^31} | "
               f"{'tput ratio vs':^15} | {'+p50 ttft vs':^17}")
     sub = (f"{'':>4} | {'tok/s':>10} {'p50 ttft':>10} | {'tok/s':>10} {'p50 ttft':>10} | "
-           f"{'tok/s':>10} {'p50 ttft':>10} {'p99 ttft':>9} | {'loop':>7} {'thread':>7} | {'loop':>8} {'thread':>8}")
+           f"{'tok/s':>10} {'p50 ttft':>10} {'p99 ttft':>9} | {'loop':>7} {'core':>7} | {'loop':>8} {'core':>8}")
     print(header)
     print(sub)
     print("-" * len(sub))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from engine import EngineError, RequestOutput, RequestRejected, SamplingParams, StreamDelta
 from engine.outputs import RequestMetrics
 from engine.tokenizer import ChatMessage, Tokenizer
-from enclave.engine_worker import EngineWorker
+from engine.core_client import EngineCoreClient
 from ohttp.bhttp import Request
 from ohttp.dates import date_fields, format_http_date, parse_http_date
 
@@ -60,12 +60,15 @@ def error_response(error: ApiError) -> InnerResponse:
 
 @dataclass(slots=True)
 class InnerApi:
-    worker: EngineWorker
+    engine: EngineCoreClient
     tokenizer: Tokenizer
     model_name: str
-    max_tokens_limit: int
     date_window_s: float = REQUEST_DATE_WINDOW_S
     clock: Callable[[], float] = time.time
+
+    @property
+    def max_tokens_limit(self) -> int:
+        return self.engine.max_model_len
 
     def handle(self, request: Request) -> InnerResponse:
         try:
@@ -149,7 +152,7 @@ class InnerApi:
 
     def _generate(self, body: dict, prompt: str | list[int], chat: bool) -> InnerResponse:
         params = self._sampling_params(body)
-        handle = self.worker.submit(prompt, params)
+        handle = self.engine.submit(prompt, params)
         completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         shape = _Shape(completion_id, self.model_name, chat, int(time.time()))
         include_usage = _include_usage(body)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from concurrent import futures
@@ -29,13 +30,15 @@ from audit.events import (
 )
 from audit.sink import open_sink
 from enclave.api import InnerApi
-from enclave.engine_worker import EngineWorker
 from enclave.keys import NodeKeys
 from enclave.proto import node_pb2_grpc
 from enclave.selfcheck import check_node_settings
 from enclave.service import NodeService, Outcome
 from enclave.settings import NodeSettings
-from engine import EngineConfig, LLMEngine
+from engine import EngineConfig
+from engine.accounting import ZeroingReport
+from engine.core_client import EngineCoreClient
+from engine.tokenizer import Tokenizer
 from policy import resolve_policy
 from policy.shipped import resolve_policy_path
 
@@ -83,16 +86,17 @@ class NodeServer:
         self.keys = NodeKeys(settings.key_rotation_s, settings.key_grace_s)
         # The operator's --audit overrides the sink the measured policy names.
         self.audit = open_sink(settings.audit if settings.audit is not None else self.policy.audit.sink)
-        engine = LLMEngine(
+        # The engine core runs in a process of its own: the serving threads below never stall its steps.
+        self.engine = EngineCoreClient(
             settings.model,
             EngineConfig(kv_cache_gib=limits.kv_cache_gib, max_model_len=limits.max_model_len,
                          max_num_seqs=max(64, settings.capacity)),
+            on_zeroing=self._tally_zeroed,
         )
-        engine.block_manager.track_scrubbed()
         self._zeroed = ZeroingTally()
-        self.worker = EngineWorker(engine, on_step=self._audit_step)
-        api = InnerApi(self.worker, engine.tokenizer, settings.model_name or Path(settings.model).name,
-                       max_tokens_limit=engine.max_model_len)
+        self._zeroed_lock = threading.Lock()
+        self.engine.on_exit(self._engine_lost)
+        api = InnerApi(self.engine, Tokenizer(settings.model), settings.model_name or Path(settings.model).name)
         self.service = NodeService(
             keyring=lambda: self.keys.keyring, api=api, attest=self._attest, node_id=lambda: self.node_id,
             capacity=settings.capacity, on_finished=self._audit_request,
@@ -124,7 +128,7 @@ class NodeServer:
         self.port = self._server.add_insecure_port(self.settings.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.settings.listen}")
-        self.worker.start()
+        self.engine.start()  # loads the model; only a node that passed its self-checks spends that time
         self.keys.start()
         self._server.start()
         backend = AttestationBackend(getattr(self.backend, "name", self.settings.attestation or "sim"))
@@ -141,7 +145,7 @@ class NodeServer:
     def stop(self, grace: float = 1.0) -> None:
         self.service.serving = False
         self._server.stop(grace).wait()
-        self.worker.stop()
+        self.engine.stop()  # its last zeroing report arrives before this returns
         self._flush_zeroed()
         self.keys.stop()
         self.audit.emit(NodeStopped(self.node_id, StopReason.SHUTDOWN))
@@ -161,35 +165,35 @@ class NodeServer:
         self.audit.emit(EvidenceRefreshed(self.node_id, EvidenceOutcome.OK))
         return bundle.to_json()
 
-    def _audit_step(self, engine: LLMEngine, step: int) -> None:
-        """Residue-checks the blocks zeroed since the last step; reports them when the tally is due.
+    def _tally_zeroed(self, report: ZeroingReport) -> None:
+        """Adds the core's report to the tally and emits the tally when it is due (on the reader thread).
 
-        Only blocks still free are checked: one zeroed early in a step may already hold a new request's
-        data. Aggregating over time and requests keeps the count from telling one request's length.
+        Aggregating over time and requests keeps the count from telling one request's length.
         """
-        self._tally_zeroed(engine, step)
-        if self._zeroed.due(time.monotonic()):
-            self._flush_zeroed()
+        with self._zeroed_lock:
+            self._zeroed.add(report.blocks, report.residue, report.step, report.requests_ended)
+            if self._zeroed.due(time.monotonic()):
+                self._flush_zeroed()
 
     def flush_audit(self) -> None:
-        """Emits the pending zeroing tally (on the engine thread, which owns it) and flushes the sink."""
-        self.worker.call(lambda engine: self._flush_zeroed())
+        """Takes the core's zeroing tally now, emits what is pending and flushes the sink."""
+        if self.engine.alive:
+            self._tally_zeroed(self.engine.take_zeroing())
+        with self._zeroed_lock:
+            self._flush_zeroed()
         self.audit.flush()
 
-    def _tally_zeroed(self, engine: LLMEngine, step: int) -> None:
-        block_manager = engine.block_manager
-        zeroed = block_manager.take_recently_scrubbed()
-        still_free = [block for block in zeroed if block_manager.ref_count(block) == 0]
-        residue = len(engine.runner.find_residue(still_free))
-        self._zeroed.add(len(zeroed), residue, step, self.worker.take_requests_ended())
-
     def _flush_zeroed(self) -> None:
-        # Requests that ended since the last step count toward no tally: the next one then waits
-        # for four requests of its own, which errs on the side of holding back.
-        self.worker.take_requests_ended()
         tally, self._zeroed = self._zeroed, ZeroingTally()
         if tally.blocks:
             self.audit.emit(BlocksZeroed(self.node_id, tally.last_step, tally.blocks, tally.residue))
+
+    def _engine_lost(self) -> None:
+        """The engine core died: this node can serve nobody, so it says so to health checks at once."""
+        if hasattr(self, "service"):
+            self.service.serving = False
+        self.audit.emit(NodeStopped(self.node_id, StopReason.ENGINE_ERROR))
+        self.audit.flush()
 
     def _audit_request(self, outcome: Outcome) -> None:
         now = time.monotonic()

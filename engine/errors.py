@@ -23,6 +23,10 @@ class RequestRejected(EngineError):
         super().__init__(message)
         self.reason = reason
 
+    def __reduce__(self):
+        # Crosses the pipe from the engine core whole: reason and message, as raised.
+        return type(self), (self.reason, str(self))
+
 
 class UnknownRequestError(EngineError):
     """An operation named a request id the engine does not hold."""

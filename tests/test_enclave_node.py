@@ -258,7 +258,7 @@ def test_audit_holds_typed_events_only_and_zero_residue(node, stub):
     assert {"node_started", "evidence_refreshed", "request_finished", "blocks_zeroed"} <= kinds
     zeroed = [e for e in events if e["kind"] == "blocks_zeroed"]
     assert sum(e["blocks"] for e in zeroed) > 0 and all(e["residue_blocks"] == 0 for e in zeroed)
-    assert node.worker.call(lambda engine: engine.residue_check()) == []
+    assert node.engine.residue_check() == []
 
 
 def test_self_check_refuses_simulation_under_strict(sim_root, model_dir):
@@ -373,7 +373,7 @@ def _zeroed_events(node) -> list[dict]:
 def test_a_zeroing_report_never_covers_a_lone_request_within_the_minute(node, stub):
     config = attest(stub)
     deadline = time.monotonic() + 30
-    while node.worker.in_flight and time.monotonic() < deadline:  # earlier tests' requests end first
+    while node.engine.in_flight and time.monotonic() < deadline:  # earlier tests' requests end first
         time.sleep(0.05)
     node.flush_audit()  # whatever earlier tests left is reported now; the tally starts empty
     before = len(_zeroed_events(node))

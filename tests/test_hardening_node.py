@@ -120,7 +120,7 @@ def assert_node_healthy(node, stub, config, baseline: str) -> None:
     """The same seeded request gets the same answer, whole and streamed, and freed KV blocks are zero."""
     assert chat_text(answer_of(stub, seal_whole(config, inner_request(CHAT, chat_body())))) == baseline
     assert streamed_text(answer_of(stub, seal_chunked(config, inner_request(CHAT, chat_body(stream=True))))) == baseline
-    assert node.worker.call(lambda engine: engine.residue_check()) == []
+    assert node.engine.residue_check() == []
     assert node.service.in_flight == 0
 
 
