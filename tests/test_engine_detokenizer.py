@@ -1,0 +1,109 @@
+"""Incremental detokenization: the text built window by window is exactly the whole output's decode,
+whatever the tokens (split multi-byte characters, special tokens, SentencePiece's dropped leading space)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer as FastTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.tokenizer import Tokenizer
+from tests.engine_models import tiny_model_dir
+
+TEXT = "Grüße aus Zürich ✓ — naïve café 東京 🙂 plain ascii words, spaces  and\nnewlines " * 4
+
+
+@pytest.fixture(scope="module")
+def byte_level() -> Tokenizer:
+    return Tokenizer(tiny_model_dir())
+
+
+class Metaspace:
+    """A SentencePiece-style tokenizer: words start with '▁', and decoding drops the first one's space."""
+
+    def __init__(self) -> None:
+        self._tokenizer = FastTokenizer(models.BPE(unk_token="<unk>"))
+        self._tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        self._tokenizer.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>"])
+        self._tokenizer.train_from_iterator([TEXT] * 8, trainer)
+        self.vocab_size = self._tokenizer.get_vocab_size()
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self._tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+METASPACE = Metaspace()
+
+
+def built_text(decoder, token_ids: list[int]) -> tuple[str, list[str]]:
+    """(final text, the pieces `step` gave along the way), feeding the tokens one at a time."""
+    detokenizer = IncrementalDetokenizer()
+    pieces = [detokenizer.step(decoder, token_ids[: end + 1]) for end in range(len(token_ids))]
+    return "".join(pieces) + detokenizer.flush(decoder, token_ids), pieces
+
+
+def check_matches_whole_decode(decoder, token_ids: list[int]) -> None:
+    final, pieces = built_text(decoder, token_ids)
+    whole = decoder.decode(token_ids)
+    assert final == whole
+    streamed = ""
+    for piece in pieces:
+        streamed += piece
+        assert whole.startswith(streamed)
+        assert not streamed.endswith("\ufffd")  # an incomplete character waits for its last byte
+
+
+def test_real_text_is_rebuilt_exactly(byte_level: Tokenizer) -> None:
+    ids = byte_level.encode(TEXT, add_special_tokens=False)
+    assert len(ids) > 50
+    check_matches_whole_decode(byte_level, ids)
+    final, pieces = built_text(byte_level, ids)
+    assert sum(1 for piece in pieces if piece) > 20  # streamed in many pieces, not all at the end
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_any_token_sequence_is_rebuilt_exactly(byte_level: Tokenizer, data: st.DataObject) -> None:
+    ids = data.draw(st.lists(st.integers(0, byte_level.vocab_size - 1), max_size=40))
+    check_matches_whole_decode(byte_level, ids)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, METASPACE.vocab_size - 1), max_size=40))
+def test_sentencepiece_leading_spaces_are_rebuilt_exactly(ids: list[int]) -> None:
+    check_matches_whole_decode(METASPACE, ids)
+
+
+def test_a_split_character_is_held_back_until_complete(byte_level: Tokenizer) -> None:
+    ids = byte_level.encode("🙂", add_special_tokens=False)
+    assert len(ids) == 4  # one token per UTF-8 byte in this vocabulary
+    _, pieces = built_text(byte_level, ids)
+    assert pieces[:-1] == [""] * (len(ids) - 1) and pieces[-1] == "🙂"
+
+
+def test_an_unfinished_character_comes_out_on_flush(byte_level: Tokenizer) -> None:
+    ids = byte_level.encode("🙂", add_special_tokens=False)
+    detokenizer = IncrementalDetokenizer()
+    assert detokenizer.step(byte_level, ids[:1]) == ""
+    assert detokenizer.flush(byte_level, ids[:1]) == byte_level.decode(ids[:1])
+
+
+class CountingDecoder:
+    def __init__(self, inner) -> None:
+        self.inner, self.decoded_tokens = inner, 0
+
+    def decode(self, token_ids: list[int]) -> str:
+        self.decoded_tokens += len(token_ids)
+        return self.inner.decode(token_ids)
+
+
+def test_each_step_decodes_a_short_window_not_the_whole_output(byte_level: Tokenizer) -> None:
+    ids = byte_level.encode("plain ascii words " * 60, add_special_tokens=False)
+    counting = CountingDecoder(byte_level)
+    built_text(counting, ids)
+    # A full decode per step would read len^2 / 2 tokens; windows read a few per step.
+    assert counting.decoded_tokens < 8 * len(ids) < len(ids) ** 2 / 2
