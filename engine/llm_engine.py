@@ -201,24 +201,25 @@ class LLMEngine:
             sample_index=index,
             prompt_token_ids=prompt_ids,
             params=params,
-            generator=self._generator(params, index),
+            seed=self._seed(params, index),
             max_tokens=max_tokens,
         )
 
-    def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
+    @staticmethod
+    def _seed(params: SamplingParams, index: int) -> int | None:
+        """The seed of sample `index`'s noise; greedy samples draw nothing and need none."""
         if params.greedy:
             return None
         seed = params.seed if params.seed is not None else secrets.randbits(62)
-        # Distinct, reproducible streams for the samples of one seeded request.
-        derived = (seed * 1_000_003 + index) % (1 << 63)
-        return torch.Generator(device=self.runner.device).manual_seed(derived)
+        # Distinct, reproducible noise for the samples of one seeded request.
+        return (seed * 1_000_003 + index) % (1 << 63)
 
     def _sample(self, sampling: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
         requests: list[SampleRequest] = []
         samplers: list[Sequence] = []
         for row, seq in enumerate(sampling):
             for sample in [seq, *self._fork(seq)]:
-                requests.append(SampleRequest(row, sample.params, sample.generator))
+                requests.append(SampleRequest(row, sample.params, sample.seed, len(sample.output_token_ids)))
                 samplers.append(sample)
         if not requests:
             return []

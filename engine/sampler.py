@@ -1,7 +1,10 @@
-"""Turns logits into tokens: greedy, temperature, top-k, top-p, min-p, per-sample seeded generators.
+"""Turns logits into tokens for a whole batch at once: greedy, temperature, top-k, top-p, min-p, seeded draws.
 
-Each sample draws from its own generator, so a seeded request picks the same tokens whatever
-else shares its batch.
+One step is a fixed handful of batched tensor ops, whatever mix of settings its rows carry, and one
+copy to the host (`_to_host`): the picked ids, with any requested logprobs packed into the same copy.
+Draws race counter-based noise (`engine.sampling_noise`) that is a pure function of the sample's seed,
+its output position and the token id, so a seeded request picks the same tokens whatever else shares
+its batch, on CPU and CUDA alike.
 """
 
 from __future__ import annotations
@@ -10,87 +13,203 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from engine.errors import EngineError
+from engine.sampling_noise import exponential_noise
+from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
 from engine.sequence import TokenLogprob
 
 
 @dataclass(slots=True)
 class SampleRequest:
-    """One token to pick: which logits row, under which settings, from which generator."""
+    """One token to pick: which logits row, under which settings, with which seed at which output position."""
 
     row: int
     params: SamplingParams
-    generator: torch.Generator | None
+    seed: int | None  # needed unless params.greedy
+    position: int = 0  # tokens the sample has output so far: selects its noise
+
+
+@dataclass(slots=True)
+class Filters:
+    """Per-row top-k, top-p and min-p as [rows] tensors; `sorts` is whether any row needs the sort."""
+
+    top_k: torch.Tensor  # int64; the vocabulary size where a row sets none
+    top_p: torch.Tensor  # float32; 1.0 = off
+    min_p: torch.Tensor  # float32; 0.0 = off
+    sorts: bool
+
+
+@dataclass(slots=True)
+class StepSettings:
+    """One step's settings as device tensors, built from host lists with one copy per dtype.
+
+    Rows are reordered so those that draw come first (`drawn` of them) and greedy rows after:
+    the draw then works on a slice, and greedy rows cost one argmax.
+    """
+
+    order: list[int]  # request index of each reordered row
+    drawn: int
+    rows: torch.Tensor  # [rows] the logits row of each
+    seeds: torch.Tensor  # [drawn]
+    positions: torch.Tensor  # [drawn]
+    temperatures: torch.Tensor  # [drawn]
+    filters: Filters  # [drawn] each
+    logprob_rows: torch.Tensor  # [wanted] reordered rows that report logprobs
+    wanted: list[int]  # the same rows, on the host
+    logprob_counts: list[int]  # alternatives each of those asked for
+
+    @classmethod
+    def build(cls, requests: list[SampleRequest], vocab_size: int, device: torch.device) -> StepSettings:
+        drawing = [i for i, r in enumerate(requests) if not r.params.greedy]
+        order = drawing + [i for i, r in enumerate(requests) if r.params.greedy]
+        draws = [_with_seed(requests[i]) for i in drawing]
+        wanted = [k for k, i in enumerate(order) if requests[i].params.logprobs is not None]
+        top_ks = [_top_k(r.params.top_k, vocab_size) for r in draws]
+        ints = _to_device(
+            [requests[i].row for i in order] + top_ks + [r.seed for r in draws] + [r.position for r in draws] + wanted,
+            torch.int64, device,
+        )
+        floats = _to_device(
+            [r.params.temperature for r in draws] + [r.params.top_p for r in draws] + [r.params.min_p for r in draws],
+            torch.float32, device,
+        )
+        rows, top_k, seeds, positions, logprob_rows = ints.split([len(order)] + [len(draws)] * 3 + [len(wanted)])
+        temperatures, top_p, min_p = floats.split([len(draws)] * 3)
+        sorts = any(k < vocab_size for k in top_ks) or any(r.params.top_p < 1.0 for r in draws)
+        return cls(
+            order, len(draws), rows, seeds, positions, temperatures, Filters(top_k, top_p, min_p, sorts),
+            logprob_rows, wanted, [requests[order[k]].params.logprobs for k in wanted],
+        )
 
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[tuple[int, TokenLogprob | None]]:
-        logits = logits.float()
-        rows = torch.tensor([r.row for r in requests], dtype=torch.long, device=logits.device)
-        picked = logits.index_select(0, rows)
-        tokens = self._pick(picked, requests)
-        logprobs = self._logprobs(picked, tokens, requests)
-        return list(zip(tokens, logprobs))
-
-    def _pick(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[int]:
-        greedy = logits.argmax(dim=-1).tolist()
-        return [
-            greedy[i] if r.params.greedy else self._draw(logits[i], r.params, r.generator)
-            for i, r in enumerate(requests)
-        ]
-
-    def _draw(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-        probs = torch.softmax(logits / params.temperature, dim=-1)
-        probs = filter_probs(probs, params)
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, using only this sample's generator.
-        noise = torch.empty_like(probs).exponential_(generator=generator)
-        drawn = (probs / noise).argmax()
-        # One host sync for both: the draw stands only if `probs` is a distribution at all.
-        return int(torch.where(_is_distribution(probs), drawn, _most_likely(logits)))
-
-    def _logprobs(
-        self, logits: torch.Tensor, tokens: list[int], requests: list[SampleRequest]
-    ) -> list[TokenLogprob | None]:
-        wanted = [r.params.logprobs is not None for r in requests]
-        if not any(wanted):
-            return [None] * len(requests)
-        log_probs = torch.log_softmax(logits, dim=-1)
-        results: list[TokenLogprob | None] = []
-        for i, request in enumerate(requests):
-            if not wanted[i]:
-                results.append(None)
-                continue
-            top = torch.topk(log_probs[i], request.params.logprobs) if request.params.logprobs else None
-            alternatives = tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()
-            results.append(TokenLogprob(tokens[i], float(log_probs[i, tokens[i]]), alternatives))
-        return results
+        """The token (and logprob, if asked) of each request, in request order."""
+        if not requests:
+            return []
+        step = StepSettings.build(requests, logits.shape[-1], logits.device)
+        picked = logits.index_select(0, step.rows).float()
+        tokens = _most_likely(picked)
+        if step.drawn:
+            drawn = _draw(picked[: step.drawn], step, fallback=tokens[: step.drawn])
+            tokens = torch.cat([drawn, tokens[step.drawn :]])
+        results = _unpack(_to_host(_pack(picked, tokens, step)), step)
+        ordered: list[tuple[int, TokenLogprob | None]] = [(0, None)] * len(requests)
+        for index, result in zip(step.order, results):
+            ordered[index] = result
+        return ordered
 
 
-def _is_distribution(probs: torch.Tensor) -> torch.Tensor:
-    """Finite, non-negative and not all zero: anything else draws an arbitrary token (NaN wins argmax)."""
-    return torch.isfinite(probs).all() & (probs >= 0).all() & (probs.sum() > 0)
+def _draw(logits: torch.Tensor, step: StepSettings, fallback: torch.Tensor) -> torch.Tensor:
+    """Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
+
+    Rows whose probabilities are no distribution (NaN wins argmax) take `fallback`, their `_most_likely`.
+    """
+    # Rows under the floor are greedy and never get here; the clamp keeps every division finite regardless.
+    probs = torch.softmax(logits / step.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1), dim=-1)
+    is_distribution = torch.isfinite(probs).all(dim=-1) & (probs >= 0).all(dim=-1)
+    probs = filter_batch(probs, step.filters)
+    is_distribution &= probs.sum(dim=-1) > 0
+    noise = exponential_noise(step.seeds, step.positions, probs.shape[-1])
+    drawn = probs.div_(noise).argmax(dim=-1)
+    return torch.where(is_distribution, drawn, fallback)
 
 
 def _most_likely(logits: torch.Tensor) -> torch.Tensor:
-    """The greedy pick, NaN logits ranked last: what a distribution collapsed onto one token means.
+    """[rows] the greedy pick, NaN logits ranked last: what a distribution collapsed onto one token means.
 
-    Needed only where scaled logits overflow, when one token holds all the mass; failing the request
-    instead would cut off a stream its caller has partly received, for no better answer.
+    A drawn row falls back to it where scaled logits overflow, when one token holds all the mass;
+    failing the request instead would cut off a stream its caller has partly received, for no better answer.
     """
-    return torch.nan_to_num(logits, nan=-torch.inf).argmax()
+    return torch.nan_to_num(logits, nan=-torch.inf).argmax(dim=-1)
+
+
+def filter_batch(probs: torch.Tensor, filters: Filters) -> torch.Tensor:
+    """[rows, vocab] probabilities with what each row's top-k, min-p and top-p exclude zeroed.
+
+    The most likely token always stays; surviving probabilities are unchanged (not renormalised).
+    """
+    best = probs.amax(dim=-1, keepdim=True)
+    if not filters.sorts:
+        return torch.where(probs >= filters.min_p.unsqueeze(-1) * best, probs, 0.0)
+    # Stable, so tied tokens rank by id on every device.
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    kth = sorted_probs.gather(-1, (filters.top_k - 1).unsqueeze(-1))
+    # Both keep every probability at or above a threshold, so what stays is a prefix of the sorted row.
+    threshold = torch.maximum(kth, filters.min_p.unsqueeze(-1) * best)
+    probs = torch.where(probs >= threshold, probs, 0.0)
+    sorted_probs = torch.where(sorted_probs >= threshold, sorted_probs, 0.0)
+    # top-p keeps a token while the mass ranked before it is under top_p of what survived.
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    top_p = filters.top_p.unsqueeze(-1)
+    keep_sorted = (before < top_p * sorted_probs.sum(dim=-1, keepdim=True)) | (top_p >= 1.0)
+    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    return torch.where(keep, probs, 0.0)
 
 
 def filter_probs(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Zeroes the probabilities that top-k, top-p and min-p exclude (the most likely token always stays)."""
-    if params.top_k and params.top_k < probs.shape[-1]:
-        kth = torch.topk(probs, params.top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, 0.0)
-    if params.min_p > 0.0:
-        probs = torch.where(probs >= params.min_p * probs.max(), probs, 0.0)
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        keep_sorted = before < params.top_p * sorted_probs.sum()
-        keep = torch.zeros_like(keep_sorted).scatter(0, order, keep_sorted)
-        probs = torch.where(keep, probs, 0.0)
-    return probs
+    """One row's probabilities under `params`' filters (see `filter_batch`)."""
+    vocab_size = probs.shape[-1]
+    top_k = _top_k(params.top_k, vocab_size)
+    filters = Filters(
+        torch.tensor([top_k], device=probs.device),
+        torch.tensor([params.top_p], device=probs.device),
+        torch.tensor([params.min_p], device=probs.device),
+        sorts=top_k < vocab_size or params.top_p < 1.0,
+    )
+    return filter_batch(probs.unsqueeze(0), filters)[0]
+
+
+def _pack(logits: torch.Tensor, tokens: torch.Tensor, step: StepSettings) -> torch.Tensor:
+    """The picked ids, then the logprobs asked for, in one tensor so that one copy brings all to the host."""
+    if not step.logprob_counts:
+        return tokens
+    log_probs = torch.log_softmax(logits.index_select(0, step.logprob_rows), dim=-1)
+    chosen = log_probs.gather(-1, tokens.index_select(0, step.logprob_rows).unsqueeze(-1))
+    parts = [tokens.double(), chosen.double().flatten()]
+    widest = max(step.logprob_counts)
+    if widest:
+        top = torch.topk(log_probs, widest, dim=-1)
+        parts += [top.indices.double().flatten(), top.values.double().flatten()]
+    # float64 holds every token id and every float32 logprob exactly.
+    return torch.cat(parts)
+
+
+def _unpack(values: list, step: StepSettings) -> list[tuple[int, TokenLogprob | None]]:
+    """Splits `_pack`'s values back into (token, logprob or None) per reordered row."""
+    tokens = [int(v) for v in values[: len(step.order)]]
+    logprobs: list[TokenLogprob | None] = [None] * len(tokens)
+    wanted = step.wanted
+    widest = max(step.logprob_counts, default=0)
+    chosen_at, top_at = len(tokens), len(tokens) + len(wanted)
+    top_values_at = top_at + len(wanted) * widest
+    for n, (row, count) in enumerate(zip(wanted, step.logprob_counts)):
+        start = n * widest
+        ids = values[top_at + start : top_at + start + count]
+        top_values = values[top_values_at + start : top_values_at + start + count]
+        alternatives = tuple((int(i), v) for i, v in zip(ids, top_values))
+        logprobs[row] = TokenLogprob(tokens[row], values[chosen_at + n], alternatives)
+    return list(zip(tokens, logprobs))
+
+
+def _with_seed(request: SampleRequest) -> SampleRequest:
+    if request.seed is None:
+        raise EngineError("a sample that draws needs a seed; the engine gives every sequence one at admission")
+    return request
+
+
+def _top_k(top_k: int, vocab_size: int) -> int:
+    """A row's top-k as a count to keep: the whole vocabulary when off (0) or not smaller than it."""
+    return top_k if 0 < top_k < vocab_size else vocab_size
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
+
+
+def _to_host(packed: torch.Tensor) -> list:
+    """The step's one device-to-host copy."""
+    return packed.tolist()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
-
 from engine.sampling_params import SamplingParams
 
 
@@ -38,7 +36,7 @@ class Sequence:
     sample_index: int
     prompt_token_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator | None
+    seed: int | None  # of the sample's sampling noise; None when greedy
     max_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING

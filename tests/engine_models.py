@@ -179,7 +179,7 @@ def prefill_logits(engine: LLMEngine, prompts: list[list[int]], chunk: int | Non
     """
     sequences = [
         Sequence(seq_id=10_000 + i, request_id=f"logits-{i}", sample_index=0, prompt_token_ids=list(p),
-                 params=greedy(1), generator=None, max_tokens=1)
+                 params=greedy(1), seed=None, max_tokens=1)
         for i, p in enumerate(prompts)
     ]
     rows: list[list[torch.Tensor]] = [[] for _ in prompts]

@@ -64,7 +64,7 @@ _next_id = iter(range(1_000_000))
 def make_seq(prompt_len: int) -> Sequence:
     return Sequence(
         seq_id=next(_next_id), request_id="r", sample_index=0, prompt_token_ids=[7] * prompt_len,
-        params=SamplingParams(temperature=0.0), generator=None, max_tokens=64,
+        params=SamplingParams(temperature=0.0), seed=None, max_tokens=64,
     )
 
 

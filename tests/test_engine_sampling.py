@@ -1,16 +1,22 @@
-"""Sampling: seeds reproduce across batch mixes, filters, stops, lengths, logprobs and n samples."""
+"""Sampling: seeds reproduce across batch mixes, filters, stops, lengths, logprobs and n samples; the
+batched sampler draws from the filtered distribution in a fixed set of ops with one copy to the host."""
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import shutil
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
+import engine.sampler as sampler_module
 from engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
-from engine.sampler import SampleRequest, Sampler, filter_probs
+from engine.errors import EngineError
+from engine.sampler import Filters, SampleRequest, Sampler, filter_batch, filter_probs
+from engine.sampling_noise import exponential_noise, row_keys, token_bits, uniform_from_bits
 from engine.sampling_params import MIN_TEMPERATURE
 from tests.engine_models import (  # noqa: F401 (fixtures)
     greedy,
@@ -104,7 +110,7 @@ def test_non_finite_probabilities_are_never_drawn_from(poison, expected):
     """A non-finite logit makes softmax all NaN, and NaN wins argmax: the draw falls back to greedy."""
     logits = torch.linspace(-2.0, 2.0, 32).roll(-5).unsqueeze(0)  # the best finite logit is at index 26
     logits[0, 3] = poison
-    request = SampleRequest(0, SamplingParams(temperature=1.0, seed=0), torch.Generator().manual_seed(0))
+    request = SampleRequest(0, SamplingParams(temperature=1.0, seed=0), seed=0)
     [(token, _)] = Sampler()(logits, [request])
     assert token == expected
 
@@ -263,3 +269,321 @@ def test_filter_keeps_the_surviving_probabilities_unchanged():
     filtered = filter_probs(PROBS.clone(), SamplingParams(top_k=2))
     assert filtered.tolist() == pytest.approx([0.0, 0.5, 0.0, 0.3])
     assert not math.isclose(float(filtered.sum()), 1.0)  # renormalising is the sampler's draw's business
+
+
+def reference_filter(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The one-row filter the batched one replaced, kept as the definition of its semantics."""
+    if params.top_k and params.top_k < probs.shape[-1]:
+        kth = torch.topk(probs, params.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, 0.0)
+    if params.min_p > 0.0:
+        probs = torch.where(probs >= params.min_p * probs.max(), probs, 0.0)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        keep_sorted = before < params.top_p * sorted_probs.sum()
+        keep = torch.zeros_like(keep_sorted).scatter(0, order, keep_sorted)
+        probs = torch.where(keep, probs, 0.0)
+    return probs
+
+
+def random_filter_settings(rng: random.Random, vocab: int) -> SamplingParams:
+    return SamplingParams(
+        top_k=rng.choice([0, 1, 2, 5, vocab - 1, vocab, vocab + 3]),
+        top_p=rng.choice([1.0, 1.0, 0.999, 0.9, 0.5, 0.05]),
+        min_p=rng.choice([0.0, 0.0, 0.01, 0.2, 0.7, 1.0]),
+    )
+
+
+def test_batched_filter_keeps_exactly_what_the_one_row_filter_keeps():
+    rng = random.Random(8)
+    vocab = 50
+    for _ in range(20):
+        rows = rng.randint(1, 12)
+        # Steep rows leave a tail below float32's resolution of the mass before it: top_p = 1 must keep it.
+        steepness = rng.choice([1.0, 3.0, 12.0])
+        logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+        probs = torch.softmax(logits * steepness, -1)
+        settings = [random_filter_settings(rng, vocab) for _ in range(rows)]
+        top_ks = [k if 0 < k < vocab else vocab for k in (s.top_k for s in settings)]
+        filters = Filters(
+            torch.tensor(top_ks), torch.tensor([s.top_p for s in settings]), torch.tensor([s.min_p for s in settings]),
+            sorts=any(k < vocab for k in top_ks) or any(s.top_p < 1.0 for s in settings),
+        )
+        batched = filter_batch(probs, filters)
+        for row, params in enumerate(settings):
+            assert torch.equal(batched[row], reference_filter(probs[row], params)), params
+
+
+# ----- the batched sampler ------------------------------------------------------------------
+
+# A fixed distribution over five tokens, and which tokens each filter keeps of it, worked out by hand.
+FIVE = torch.tensor([0.4, 0.25, 0.15, 0.12, 0.08], dtype=torch.float64)
+DRAWS = 20_000
+
+
+def noise_seed(k: int) -> int:
+    """Distinct, well-spread 62-bit seeds for a derandomized draw."""
+    return (k * 0x9E3779B97F4A7C15 + 12345) % (1 << 62)
+
+
+def draw_counts(params: SamplingParams, draws: int = DRAWS) -> torch.Tensor:
+    logits = FIVE.log().float().unsqueeze(0)
+    requests = [SampleRequest(0, params, noise_seed(k), position=k % 13) for k in range(draws)]
+    tokens = torch.tensor([token for token, _ in Sampler()(logits, requests)])
+    return torch.bincount(tokens, minlength=len(FIVE)).double()
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"temperature": 1.0}, FIVE),
+        ({"temperature": 0.5}, FIVE**2),
+        ({"temperature": 1.0, "top_k": 3}, FIVE * torch.tensor([1, 1, 1, 0, 0])),
+        ({"temperature": 1.0, "top_p": 0.5}, FIVE * torch.tensor([1, 1, 0, 0, 0])),  # mass before: 0, .4, .65
+        ({"temperature": 1.0, "min_p": 0.3}, FIVE * torch.tensor([1, 1, 1, 1, 0])),  # keeps p >= .12
+        # top-k leaves .92 of the mass; .65 before the third token is not under .7 of that.
+        ({"temperature": 1.0, "top_k": 4, "top_p": 0.7, "min_p": 0.2}, FIVE * torch.tensor([1, 1, 0, 0, 0])),
+    ],
+    ids=["t=1", "t=0.5", "top_k=3", "top_p=0.5", "min_p=0.3", "all"],
+)
+def test_draw_frequencies_match_the_filtered_distribution(settings, expected):
+    counts = draw_counts(SamplingParams(**settings))
+    kept = expected > 0
+    assert counts[~kept].sum() == 0, "a token the filters exclude was drawn"
+    expected_counts = expected[kept] / expected[kept].sum() * DRAWS
+    chi_square = ((counts[kept] - expected_counts) ** 2 / expected_counts).sum()
+    degrees = int(kept.sum()) - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(degrees / 2), chi_square / 2))
+    assert p_value > 1e-4, f"chi-square {float(chi_square):.1f} on {degrees} degrees of freedom"
+
+
+def reference_splitmix(seed: int, position: int, token: int) -> int:
+    """The noise bits, in Python's unbounded integers reduced mod 2**64."""
+    mask, gamma = (1 << 64) - 1, 0x9E3779B97F4A7C15
+
+    def mix(z: int) -> int:
+        z &= mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    return mix(mix(seed + (position + 1) * gamma) + (token + 1) * gamma)
+
+
+def test_noise_bits_are_splitmix64_with_wrapping_int64_arithmetic():
+    seeds = [0, 1, 2**62 - 1, 2**63 - 1, noise_seed(7)]
+    positions = [0, 5, 2**40, 3, 1_000_000]
+    bits = token_bits(row_keys(torch.tensor(seeds), torch.tensor(positions)), 300)
+    for row, (seed, position) in enumerate(zip(seeds, positions)):
+        assert [b % (1 << 64) for b in bits[row].tolist()] == [reference_splitmix(seed, position, t) for t in range(300)]
+
+
+def test_noise_is_exponential_positive_finite_and_differs_by_seed_and_position():
+    noise = exponential_noise(torch.tensor([5, 5, 6]), torch.tensor([0, 1, 0]), 50_000)
+    assert torch.isfinite(noise).all() and (noise > 0).all()
+    assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
+    assert abs(float(noise.mean()) - 1.0) < 0.01 and abs(float(noise.var()) - 1.0) < 0.03
+    assert torch.equal(exponential_noise(torch.tensor([5]), torch.tensor([1]), 50_000)[0], noise[1])
+
+
+def test_positions_give_different_draws():
+    logits = torch.zeros(1, 64)  # uniform: the draw is the noise's alone
+    params = SamplingParams(temperature=1.0)
+    requests = [SampleRequest(0, params, seed=3, position=p) for p in range(40)]
+    tokens = [token for token, _ in Sampler()(logits, requests)]
+    assert len(set(tokens)) > 20
+
+
+def mixed_logits(rows: int, vocab: int = 64, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+NEIGHBOUR_SETTINGS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=1.3, top_k=5),
+    SamplingParams(temperature=0.7, top_p=0.8, logprobs=3),
+    SamplingParams(temperature=1.0, min_p=0.1),
+    SamplingParams(temperature=0.0, logprobs=0),
+    SamplingParams(temperature=2.0),
+]
+
+
+def neighbours(count: int, rows: int, rng: random.Random) -> list[SampleRequest]:
+    return [
+        SampleRequest(rng.randrange(rows), rng.choice(NEIGHBOUR_SETTINGS), noise_seed(rng.randrange(1000)), rng.randrange(50))
+        for _ in range(count)
+    ]
+
+
+def test_a_seeded_sample_picks_the_same_token_in_any_batch():
+    rng = random.Random(4)
+    logits = mixed_logits(8)
+    target_params = SamplingParams(temperature=1.1, top_k=40, top_p=0.97)
+    for trial in range(12):
+        target_row, seed, position = rng.randrange(8), noise_seed(100 + trial), rng.randrange(200)
+        [(alone, _)] = Sampler()(logits[target_row : target_row + 1], [SampleRequest(0, target_params, seed, position)])
+        for count in (1, 5, 40):
+            batch = neighbours(count, 8, rng)
+            slot = rng.randrange(count + 1)
+            batch.insert(slot, SampleRequest(target_row, target_params, seed, position))
+            assert Sampler()(logits, batch)[slot][0] == alone
+
+
+def test_greedy_rows_in_a_mixed_batch_take_the_argmax():
+    rng = random.Random(5)
+    logits = mixed_logits(10, seed=1)
+    batch = neighbours(60, 10, rng)
+    results = Sampler()(logits, batch)
+    greedy_rows = [(r.row, token) for r, (token, _) in zip(batch, results) if r.params.greedy]
+    assert len(greedy_rows) > 10
+    assert [token for _, token in greedy_rows] == [int(logits[row].argmax()) for row, _ in greedy_rows]
+    drawn = [token for r, (token, _) in zip(batch, results) if not r.params.greedy]
+    assert drawn != [int(logits[r.row].argmax()) for r in batch if not r.params.greedy]
+
+
+@pytest.mark.parametrize("temperature", [MIN_TEMPERATURE / 2, MIN_TEMPERATURE, 1e-4])
+def test_tiny_temperatures_pick_the_most_likely_token_next_to_hot_rows(temperature):
+    logits = torch.stack([torch.randperm(64, generator=torch.Generator().manual_seed(s)).float() * 0.01 for s in range(6)])
+    cold = SamplingParams(temperature=temperature)
+    batch = [SampleRequest(row, cold, noise_seed(row)) for row in range(6)]
+    batch += [SampleRequest(row, SamplingParams(temperature=5.0), noise_seed(row + 9)) for row in range(6)]
+    tokens = [token for token, _ in Sampler()(logits, batch)]
+    assert tokens[:6] == logits.argmax(dim=-1).tolist()
+
+
+POISONED_FILTERS = [{}, {"top_k": 3}, {"top_p": 0.5}, {"min_p": 0.1}, {"top_k": 5, "top_p": 0.9, "min_p": 0.05}]
+
+
+@pytest.mark.parametrize("settings", POISONED_FILTERS, ids=["plain", "top_k", "top_p", "min_p", "all"])
+def test_non_finite_rows_fall_back_to_the_best_finite_logit_and_leave_other_rows_alone(settings):
+    logits = mixed_logits(4, vocab=32, seed=3)
+    logits[1] = torch.linspace(-2.0, 2.0, 32).roll(-5)  # the best finite logit is at index 26
+    logits[1, 3] = math.nan
+    logits[2] = logits[1]
+    logits[2, 3] = math.inf
+    params = SamplingParams(temperature=1.0, **settings)
+    healthy = [SampleRequest(row, params, noise_seed(row), position=2) for row in (0, 3)]
+    alone = [Sampler()(logits[r.row : r.row + 1], [SampleRequest(0, params, r.seed, 2)])[0][0] for r in healthy]
+    batch = [healthy[0], SampleRequest(1, params, noise_seed(1)), SampleRequest(2, params, noise_seed(2)), healthy[1]]
+    tokens = [token for token, _ in Sampler()(logits, batch)]
+    assert tokens == [alone[0], 26, 3, alone[1]]
+
+
+def test_logprobs_of_a_mixed_batch_are_each_rows_own():
+    rng = random.Random(6)
+    logits = mixed_logits(6, seed=2)
+    counts = [None, 0, 2, 5, None, 20, 1]
+    batch = [
+        SampleRequest(rng.randrange(6), SamplingParams(temperature=rng.choice([0.0, 0.9]), logprobs=k), noise_seed(i), i)
+        for i, k in enumerate(counts)
+    ]
+    log_probs = torch.log_softmax(logits, dim=-1)
+    for request, (token, logprob) in zip(batch, Sampler()(logits, batch)):
+        if request.params.logprobs is None:
+            assert logprob is None
+            continue
+        assert logprob.token_id == token
+        assert logprob.logprob == pytest.approx(float(log_probs[request.row, token]), abs=1e-6)
+        top = torch.topk(log_probs[request.row], request.params.logprobs)
+        assert [t for t, _ in logprob.top] == top.indices.tolist()
+        assert [v for _, v in logprob.top] == pytest.approx(top.values.tolist(), abs=1e-6)
+
+
+HOST_CONVERSIONS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu", "to"}
+
+
+class TorchCalls(TorchFunctionMode):
+    """Records the name of every torch function and tensor method called inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def sampler_calls(logits: torch.Tensor, batch: list[SampleRequest]) -> list[str]:
+    with TorchCalls() as calls:
+        Sampler()(logits, batch)
+    return calls.names
+
+
+def every_kind(count: int) -> list[SampleRequest]:
+    return [SampleRequest(i % 8, NEIGHBOUR_SETTINGS[i % len(NEIGHBOUR_SETTINGS)], noise_seed(i), i) for i in range(count)]
+
+
+def test_a_step_is_the_same_few_tensor_ops_however_many_rows_sample():
+    logits = mixed_logits(8)
+    few, many = sampler_calls(logits, every_kind(6)), sampler_calls(logits, every_kind(300))
+    assert few == many
+
+
+def test_a_step_reads_back_to_the_host_once(monkeypatch):
+    copies = []
+    monkeypatch.setattr(sampler_module, "_to_host", lambda packed: copies.append(packed) or packed.tolist())
+    logits = mixed_logits(8)
+    for batch in (every_kind(40), [r for r in every_kind(40) if r.params.logprobs is None], every_kind(1)):
+        copies.clear()
+        names = sampler_calls(logits, batch)
+        assert len(copies) == 1
+        assert [name for name in names if name in HOST_CONVERSIONS] == ["tolist"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "sorts"),
+    [({"min_p": 0.1}, 0), ({"temperature": 0.0, "top_p": 0.5}, 0), ({"top_k": 3}, 1), ({"top_p": 0.9}, 1)],
+    ids=["min_p", "greedy-top_p", "top_k", "top_p"],
+)
+def test_the_sort_runs_only_when_a_drawn_row_uses_top_k_or_top_p(settings, sorts):
+    batch = [SampleRequest(0, SamplingParams(**settings), noise_seed(1)), SampleRequest(1, SamplingParams(), noise_seed(2))]
+    assert sampler_calls(mixed_logits(2), batch).count("sort") == sorts
+
+
+def test_a_drawing_sample_without_a_seed_is_refused():
+    with pytest.raises(EngineError, match="needs a seed"):
+        Sampler()(mixed_logits(1), [SampleRequest(0, SamplingParams(temperature=1.0), seed=None)])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_picks_the_cpu_tokens_for_the_same_seeds_with_one_sync(monkeypatch):
+    vocab = 32_000
+    logits = mixed_logits(16, vocab=vocab, seed=9)
+    batch = every_kind(200) + [
+        SampleRequest(i % 16, SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.02), noise_seed(500 + i), i)
+        for i in range(64)
+    ]
+    seeds, positions = torch.tensor([r.seed for r in batch]), torch.tensor([r.position for r in batch])
+    cpu_bits = token_bits(row_keys(seeds, positions), vocab)
+    assert torch.equal(token_bits(row_keys(seeds.cuda(), positions.cuda()), vocab).cpu(), cpu_bits)
+    assert torch.equal(uniform_from_bits(cpu_bits.cuda()).cpu(), uniform_from_bits(cpu_bits))
+
+    on_cpu = Sampler()(logits, batch)
+    on_device = logits.cuda()  # copied before the check: a pageable copy to the device waits for it
+    Sampler()(on_device, batch)  # warm-up: kernels and the pinned-memory pool
+    copies = []
+    real_to_host = sampler_module._to_host
+
+    def to_host(packed: torch.Tensor) -> list:
+        copies.append(packed.device.type)
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            return real_to_host(packed)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(sampler_module, "_to_host", to_host)
+    torch.cuda.set_sync_debug_mode("error")  # any other device sync in the step raises
+    try:
+        on_cuda = Sampler()(on_device, batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert copies == ["cuda"]
+    assert [token for token, _ in on_cuda] == [token for token, _ in on_cpu]
+    for (_, cuda_logprob), (_, cpu_logprob) in zip(on_cuda, on_cpu):
+        assert (cuda_logprob is None) == (cpu_logprob is None)
+        if cpu_logprob is not None:
+            assert cuda_logprob.logprob == pytest.approx(cpu_logprob.logprob, abs=1e-4)
