@@ -17,10 +17,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from client.errors import GatewayError, ModelNotFoundError, NodeError, NoVerifiedNodeError, VeilClientError
-from client.sdk import Client, Stream
+from client.sdk import SAMPLING_EXTRAS, Client, Stream
 
 MAX_BODY_BYTES = 1 << 20
-_PARAMETERS = ("n", "temperature", "top_p", "max_tokens", "stop", "seed", "stream_options")
+_PARAMETERS = ("n", "temperature", "top_p", "max_tokens", "stop", "seed", "stream_options", "logprobs",
+               *SAMPLING_EXTRAS)
 
 
 def create_proxy_app(client: Client) -> FastAPI:
@@ -34,7 +35,7 @@ def create_proxy_app(client: Client) -> FastAPI:
             return body
         return await _forward(lambda: client.chat.completions.create(
             model=body.get("model", ""), messages=body.get("messages", []), stream=body.get("stream") is True,
-            **_parameters(body)), include_usage=_include_usage(body))
+            **_parameters(body, chat=True)), include_usage=_include_usage(body))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -56,8 +57,9 @@ def create_proxy_app(client: Client) -> FastAPI:
     return app
 
 
-def _parameters(body: dict[str, Any]) -> dict[str, Any]:
-    return {name: body[name] for name in _PARAMETERS if body.get(name) is not None}
+def _parameters(body: dict[str, Any], chat: bool = False) -> dict[str, Any]:
+    names = (*_PARAMETERS, "top_logprobs") if chat else _PARAMETERS
+    return {name: body[name] for name in names if body.get(name) is not None}
 
 
 async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:

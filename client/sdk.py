@@ -410,6 +410,17 @@ def _retry_after(response: httpx.Response) -> float | None:
 # ----- the OpenAI-shaped resources -------------------------------------------------------------
 
 
+# Sampling settings beyond OpenAI's that nodes take (vLLM's names), passed as keywords to `create`.
+SAMPLING_EXTRAS = ("top_k", "min_p", "stop_token_ids", "ignore_eos")
+
+
+def _extras(sampling: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(sampling) - set(SAMPLING_EXTRAS))
+    if unknown:
+        raise TypeError(f"create() got unexpected keyword arguments {unknown}; sampling extras are {list(SAMPLING_EXTRAS)}")
+    return sampling
+
+
 def _body(**fields: Any) -> dict[str, Any]:
     """The request's JSON: only the parameters the caller set."""
     return {name: value for name, value in fields.items() if value is not None}
@@ -472,13 +483,19 @@ class _ChatCompletions:
         stop: str | list[str] | None = None,
         seed: int | None = None,
         stream_options: dict[str, Any] | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
+        **sampling: Any,
     ) -> ChatCompletion | Stream[ChatCompletionChunk]:
         """A chat answer, or with `stream=True` an iterator of `ChatCompletionChunk`.
 
         `stream_options={"include_usage": True}` ends a stream with a chunk without choices that
-        carries the request's usage, as OpenAI does."""
+        carries the request's usage, as OpenAI does. `logprobs=True` (with `top_logprobs=N` alternatives)
+        returns each token's log probability in `choices[i].logprobs`; `top_k`, `min_p`, `stop_token_ids`
+        and `ignore_eos` are taken as keywords too (see `SAMPLING_EXTRAS`)."""
         body = _body(model=model, messages=_messages(messages), stream=stream, n=n, temperature=temperature,
-                     top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, stream_options=stream_options)
+                     top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, stream_options=stream_options,
+                     logprobs=logprobs, top_logprobs=top_logprobs, **_extras(sampling))
         return _create(self._client, "/v1/chat/completions", body, stream,
                        ChatCompletionChunk.from_dict, ChatCompletion.from_dict)
 
@@ -505,13 +522,16 @@ class _Completions:
         stop: str | list[str] | None = None,
         seed: int | None = None,
         stream_options: dict[str, Any] | None = None,
+        logprobs: int | None = None,
+        **sampling: Any,
     ) -> Completion | Stream[Completion]:
         """A text completion, or with `stream=True` an iterator of `Completion` pieces (`stream_options`
-        as for chat)."""
+        and the sampling keywords as for chat; `logprobs=N` as OpenAI's text completions take it)."""
         if not isinstance(prompt, str):
             raise ValueError("prompt must be a string")
         body = _body(model=model, prompt=prompt, stream=stream, n=n, temperature=temperature,
-                     top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, stream_options=stream_options)
+                     top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, stream_options=stream_options,
+                     logprobs=logprobs, **_extras(sampling))
         return _create(self._client, "/v1/completions", body, stream, Completion.from_dict, Completion.from_dict)
 
 

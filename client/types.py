@@ -104,6 +104,7 @@ class ChatChoice:
     index: int
     message: ChatCompletionMessage
     finish_reason: str | None
+    logprobs: dict[str, Any] | None = None  # OpenAI's shape, when the request asked for them
 
     @classmethod
     def from_dict(cls, data: Any) -> ChatChoice:
@@ -112,6 +113,7 @@ class ChatChoice:
             _get(data, "index", int),
             ChatCompletionMessage(_get(message, "role", str, "assistant"), _get(message, "content", str, "")),
             _get(data, "finish_reason", str, None),
+            _get(data, "logprobs", dict, None),
         )
 
 
@@ -148,6 +150,7 @@ class ChatChunkChoice:
     index: int
     delta: ChoiceDelta
     finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> ChatChunkChoice:
@@ -156,6 +159,7 @@ class ChatChunkChoice:
             _get(data, "index", int),
             ChoiceDelta(_get(delta, "role", str, None), _get(delta, "content", str, None)),
             _get(data, "finish_reason", str, None),
+            _get(data, "logprobs", dict, None),
         )
 
 
@@ -188,10 +192,12 @@ class CompletionChoice:
     index: int
     text: str
     finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> CompletionChoice:
-        return cls(_get(data, "index", int), _get(data, "text", str, ""), _get(data, "finish_reason", str, None))
+        return cls(_get(data, "index", int), _get(data, "text", str, ""), _get(data, "finish_reason", str, None),
+                   _get(data, "logprobs", dict, None))
 
 
 @dataclass(frozen=True, slots=True)

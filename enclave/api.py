@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 from engine import EngineError, RequestOutput, RequestRejected, SamplingParams, StreamDelta
 from engine.outputs import RequestMetrics
+from engine.sampling_params import DEFAULT_MAX_TOKENS
+from engine.sequence import TokenLogprob
 from engine.tokenizer import ChatMessage, Tokenizer
 from engine.core_client import EngineCoreClient
 from ohttp.bhttp import Request
@@ -27,7 +29,7 @@ from ohttp.dates import date_fields, format_http_date, parse_http_date
 
 MAX_BODY_BYTES = 1 << 20
 MAX_MESSAGES = 256
-DEFAULT_MAX_TOKENS = 128
+MAX_STOP_TOKEN_IDS = 64
 REQUEST_DATE_WINDOW_S = 60.0
 
 
@@ -151,10 +153,11 @@ class InnerApi:
         return body
 
     def _generate(self, body: dict, prompt: str | list[int], chat: bool) -> InnerResponse:
-        params = self._sampling_params(body)
+        params = self._sampling_params(body, chat)
         handle = self.engine.submit(prompt, params)
         completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        shape = _Shape(completion_id, self.model_name, chat, int(time.time()))
+        shape = _Shape(completion_id, self.model_name, chat, int(time.time()),
+                       logprobs=params.logprobs is not None, token_text=self._token_text)
         include_usage = _include_usage(body)
         if body.get("stream") is True:
             batches = handle.delta_batches()
@@ -170,18 +173,58 @@ class InnerApi:
             handle.close()
         return InnerResponse(200, json.dumps(shape.whole(output)).encode(), metrics=output.metrics)
 
-    def _sampling_params(self, body: dict) -> SamplingParams:
-        stops = _stop_strings(body.get("stop"))
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _sampling_params(self, body: dict, chat: bool) -> SamplingParams:
+        """Every sampling setting the engine implements, under OpenAI's names (and vLLM's for the rest)."""
         fields = {
             "max_tokens": _number(body, "max_tokens", int, DEFAULT_MAX_TOKENS),
             "temperature": _number(body, "temperature", float, 1.0),
             "top_p": _number(body, "top_p", float, 1.0),
+            "top_k": _top_k(body),
+            "min_p": _number(body, "min_p", float, 0.0),
             "n": _number(body, "n", int, 1),
             "seed": _number(body, "seed", int, None),
+            "stop": _stop_strings(body.get("stop")),
+            "stop_token_ids": _token_ids(body.get("stop_token_ids")),
+            "ignore_eos": _flag(body, "ignore_eos"),
+            "logprobs": _chat_logprobs(body) if chat else _number(body, "logprobs", int, None),
         }
         if fields["max_tokens"] is not None and fields["max_tokens"] > self.max_tokens_limit:
             raise ApiError(400, "invalid_request", f"'max_tokens' may be at most {self.max_tokens_limit} on this node")
-        return SamplingParams(stop=stops, **fields)
+        return SamplingParams(**fields)
+
+
+def _top_k(body: dict) -> int:
+    """0 and, as vLLM spells it, -1 both mean no top-k filter."""
+    top_k = _number(body, "top_k", int, 0)
+    return 0 if top_k == -1 else top_k
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise ApiError(400, "invalid_request", f"'{name}' must be true or false")
+    return value
+
+
+def _token_ids(raw: object) -> tuple[int, ...]:
+    if raw is None:
+        return ()
+    if not (isinstance(raw, list) and len(raw) <= MAX_STOP_TOKEN_IDS
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in raw)):
+        raise ApiError(400, "invalid_request", f"'stop_token_ids' must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
+    return tuple(raw)
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat asks with `logprobs: true` and, for alternatives, `top_logprobs: N`; the engine counts the latter."""
+    wanted = _flag(body, "logprobs")
+    top = _number(body, "top_logprobs", int, None)
+    if top is not None and not wanted:
+        raise ApiError(400, "invalid_request", "'top_logprobs' needs 'logprobs': true")
+    return (top or 0) if wanted else None
 
 
 def _stop_strings(stop: object) -> tuple[str, ...]:
@@ -260,9 +303,11 @@ class _Shape:
     model: str
     chat: bool
     created: int
+    logprobs: bool = False  # whether the request asked for them
+    token_text: Callable[[int], str] = str
 
     def whole(self, output: RequestOutput) -> dict:
-        choices = [self._choice(o.index, o.text, _reason(o.finish_reason)) for o in output.outputs]
+        choices = [self._choice(o.index, o.text, _reason(o.finish_reason), o.logprobs) for o in output.outputs]
         return {
             "id": self.completion_id,
             "object": "chat.completion" if self.chat else "text_completion",
@@ -283,18 +328,20 @@ class _Shape:
             "usage": _usage(metrics),
         }
 
-    def _choice(self, index: int, text: str, finish_reason: str | None) -> dict:
+    def _choice(self, index: int, text: str, finish_reason: str | None, logprobs: list[TokenLogprob]) -> dict:
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
-        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+            return {"index": index, "message": {"role": "assistant", "content": text},
+                    "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
+        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
 
     def chunk(self, delta: StreamDelta, first_of_choice: bool) -> dict:
         finish = _reason(delta.finish_reason)
+        logprobs = self._logprobs(list(delta.logprobs))
         if self.chat:
             content = {"role": "assistant", "content": delta.text} if first_of_choice else {"content": delta.text}
-            choice = {"index": delta.index, "delta": content, "finish_reason": finish}
+            choice = {"index": delta.index, "delta": content, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": delta.index, "text": delta.text, "finish_reason": finish, "logprobs": None}
+            choice = {"index": delta.index, "text": delta.text, "finish_reason": finish, "logprobs": logprobs}
         return {
             "id": self.completion_id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -325,6 +372,26 @@ class _Shape:
         first_of_choice = delta.index not in started
         started.add(delta.index)
         return b"data: " + json.dumps(self.chunk(delta, first_of_choice)).encode() + b"\n\n"
+
+
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict | None:
+        """OpenAI's shapes: chat lists one object per token; text completions keep parallel lists."""
+        if not self.logprobs:
+            return None
+        if self.chat:
+            return {"content": [dict(self._token(e.token_id, e.logprob),
+                                     top_logprobs=[self._token(t, lp) for t, lp in e.top]) for e in entries]}
+        return {
+            "tokens": [self.token_text(e.token_id) for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{self.token_text(t): lp for t, lp in e.top} for e in entries],
+        }
+
+    def _token(self, token_id: int, logprob: float) -> dict:
+        text = self.token_text(token_id)
+        # A token holding part of a character has no text of its own; OpenAI then gives no bytes either.
+        raw = None if "\ufffd" in text else list(text.encode("utf-8"))
+        return {"token": text, "logprob": logprob, "bytes": raw}
 
 
 def _usage(metrics: RequestMetrics | None) -> dict:

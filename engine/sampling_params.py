@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from engine.errors import RequestRejected
 
+# What a request that names no max_tokens gets, in the engine and through the node's API alike.
+DEFAULT_MAX_TOKENS = 128
 MAX_SAMPLES = 16
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 8
@@ -23,7 +25,7 @@ class SamplingParams:
     the most likely token every time, with no random draw.
     """
 
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
 
 
@@ -45,6 +46,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     output_text: str = ""
+    detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer)
     emitted_text_len: int = 0
     emitted_token_count: int = 0
     forks_pending: int = 0  # samples still to be forked from this one once its prompt is computed

@@ -8,6 +8,7 @@ import threading
 import time
 from email.utils import formatdate, parsedate_to_datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -15,13 +16,14 @@ import pytest
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import verify
 from client import wire
-from enclave.api import REQUEST_DATE_WINDOW_S
+from enclave.api import REQUEST_DATE_WINDOW_S, ApiError, InnerApi
 from enclave.errors import SelfCheckError
 from enclave.node import NodeServer
 from enclave.proto import node_pb2, node_pb2_grpc
 from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
 from enclave.settings import NodeSettings
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.sampling_params import DEFAULT_MAX_TOKENS
 from engine.tiny import write_tiny_model
 from engine.tokenizer import ChatMessage
 from ohttp import ChunkedRequestSealer, ClientRequest, bhttp
@@ -436,3 +438,77 @@ def test_a_node_audits_to_the_sink_its_policy_names_unless_the_operator_override
     node.start()
     node.stop()
     assert "node_started" in chosen.read_text() and not named.exists()
+
+
+# ----- every sampling setting the engine implements reaches it ----------------------------------
+
+
+def api_for_mapping() -> InnerApi:
+    """The inner API alone, to read how it maps a body onto SamplingParams (nothing is generated)."""
+    return InnerApi(engine=SimpleNamespace(max_model_len=4096), tokenizer=None, model_name="tiny")
+
+
+@pytest.mark.parametrize(("chat", "body", "expected"), [
+    (True, {}, {"max_tokens": DEFAULT_MAX_TOKENS, "top_k": 0, "min_p": 0.0, "logprobs": None, "ignore_eos": False}),
+    (True, {"top_k": 5, "min_p": 0.2, "top_p": 0.9}, {"top_k": 5, "min_p": 0.2, "top_p": 0.9}),
+    (True, {"top_k": -1}, {"top_k": 0}),
+    (True, {"stop_token_ids": [3, 9], "ignore_eos": True}, {"stop_token_ids": (3, 9), "ignore_eos": True}),
+    (True, {"logprobs": True}, {"logprobs": 0}),
+    (True, {"logprobs": True, "top_logprobs": 4}, {"logprobs": 4}),
+    (False, {"logprobs": 3}, {"logprobs": 3}),
+    (False, {"stop": "x", "n": 2, "seed": 9, "temperature": 0.5}, {"stop": ("x",), "n": 2, "seed": 9, "temperature": 0.5}),
+])
+def test_the_inner_api_passes_every_sampling_setting(chat, body, expected):
+    params = api_for_mapping()._sampling_params(body, chat)
+    assert {name: getattr(params, name) for name in expected} == expected
+    assert SamplingParams().max_tokens == DEFAULT_MAX_TOKENS  # one default, engine and API alike
+
+
+@pytest.mark.parametrize(("chat", "body", "message"), [
+    (True, {"top_logprobs": 2}, "needs 'logprobs'"),
+    (True, {"logprobs": 2}, "true or false"),
+    (True, {"ignore_eos": "yes"}, "true or false"),
+    (False, {"stop_token_ids": [1, 2.5]}, "stop_token_ids"),
+    (False, {"stop_token_ids": list(range(65))}, "at most 64"),
+    (False, {"top_k": "5"}, "an integer"),
+])
+def test_malformed_sampling_settings_are_refused_by_name(chat, body, message):
+    with pytest.raises(ApiError, match=message) as raised:
+        api_for_mapping()._sampling_params(body, chat)
+    assert raised.value.status == 400
+
+
+def test_stop_token_ids_and_top_k_change_what_the_node_generates(stub, model_dir):
+    config = attest(stub)
+    body = {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 1.0, "seed": 4, "ignore_eos": True}
+    tokens = LLMEngine(model_dir, EngineConfig(kv_cache_gib=0.02)).generate(
+        ["Once upon a time"], SamplingParams(max_tokens=10, temperature=1.0, seed=4, ignore_eos=True))[0].outputs[0]
+    stop_at = tokens.token_ids[3]
+    first = tokens.token_ids.index(stop_at)
+    reply = json.loads(call_whole(stub, config, inner_request("/v1/completions", {**body, "stop_token_ids": [stop_at]})).content)
+    assert reply["usage"]["completion_tokens"] == first and reply["choices"][0]["finish_reason"] == "stop"
+    greedy = json.loads(call_whole(stub, config, inner_request("/v1/completions", {**body, "temperature": 0.0})).content)
+    top_1 = json.loads(call_whole(stub, config, inner_request("/v1/completions", {**body, "top_k": 1})).content)
+    assert top_1["choices"][0]["text"] == greedy["choices"][0]["text"]
+
+
+def test_logprobs_come_back_in_openais_chat_and_completion_shapes(stub):
+    config = attest(stub)
+    chat = json.loads(call_whole(stub, config, inner_request(
+        "/v1/chat/completions", chat_body(max_tokens=4, logprobs=True, top_logprobs=2, ignore_eos=True))).content)
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4
+    for entry in content:
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 2
+        assert entry["top_logprobs"][0]["logprob"] >= entry["logprob"] - 1e-6  # the best alternative is listed first
+    text = json.loads(call_whole(stub, config, inner_request(
+        "/v1/completions", {"prompt": "Once", "max_tokens": 3, "logprobs": 1, "ignore_eos": True})).content)
+    logprobs = text["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == 3
+    plain = json.loads(call_whole(stub, config, inner_request("/v1/completions", {"prompt": "Once", "max_tokens": 2})).content)
+    assert plain["choices"][0]["logprobs"] is None
+
+    status, events, _ = call_streaming(stub, config, inner_request(
+        "/v1/chat/completions", chat_body(max_tokens=3, logprobs=True, stream=True, ignore_eos=True)))
+    chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+    assert status == 200 and sum(len(c["choices"][0]["logprobs"]["content"]) for c in chunks) == 3
