@@ -18,12 +18,19 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from engine import EngineError, RequestOutput, RequestRejected, SamplingParams, StreamDelta
-from engine.outputs import RequestMetrics
-from engine.sampling_params import DEFAULT_MAX_TOKENS
-from engine.sequence import TokenLogprob
-from engine.tokenizer import ChatMessage, Tokenizer
-from engine.core_client import EngineCoreClient
+from engine import (
+    DEFAULT_MAX_TOKENS,
+    ChatMessage,
+    EngineCoreClient,
+    EngineError,
+    RequestMetrics,
+    RequestOutput,
+    RequestRejected,
+    SamplingParams,
+    StreamDelta,
+    TokenLogprob,
+    Tokenizer,
+)
 from ohttp.bhttp import Request
 from ohttp.dates import date_fields, format_http_date, parse_http_date
 

@@ -35,10 +35,7 @@ from enclave.proto import node_pb2_grpc
 from enclave.selfcheck import check_node_settings
 from enclave.service import NodeService, Outcome
 from enclave.settings import NodeSettings
-from engine import EngineConfig
-from engine.accounting import ZeroingReport
-from engine.core_client import EngineCoreClient
-from engine.tokenizer import Tokenizer
+from engine import EngineConfig, EngineCoreClient, Tokenizer, ZeroingReport
 from policy import resolve_policy
 from policy.shipped import resolve_policy_path
 

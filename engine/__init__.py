@@ -1,5 +1,8 @@
 """The stateless paged-KV engine.
 
+This module's names are the engine's whole public surface: a node submits requests to an
+`EngineCoreClient` and reads deltas and zeroing reports back; offline users run an `LLMEngine`.
+
 Continuous batching over a paged KV cache whose blocks are zeroed on free; prefix sharing only
 between the samples of one request; nothing written to disk; no content in logs or errors.
 
@@ -13,29 +16,40 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {
+    "ChatMessage": "engine.tokenizer",
     "CompletionOutput": "engine.outputs",
+    "DEFAULT_MAX_TOKENS": "engine.sampling_params",
     "EngineConfig": "engine.config",
+    "EngineCoreClient": "engine.core_client",
     "EngineError": "engine.errors",
     "FinishReason": "engine.sequence",
     "LLMEngine": "engine.llm_engine",
     "ModelConfig": "engine.config",
     "ModelLoadError": "engine.errors",
+    "RequestHandle": "engine.core_client",
+    "RequestMetrics": "engine.outputs",
     "RequestOutput": "engine.outputs",
     "RequestRejected": "engine.errors",
     "SamplingParams": "engine.sampling_params",
     "StreamDelta": "engine.outputs",
+    "TokenLogprob": "engine.sequence",
+    "Tokenizer": "engine.tokenizer",
     "UnknownRequestError": "engine.errors",
+    "ZeroingReport": "engine.accounting",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from engine.accounting import ZeroingReport
     from engine.config import EngineConfig, ModelConfig
+    from engine.core_client import EngineCoreClient, RequestHandle
     from engine.errors import EngineError, ModelLoadError, RequestRejected, UnknownRequestError
     from engine.llm_engine import LLMEngine
-    from engine.outputs import CompletionOutput, RequestOutput, StreamDelta
-    from engine.sampling_params import SamplingParams
-    from engine.sequence import FinishReason
+    from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, StreamDelta
+    from engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
+    from engine.sequence import FinishReason, TokenLogprob
+    from engine.tokenizer import ChatMessage, Tokenizer
 
 
 def __getattr__(name: str):
