@@ -210,9 +210,9 @@ def _baselines(
 ) -> tuple[dict[int, Run], dict[int, Run]]:
     import torch
 
-    from client.fleet import pinned
     from engine import EngineConfig, LLMEngine, SamplingParams
     from engine.core_client import EngineCoreClient
+    from veil.fleet import pinned
 
     torch.set_num_threads(threads)
     with pinned(cpus.node if cpus else None):
@@ -236,8 +236,8 @@ def _encrypted(
     cpus: CpuSplit | None,
 ) -> dict[int, Run]:
     from attestation.sim_root import ROOT_DIR_ENV
-    from client.fleet import Fleet, FleetSettings, pinned
     from client.sdk import Client
+    from veil.fleet import Fleet, FleetSettings, pinned
 
     settings = FleetSettings(nodes=1, model_dir=model_dir, workdir=workdir / "fleet", capacity=max(levels),
                              kv_cache_gib=0.25, torch_threads=threads,

@@ -1,8 +1,9 @@
-"""Veil's client side: the SDK (`Client`), the `veil` command line and the local OpenAI-compatible proxy.
+"""Veil's SDK (`Client`, published as `veil.Client`) and the local OpenAI-compatible proxy.
 
 The SDK verifies every node it may send to under its own policy and encrypts
 each request end to end; see `client.sdk`. Names are loaded on first use so
 that the `veil` command line starts without loading the SDK's dependencies.
+The command line and the local fleet live in `veil`, which this package never imports.
 """
 
 from __future__ import annotations

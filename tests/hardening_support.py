@@ -162,7 +162,7 @@ def spawn_node(model_dir: Path, folder: Path, sim_root: Path) -> NodeProcess:
     """Start `veil node` on a free port and wait for its port file."""
     port_file = folder / "node.port"
     env = dict(os.environ, VEIL_SIM_ROOT_DIR=str(sim_root), OMP_NUM_THREADS="1")
-    arguments = [sys.executable, "-m", "client", "node", "--model", str(model_dir), "--policy", "dev",
+    arguments = [sys.executable, "-m", "veil", "node", "--model", str(model_dir), "--policy", "dev",
                  "--attestation", "sim", "--listen", "127.0.0.1:0", "--port-file", str(port_file),
                  "--capacity", "2", "--kv-cache-gib", "0.05", "--model-name", MODEL_NAME, "--audit", "none"]
     with open(folder / "node.err", "wb") as stderr:

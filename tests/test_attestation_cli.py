@@ -12,8 +12,8 @@ import pytest
 
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import CHECK_NAMES
-from client.cli import main
 from tests.test_attestation_support import edit_json, sim_root_dir  # noqa: F401  (fixture)
+from veil.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,7 +92,7 @@ def test_probe_reports_each_backend(capsys):
 
 def test_the_shell_pipeline(sim_root_dir: Path):
     environment = {**os.environ, "VEIL_SIM_ROOT_DIR": str(sim_root_dir)}
-    veil = f"{sys.executable} -m client.cli"
+    veil = f"{sys.executable} -m veil"
     result = subprocess.run(
         f"{veil} attest collect --attestation sim | {veil} attest verify - --policy dev",
         shell=True, cwd=REPO, env=environment, capture_output=True, text=True, timeout=120,
@@ -144,7 +144,7 @@ def test_measure_explains_a_missing_model_folder(capsys, tmp_path: Path):
 
 def test_collect_names_its_backend_option_as_the_node_does(capsys):
     """`veil attest collect --attestation` and `veil node --attestation`; `--backend` still works."""
-    from client.cli import build_parser
+    from veil.cli import build_parser
 
     parser = build_parser()
     for command in (["attest", "collect"], ["node", "--model", "m"]):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from attestation.measurement import (
+    DEFAULT_PACKAGES,
     NO_MODEL_DIGEST,
     MeasurementError,
     measure,
@@ -15,6 +20,7 @@ from attestation.measurement import (
     measure_policy,
 )
 from policy import shipped_policy, shipped_policy_path
+from tests.conftest import REPO_ROOT
 
 
 @pytest.fixture()
@@ -70,6 +76,33 @@ def test_the_real_packages_are_measured_without_importing_them():
     assert len(digest) == 32
     assert "gateway" not in sys.modules
 
+
+
+def test_every_package_of_the_distribution_is_measured():
+    """The code digest covers what is installed: every package pyproject.toml ships, none left out."""
+    setuptools = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    shipped = {pattern.removesuffix("*") for pattern in setuptools["packages"]["find"]["include"]}
+    assert shipped == set(DEFAULT_PACKAGES)
+
+
+# What a node process has loaded once `python -m veil node` has built its command line and its node module.
+_NODE_START = """
+import json, sys
+from veil.cli import build_parser
+import enclave.node
+build_parser()
+print(json.dumps({name: getattr(module, "__file__", None) for name, module in list(sys.modules.items())}))
+"""
+
+
+def test_every_module_a_node_starts_with_is_in_a_measured_package():
+    loaded = json.loads(subprocess.run([sys.executable, "-c", _NODE_START], cwd=REPO_ROOT, capture_output=True,
+                                       text=True, check=True, timeout=300).stdout)
+    # Modules of this checkout's own packages (a virtual environment inside it holds no package of ours).
+    ours = {name.split(".")[0] for name, file in loaded.items()
+            if file and Path(file).resolve().is_relative_to(REPO_ROOT / name.split(".")[0])}
+    assert {"veil", "enclave", "engine"} <= ours
+    assert ours <= set(DEFAULT_PACKAGES), f"a node runs unmeasured code from {sorted(ours - set(DEFAULT_PACKAGES))}"
 
 def test_policy_digest_is_the_canonical_one(tmp_path: Path):
     reformatted = tmp_path / "strict.toml"

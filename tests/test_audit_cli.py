@@ -100,7 +100,7 @@ def test_an_unwritable_report_directory_exits_2(tmp_path, capsys):
 
 
 def test_the_veil_command_line_includes_audit():
-    from client.cli import build_parser
+    from veil.cli import build_parser
 
     args = build_parser().parse_args(["audit", "report", "routes", "g.jsonl", "--out", "r", "--capacity", f"{NODE_A}=3"])
     assert args.handler.__module__ == "audit.cli" and args.capacity == [f"{NODE_A}=3"]

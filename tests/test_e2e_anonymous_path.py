@@ -20,11 +20,11 @@ import httpx
 import pytest
 
 from attestation.sim_root import ROOT_DIR_ENV
-from client.fleet import Fleet, FleetSettings
 from client.sdk import Client
 from client.tokens import TokenWallet
 from engine.tiny import write_tiny_model
 from ohttp.privacypass import parse_authorization
+from veil.fleet import Fleet, FleetSettings
 
 pytestmark = pytest.mark.slow
 CLIENT_ADDRESS = "127.0.0.3"

@@ -13,9 +13,9 @@ import pytest
 
 from attestation.sim_root import ROOT_DIR_ENV
 from client.errors import StreamTruncatedError
-from client.fleet import Fleet, FleetSettings
 from client.sdk import Client
 from engine.tiny import write_tiny_model
+from veil.fleet import Fleet, FleetSettings
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-model"

@@ -33,7 +33,6 @@ from audit.events import BlocksZeroed, NodeStarted
 from audit.records import read_audit_files
 from client import wire
 from client.directory import DirectoryEntry
-from client.fleet import Fleet, FleetSettings
 from client.proxy import create_proxy_app
 from client.sdk import Client
 from client.verify import CandidateVerifier
@@ -42,6 +41,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.tiny import write_tiny_model
 from engine.tokenizer import ChatMessage
 from policy import shipped_policy
+from veil.fleet import Fleet, FleetSettings
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-model"
@@ -100,7 +100,7 @@ def _spawn_node(model_dir: Path, port: int, folder: Path, sim_root: Path) -> tup
     out, err = folder / "node.out", folder / "node.err"
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "client", "node", "--model", str(model_dir), "--policy", "dev", "--attestation",
+            [sys.executable, "-m", "veil", "node", "--model", str(model_dir), "--policy", "dev", "--attestation",
              "sim", "--listen", f"127.0.0.1:{port}", "--kv-cache-gib", "0.125", "--capacity", "8",
              "--audit", f"file:{folder / 'audit.jsonl'}"],
             stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env,

@@ -26,12 +26,12 @@ from audit.records import AuditLog, read_audit_files
 from audit.reports.document import WrittenReport
 from audit.reports.residue import DEFAULT_BLOCK_SIZE, ResidueReport, build_residue_report, write_residue_report
 from audit.reports.routes import RoutesReport, build_routes_report, write_routes_report
-from client.fleet import Fleet, FleetSettings
 from client.sdk import Client
 from engine.tiny import write_tiny_model
 from engine.tokenizer import ChatMessage, Tokenizer
 from tests.test_audit_cli import veil_audit
 from tests.test_audit_routes import assert_png
+from veil.fleet import Fleet, FleetSettings
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-model"

@@ -15,7 +15,6 @@ import pytest
 
 from attestation.sim_root import ROOT_DIR_ENV
 from client.errors import GatewayError, TokenIssuanceError
-from client.fleet import Fleet, FleetSettings
 from client.sdk import Client
 from client.tokens import TokenWallet
 from engine.tiny import write_tiny_model
@@ -25,6 +24,7 @@ from ohttp.privacypass import parse_authorization
 from tests.http_stand_in import served
 from tests.issuer_support import ISSUER_NAME, es256_account, issuer_config
 from tests.token_support import policy_listing
+from veil.fleet import Fleet, FleetSettings
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-model"

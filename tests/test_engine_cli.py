@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from client.cli import main
 from engine import SamplingParams
 from engine.tiny import write_tiny_model
 from engine.tokenizer import ChatMessage
 from tests.conftest import REPO_ROOT
 from tests.engine_models import greedy, one_torch_thread, tiny_dir, tiny_engine, tiny_model_dir  # noqa: F401 (fixtures)
+from veil.cli import main
 
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 PROMPT = "Hello, world!"
@@ -22,7 +22,7 @@ def veil(*args: str) -> subprocess.CompletedProcess:
     # One intra-op thread: the tiny model gains nothing from more, and a busy machine loses a lot.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "client.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-m", "veil", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env
     )
 
 

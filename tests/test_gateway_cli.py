@@ -26,7 +26,7 @@ CANARY = "CANARY-cli-93be-SILVER-HERON"
 
 
 def veil(*args: str, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "client.cli", *args], cwd=REPO_ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "veil", *args], cwd=REPO_ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -20,7 +20,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
 
 
 def veil(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "client.cli", *args], cwd=REPO_ROOT, env=ENV,
+    return subprocess.Popen([sys.executable, "-m", "veil", *args], cwd=REPO_ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -313,7 +313,7 @@ def test_veil_relay_serves_logs_no_client_and_stops_cleanly(gateway, nodes, tmp_
     repo = Path(__file__).resolve().parents[1]
     port_file = tmp_path / "relay.port"
     process = subprocess.Popen(
-        [sys.executable, "-m", "client.cli", "relay", "--gateway", gateway.url, "--listen", "127.0.0.1:0",
+        [sys.executable, "-m", "veil", "relay", "--gateway", gateway.url, "--listen", "127.0.0.1:0",
          "--port-file", str(port_file)], cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -338,7 +338,7 @@ def test_veil_relay_refuses_a_bad_gateway_url_with_status_2() -> None:
     import sys
 
     repo = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "client.cli", "relay", "--gateway", "gateway.example:8000"],
+    done = subprocess.run([sys.executable, "-m", "veil", "relay", "--gateway", "gateway.example:8000"],
                           cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "veil relay: cannot start: the gateway URL must look like" in done.stderr

@@ -54,13 +54,13 @@ def mint(key: IssuerKey) -> str:
 
 
 class GatewayProcess:
-    """One `veil gateway` replica: `python -m client gateway ...`, its port file, audit file and stderr."""
+    """One `veil gateway` replica: `python -m veil gateway ...`, its port file, audit file and stderr."""
 
     def __init__(self, folder: Path, node_address: str, policy: Path, directory: Path, store_url: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.audit_path = folder / "audit.jsonl"
         port_file = folder / "port"
-        command = [sys.executable, "-m", "client", "gateway", "--listen", "127.0.0.1:0", "--port-file", str(port_file),
+        command = [sys.executable, "-m", "veil", "gateway", "--listen", "127.0.0.1:0", "--port-file", str(port_file),
                    "--node", node_address, "--policy", str(policy), "--origin", ORIGIN,
                    "--issuer-directory", str(directory), "--spent-tokens", store_url,
                    "--audit", f"file:{self.audit_path}"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from client.cli import main
 from policy import shipped_policy, shipped_policy_path
+from veil.cli import main
 
 
 def test_show_prints_canonical_form_and_digest(capsys):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from client.fleet import Fleet, FleetError, FleetSettings, pinned
 from engine.tiny import write_tiny_model
+from veil.fleet import Fleet, FleetError, FleetSettings, pinned
 
 needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
 

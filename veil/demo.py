@@ -21,12 +21,12 @@ from pathlib import Path
 import httpx
 
 from attestation.sim_root import ROOT_DIR_ENV
-from client.commands import describe_route
-from client.fleet import Fleet, FleetSettings
-from client.fleet_access import RELAY_ADDRESS
 from client.sdk import Client
 from client.tokens import TokenWallet
 from client.types import ChatCompletionChunk
+from veil.commands import describe_route
+from veil.fleet import Fleet, FleetSettings
+from veil.fleet_access import RELAY_ADDRESS
 
 PROMPTS = ("What does a confidential-computing GPU protect?", "Name three prime numbers.")
 COMPLETION_PROMPT = "Once upon a time"

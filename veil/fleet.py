@@ -8,9 +8,9 @@ so. Each process writes its own stdout and stderr to files in the fleet's
 work folder, next to its audit file, so that tests can prove none of them
 holds anything of a request.
 
-The SDK modules never import the engine, the node or the gateway: processes
-are started as `python -m client ...`, and the tiny model is written by a
-`veil model init-tiny` subprocess.
+Neither this module nor the SDK imports the engine, the node or the gateway:
+processes are started as `python -m veil ...`, and the tiny model is written by
+a `veil model init-tiny` subprocess.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from typing import TypeVar
 import httpx
 
 from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
-from client.fleet_access import (
+from client.tokens import DEFAULT_BATCH_SIZE, TokenWallet
+from ohttp.privacypass import WELL_KNOWN_PATH
+from veil.fleet_access import (
     FleetError,
     ISSUER_NAME,
     ORIGIN,
@@ -41,8 +43,6 @@ from client.fleet_access import (
     write_issuer_config,
     write_policy_listing,
 )
-from client.tokens import DEFAULT_BATCH_SIZE, TokenWallet
-from ohttp.privacypass import WELL_KNOWN_PATH
 
 DEFAULT_MODEL_DIR = Path(".veil/tiny-model")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -281,7 +281,7 @@ class Fleet:
         if (self.model_dir / "config.json").is_file():
             return
         result = subprocess.run(
-            [sys.executable, "-m", "client", "model", "init-tiny", str(self.model_dir)],
+            [sys.executable, "-m", "veil", "model", "init-tiny", str(self.model_dir)],
             env=self._env(), capture_output=True, text=True, timeout=300,
         )
         if result.returncode != 0:
@@ -293,7 +293,7 @@ class Fleet:
         (self.paths.run / f"{name}.port").unlink(missing_ok=True)
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr, pinned(cpus):
             popen = subprocess.Popen(
-                [sys.executable, "-m", "client", *arguments], stdout=stdout, stderr=stderr,
+                [sys.executable, "-m", "veil", *arguments], stdout=stdout, stderr=stderr,
                 stdin=subprocess.DEVNULL, env=self._env(), cwd=self.workdir,
             )
         return FleetProcess(name, popen, stdout_path, stderr_path)
@@ -306,7 +306,7 @@ class Fleet:
         self.account = FleetAccount.generate(self.settings.account)
         config = write_issuer_config(folder / "issuer.toml", self.account, self.settings.tokens_per_period)
         added = subprocess.run(
-            [sys.executable, "-m", "client", "issuer", "--keys", str(folder / "keys"), "--add-key-not-before", "0"],
+            [sys.executable, "-m", "veil", "issuer", "--keys", str(folder / "keys"), "--add-key-not-before", "0"],
             env=self._env(), capture_output=True, text=True, timeout=120,
         )
         if added.returncode != 0:

@@ -1,4 +1,4 @@
-"""Client-side subcommands of `veil`: chat, up, proxy and demo.
+"""The subcommands of `veil` that use the SDK or run a local fleet: chat, up, proxy and demo.
 
 Heavy modules (the SDK, the fleet, uvicorn) are imported inside the handlers
 so that `veil --help` stays quick.
@@ -151,7 +151,7 @@ def _up(args: argparse.Namespace) -> int:
     import threading
 
     from attestation.sim_root import sim_root_dir
-    from client.fleet import Fleet, FleetError, FleetSettings
+    from veil.fleet import Fleet, FleetError, FleetSettings
 
     # The default simulated root, so that `veil chat` in another shell trusts this fleet as is.
     settings = FleetSettings(nodes=args.nodes, gateway_port=args.gateway_port, model_dir=args.model,
@@ -204,6 +204,6 @@ def _proxy(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from client.demo import run_demo
+    from veil.demo import run_demo
 
     return run_demo(nodes=args.nodes, model_dir=args.model, tokens=args.tokens, relay=args.relay)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from client.cli import build_parser, has_default, main
+from veil.cli import build_parser, has_default, main
 
 
 def _parsers(parser: argparse.ArgumentParser, path: str = "veil") -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -84,8 +84,8 @@ def test_chat_against_an_unreachable_gateway_says_it_could_not_be_reached(capsys
 
 
 def test_the_demo_escapes_control_bytes_of_a_streamed_answer(capsys: pytest.CaptureFixture[str]) -> None:
-    from client.demo import print_streamed
     from client.types import ChatCompletionChunk
+    from veil.demo import print_streamed
 
     pieces = ["plain ", "\x1b[2J\x1b]0;title\x07", "tab\there\r\n", "é\u2028"]
     chunks = [ChatCompletionChunk.from_dict({"choices": [{"index": 0, "delta": {"content": piece}}]})

@@ -1,8 +1,9 @@
-"""The `veil` command line.
+"""The `veil` command line, and what `python -m veil` runs: the one place every process of a fleet starts.
 
 Each package owns its own subcommands in a `cli.py` module exposing
-`register(subparsers)`; this module only assembles them, so the SDK itself
-never imports the engine, the node or the gateway.
+`register(subparsers)`, and `veil.commands` those that use the SDK and the
+local fleet; this module only assembles them, so the SDK (`client`) never
+imports the command line, the engine, the node or the gateway.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 # Modules that contribute subcommands, in the order `veil --help` lists them.
 # A module that is missing (a package not built yet) is simply left out.
 COMMAND_MODULES: tuple[str, ...] = (
-    "client.commands",
+    "veil.commands",
     "engine.cli",
     "attestation.cli",
     "policy.cli",

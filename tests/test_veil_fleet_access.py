@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from client.fleet import FleetError
-from client.fleet_access import (
+from gateway.issuer.accounts import authenticate
+from gateway.issuer.config import load_config
+from policy import load_policy, shipped_policy
+from veil.fleet import FleetError
+from veil.fleet_access import (
     ISSUER_NAME,
     FleetAccount,
     printed_key_id,
     write_issuer_config,
     write_policy_listing,
 )
-from gateway.issuer.accounts import authenticate
-from gateway.issuer.config import load_config
-from policy import load_policy, shipped_policy
 
 KEY_ID = "ab" * 32
 
@@ -56,7 +56,7 @@ def test_a_base_policy_that_already_names_an_issuer_is_refused(tmp_path: Path) -
 def test_the_key_id_veil_issuer_prints_is_the_one_it_publishes(tmp_path: Path) -> None:
     from gateway.issuer.keys import load_keyring
 
-    added = subprocess.run([sys.executable, "-m", "client", "issuer", "--keys", str(tmp_path), "--add-key-not-before",
+    added = subprocess.run([sys.executable, "-m", "veil", "issuer", "--keys", str(tmp_path), "--add-key-not-before",
                             "0"], capture_output=True, text=True, timeout=120, check=True)
     (published,) = load_keyring(tmp_path).signing_keys(now=4e9)
     assert printed_key_id(added.stdout) == published.token_key.key_id.hex()
