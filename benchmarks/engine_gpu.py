@@ -7,7 +7,9 @@ Model (random bf16 weights written to a temporary folder, nothing downloaded):
   --preset 8b  Llama-3.1-8B shape: hidden 4096, 32 layers, 32 / 8 heads of 128, intermediate 14,336, untied.
 Measured in one run:
   1. decode ms per engine step at each --batches size, every sequence past its --decode-prompt-len prompt,
-     next to the weights-only floor: the weights' bytes over the device copy bandwidth measured here;
+     next to the weights-only floor: the weights' bytes over the device copy bandwidth measured here.
+     Decode steps replay CUDA graphs unless --eager is given: run once with and once without it to compare
+     (every line says which way the engine ran);
   2. offline output tokens/s of the engine on --requests requests (prompts 64-1,024 tokens, outputs 32-512,
      seeded, greedy, ignore_eos);
   3. the same requests through `transformers.generate` in static left-padded batches of --hf-batch-size
@@ -15,7 +17,7 @@ Measured in one run:
      twice and the second pass is timed, so compilation is not).
 The targets are printed next to each figure (set for the 1b preset). Progress goes to stderr.
 
-    python benchmarks/engine_gpu.py [--preset 1b|8b] [--batches 1 16 64 256] [--requests 256]
+    python benchmarks/engine_gpu.py [--preset 1b|8b] [--batches 1 16 64 256] [--requests 256] [--eager]
 
 Needs CUDA: without a CUDA device it exits with status 2.
 """
@@ -255,11 +257,17 @@ def verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
-def decode_line(batch: int, ms: float, floor_ms: float, targets: bool) -> str:
+def decode_line(batch: int, ms: float, floor_ms: float, targets: bool, mode: str) -> str:
     target = DECODE_TARGET_MS.get(batch) if targets else None
     note = f"[target <= {target:.1f} ms: {verdict(ms <= target)}]" if target else "[no target at this batch]"
-    return (f"decode batch {batch:4d}: {ms:8.2f} ms/step  {batch * 1000 / ms:10.1f} tok/s  "
+    return (f"decode batch {batch:4d} ({mode}): {ms:8.2f} ms/step  {batch * 1000 / ms:10.1f} tok/s  "
             f"{ms / floor_ms:6.1f}x the weights floor  {note}")
+
+
+def engine_mode(engine) -> str:
+    """How the engine runs decode steps: 'cuda graphs' (with the batch sizes captured) or 'eager'."""
+    sizes = engine.runner.graph_batch_sizes
+    return f"cuda graphs, batch <= {sizes[-1]}" if sizes else "eager"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -278,7 +286,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192,
                         help="engine: most tokens per step (default: 8192)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85,
-                        help="engine: fraction of free device memory for the KV cache (default: 0.85)")
+                        help="engine: fraction of free device memory for the KV cache and the decode graphs "
+                             "(default: 0.85)")
+    parser.add_argument("--eager", action="store_true",
+                        help="engine: run every step eagerly, without CUDA graphs (compare the decode ms/step)")
     parser.add_argument("--skip-transformers", action="store_true",
                         help="leave out the transformers baseline (no ratio is printed)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the workload and the weights (default: 1234)")
@@ -309,21 +320,23 @@ def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device:
     progress("loading the engine ...")
     engine = LLMEngine(model_dir, EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization))
+        gpu_memory_utilization=args.gpu_memory_utilization, cuda_graphs=False if args.eager else None))
     weights = weight_bytes(engine.runner.model)
     floor_ms = 1000 * weights / bandwidth
+    mode = engine_mode(engine)
     lines = [f"device: {torch.cuda.get_device_name(device)}, copy bandwidth {bandwidth / 1e12:.2f} TB/s",
              f"model: random {args.preset} Llama, {weights / 1e9:.2f} GB of bf16 weights; "
-             f"weights-only floor {floor_ms:.2f} ms/step" + ("" if targets else " (targets are set for the 1b preset)")]
+             f"weights-only floor {floor_ms:.2f} ms/step" + ("" if targets else " (targets are set for the 1b preset)"),
+             memory_line(engine)]
     for batch in args.batches:
-        progress(f"decode at batch {batch} ...")
+        progress(f"decode at batch {batch} ({mode}) ...")
         ms = decode_ms_per_step(engine, batch, args.decode_prompt_len, args.decode_steps, shape.vocab_size)
-        lines.append(decode_line(batch, ms, floor_ms, targets))
+        lines.append(decode_line(batch, ms, floor_ms, targets, mode))
     workload = make_workload(args.requests, shape.vocab_size, args.seed)
     progress(f"engine offline: {args.requests} requests, {workload.output_tokens} output tokens ...")
     engine_rate = workload.output_tokens / run_engine_offline(engine, workload)
     target = f"  [target >= {OFFLINE_TARGET_TOKENS_PER_S:,} tok/s: {verdict(engine_rate >= OFFLINE_TARGET_TOKENS_PER_S)}]"
-    lines.append(f"offline, veil engine:                 {engine_rate:10.1f} output tok/s" + (target if targets else ""))
+    lines.append(f"offline, veil engine ({mode}): {engine_rate:10.1f} output tok/s" + (target if targets else ""))
     del engine
     gc.collect()
     torch.cuda.empty_cache()
@@ -335,6 +348,15 @@ def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device:
         lines.append(f"ratio veil / transformers compiled: {ratio:.2f}x"
                      + (f"  [target >= {OFFLINE_TARGET_RATIO:.0f}x: {verdict(ratio >= OFFLINE_TARGET_RATIO)}]" if targets else ""))
     return lines
+
+
+def memory_line(engine) -> str:
+    runner = engine.runner
+    kv_gib = runner.kv_cache.numel() * runner.kv_cache.element_size() / (1 << 30)
+    mib = 1 << 20
+    return (f"memory: KV pool {kv_gib:.2f} GiB ({runner.num_blocks} blocks), decode graphs "
+            f"{runner.graph_memory_bytes / mib:.0f} MiB (reserved {runner.graph_reserve_bytes / mib:.0f} MiB), "
+            f"budget {runner.memory_budget_bytes / (1 << 30):.2f} GiB")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 DEFAULT_TINY_DIR = Path(".veil/tiny-model")
 DEMO_PROMPTS = ("Hello, world!", "The quick brown fox", "Once upon a time", "Privacy is")
@@ -38,6 +42,15 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="compute dtype (default: the model's own)")
     parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="KV pool size on CPU")
+    parser.add_argument("--eager", action="store_true",
+                        help="run every step eagerly: no CUDA graphs for decode steps (graphs never run on a CPU)")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine settings `veil generate` asks for; cuda_graphs unset means on where the device is CUDA."""
+    from engine import EngineConfig
+
+    return EngineConfig(dtype=args.dtype, kv_cache_gib=args.kv_cache_gib, cuda_graphs=False if args.eager else None)
 
 
 def _init_tiny(args: argparse.Namespace) -> int:
@@ -49,11 +62,11 @@ def _init_tiny(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine import EngineConfig, EngineError, LLMEngine, SamplingParams
+    from engine import EngineError, LLMEngine, SamplingParams
     from engine.tokenizer import ChatMessage
 
     try:
-        engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, kv_cache_gib=args.kv_cache_gib))
+        engine = LLMEngine(args.model, engine_config(args))
         params = SamplingParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import ModelLoadError
+from engine.errors import EngineError, ModelLoadError
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -260,7 +260,8 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
-    # CPU: a fixed KV budget in GiB. CUDA: a fraction of free device memory.
+    # CPU: a fixed KV budget in GiB. CUDA: a fraction of the device memory free once the weights are
+    # loaded, which the KV pool and the decode graphs' memory share.
     kv_cache_gib: float = 1.0
     gpu_memory_utilization: float = 0.85
     num_blocks: int | None = None  # overrides both budgets (tests force preemption with it)
@@ -269,3 +270,11 @@ class EngineConfig:
     device: str | None = None  # default: cuda when available
     # Measuring the cost of zero-on-free is the only reason to turn it off; the node never does.
     unsafe_skip_zeroing: bool = False
+    # Decode steps replay captured CUDA graphs. None: on where the device is CUDA and the kernels are
+    # Triton's, off elsewhere (graphs never run on a CPU); False: every step runs eagerly.
+    cuda_graphs: bool | None = None
+
+    def __post_init__(self) -> None:
+        # A string such as "false" would be truthy: only the three documented values are accepted.
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise EngineError("cuda_graphs must be true, false or unset (null: on where the device is CUDA)")

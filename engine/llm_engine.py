@@ -85,10 +85,16 @@ class LLMEngine:
                 seq.forks_pending = 0
                 self._finish(seq, FinishReason.ABORT)
         self.block_manager.scrub_freed()
+        self._clear_if_idle()
         self._pending += self._deltas(request.sequences)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests) or bool(self._pending)
+
+    def _clear_if_idle(self) -> None:
+        # With nothing left to run, no token of a finished request may stay in the decode graphs' buffers.
+        if not self.scheduler.has_work():
+            self.runner.clear_step_buffers()
 
     # ----- stepping -------------------------------------------------------------------------
 
@@ -106,6 +112,7 @@ class LLMEngine:
             deltas += self._deltas(touched)
         # One batched zeroing call per step for everything freed in it.
         self.block_manager.scrub_freed()
+        self._clear_if_idle()
         return deltas
 
     def stream(self) -> Iterator[StreamDelta]:
