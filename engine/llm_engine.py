@@ -264,12 +264,12 @@ class LLMEngine:
         if logprob is not None:
             seq.logprobs.append(logprob)
         if self._hit_stop_string(seq):
-            return self._finish_and_free(seq, FinishReason.STOP)
+            return self._finish_and_free(seq, FinishReason.STOP, text_complete=True)
         if len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish_and_free(seq, FinishReason.LENGTH)
 
     def _hit_stop_string(self, seq: Sequence) -> bool:
-        seq.output_text = self.tokenizer.decode(seq.output_token_ids)
+        seq.output_text += seq.detokenizer.step(self.tokenizer, seq.output_token_ids)
         if not seq.params.stop:
             return False
         longest = max(len(s) for s in seq.params.stop)
@@ -279,11 +279,14 @@ class LLMEngine:
             seq.output_text = seq.output_text[: min(hits)]
         return bool(hits)
 
-    def _finish_and_free(self, seq: Sequence, reason: FinishReason) -> None:
+    def _finish_and_free(self, seq: Sequence, reason: FinishReason, text_complete: bool = False) -> None:
         self.scheduler.remove(seq)
-        self._finish(seq, reason)
+        self._finish(seq, reason, text_complete)
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, text_complete: bool = False) -> None:
+        """`text_complete`: the text was cut at a stop string, so the bytes held back are not part of it."""
+        if not text_complete:
+            seq.output_text += seq.detokenizer.flush(self.tokenizer, seq.output_token_ids)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self._requests[seq.request_id].finished.add(seq.sample_index)
