@@ -1,18 +1,14 @@
-"""`veil model init-tiny`, `veil generate` and, until the fleet exists, `veil demo`."""
+"""`veil model init-tiny` and `veil generate`: the engine alone, without a node."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-
-DEFAULT_TINY_DIR = Path(".veil/tiny-model")
-DEMO_PROMPTS = ("Hello, world!", "The quick brown fox", "Once upon a time", "Privacy is")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -81,23 +77,3 @@ def _generate(args: argparse.Namespace) -> int:
         return 1
     return 0
 
-
-def run_engine_demo() -> int:
-    """Creates the tiny model if needed, generates from a few prompts, prints tokens/s."""
-    from engine import EngineConfig, LLMEngine, SamplingParams
-    from engine.tiny import write_tiny_model
-
-    if not (DEFAULT_TINY_DIR / "config.json").is_file():
-        write_tiny_model(DEFAULT_TINY_DIR)
-        print(f"created the built-in tiny model in {DEFAULT_TINY_DIR}")
-    engine = LLMEngine(DEFAULT_TINY_DIR, EngineConfig(kv_cache_gib=0.25))
-    params = SamplingParams(max_tokens=48, temperature=0.8, top_p=0.95, seed=7)
-    started = time.perf_counter()
-    outputs = engine.generate(DEMO_PROMPTS, params)
-    elapsed = time.perf_counter() - started
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    for prompt, output in zip(DEMO_PROMPTS, outputs):
-        print(f"> {prompt}\n  {output.outputs[0].text!r}")
-    print(f"{tokens} tokens in {elapsed:.2f} s: {tokens / elapsed:.1f} tokens/s (random weights, so the text is noise)")
-    print(f"KV blocks zeroed on free: {engine.block_manager.blocks_scrubbed}; residue in free blocks: {len(engine.residue_check())}")
-    return 0

@@ -16,10 +16,11 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import RequestRejected, UnknownRequestError
 from engine.model_runner import ModelRunner
+from engine.output_processor import OutputProcessor
 from engine.outputs import RequestMetrics, RequestOutput, StreamDelta
 from engine.sampler import SampleRequest, Sampler
 from engine.sampling_params import SamplingParams, is_integer
-from engine.scheduler import ScheduledChunk, Scheduler
+from engine.scheduler import Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceStatus
 from engine.tokenizer import Tokenizer
 
@@ -43,6 +44,7 @@ class LLMEngine:
         self.config = config or EngineConfig()
         self.runner = ModelRunner(str(model_dir), self.config)
         self.tokenizer = Tokenizer(model_dir)
+        self.output = OutputProcessor(self.tokenizer)
         self.model_config = self.runner.model_config
         self.max_model_len = min(self.config.max_model_len or 1 << 62, self.model_config.max_context)
         scrub = _skip_scrub if self.config.unsafe_skip_zeroing else self.runner.zero_blocks
@@ -263,21 +265,10 @@ class LLMEngine:
         seq.append_token(token)
         if logprob is not None:
             seq.logprobs.append(logprob)
-        if self._hit_stop_string(seq):
+        if self.output.add_text(seq):
             return self._finish_and_free(seq, FinishReason.STOP, text_complete=True)
         if len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish_and_free(seq, FinishReason.LENGTH)
-
-    def _hit_stop_string(self, seq: Sequence) -> bool:
-        seq.output_text += seq.detokenizer.step(self.tokenizer, seq.output_token_ids)
-        if not seq.params.stop:
-            return False
-        longest = max(len(s) for s in seq.params.stop)
-        search_from = max(seq.emitted_text_len - longest, 0)
-        hits = [i for i in (seq.output_text.find(s, search_from) for s in seq.params.stop) if i >= 0]
-        if hits:
-            seq.output_text = seq.output_text[: min(hits)]
-        return bool(hits)
 
     def _finish_and_free(self, seq: Sequence, reason: FinishReason, text_complete: bool = False) -> None:
         self.scheduler.remove(seq)
@@ -285,8 +276,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: FinishReason, text_complete: bool = False) -> None:
         """`text_complete`: the text was cut at a stop string, so the bytes held back are not part of it."""
-        if not text_complete:
-            seq.output_text += seq.detokenizer.flush(self.tokenizer, seq.output_token_ids)
+        self.output.finish_text(seq, cut_at_stop=text_complete)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self._requests[seq.request_id].finished.add(seq.sample_index)
@@ -303,19 +293,15 @@ class LLMEngine:
         request = self._requests.get(seq.request_id)
         if request is None or seq.sample_index in request.emitted_final:
             return None
-        visible = seq.output_text if seq.is_finished else _holdback(seq.output_text, seq.params.stop)
-        text = visible[seq.emitted_text_len :]
-        tokens = tuple(seq.output_token_ids[seq.emitted_token_count :])
-        logprobs = tuple(seq.logprobs[seq.emitted_token_count :])
-        if not text and not tokens and not seq.is_finished:
+        new = self.output.take(seq)
+        if new is None:
             return None
-        seq.emitted_text_len = len(visible)
-        seq.emitted_token_count = len(seq.output_token_ids)
         metrics = None
         if seq.is_finished:
             request.emitted_final.add(seq.sample_index)
             metrics = self._release_if_done(request)
-        return StreamDelta(seq.request_id, seq.sample_index, text, tokens, seq.finish_reason, logprobs, metrics)
+        return StreamDelta(seq.request_id, seq.sample_index, new.text, new.token_ids, seq.finish_reason, new.logprobs,
+                           metrics)
 
     def _release_if_done(self, request: Request) -> RequestMetrics | None:
         """Forgets the request once every sample's last delta is out; that delta carries the metrics."""
@@ -329,17 +315,6 @@ class LLMEngine:
             first_token_time=request.first_token_time,
             finish_time=time.monotonic(),
         )
-
-
-def _holdback(text: str, stops: tuple[str, ...]) -> str:
-    """Text safe to stream now: no half-decoded character, no tail that may begin a stop string."""
-    text = text.rstrip("\ufffd")
-    for stop in stops:
-        for length in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:length]):
-                text = text[: len(text) - length]
-                break
-    return text
 
 
 def _skip_scrub(block_ids: list[int]) -> None:

@@ -67,12 +67,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def token_at(self, position: int) -> int:
-        prompt_len = len(self.prompt_token_ids)
-        if position < prompt_len:
-            return self.prompt_token_ids[position]
-        return self.output_token_ids[position - prompt_len]
-
     def tokens_between(self, start: int, end: int) -> list[int]:
         prompt_len = len(self.prompt_token_ids)
         if end <= prompt_len:
