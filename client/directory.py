@@ -32,10 +32,8 @@ from attestation.bundle import EvidenceBundle
 from attestation.errors import AttestationError
 from attestation.hardware import hardware_id
 from client.errors import GatewayError
+from protocol.constants import DIRECTORY_PATH, DIRECTORY_VERSION, MAX_DIRECTORY_NODES
 
-DIRECTORY_PATH = "/v1/nodes"
-DIRECTORY_VERSION = 1
-MAX_NODES = 4096
 MAX_CACHED_CLAIMS = 1024
 REPEATED_NODE = "repeated_node"
 
@@ -67,7 +65,7 @@ def parse_directory(data: Any, fetched_at: float) -> Directory:
     if not isinstance(data, dict) or data.get("version") != DIRECTORY_VERSION:
         raise ValueError(f"the directory is not version {DIRECTORY_VERSION}")
     nodes = data.get("nodes")
-    if not isinstance(nodes, list) or len(nodes) > MAX_NODES:
+    if not isinstance(nodes, list) or len(nodes) > MAX_DIRECTORY_NODES:
         raise ValueError("the directory's node list is missing or too long")
     digest = data.get("policy_digest", "")
     if not isinstance(digest, str):

@@ -11,6 +11,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from protocol import codes
+
 _CODE = re.compile(r"[a-z0-9_.\-]{1,64}")
 
 
@@ -77,7 +79,7 @@ class NodeError(VeilClientError):
 
 
 def _hint(status: int, code: str) -> str:
-    if code == "date_out_of_window":
+    if code == codes.DATE_OUT_OF_WINDOW:
         return "this computer's clock is too far from the node's; correct it (enable NTP) and send again"
     if status >= 500:
         return "the node failed while serving it; send it again (another node may be chosen)"

@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from client.errors import GatewayError, ModelNotFoundError, NodeError, NoVerifiedNodeError, VeilClientError
 from client.sdk import SAMPLING_EXTRAS, Client, Stream
+from protocol.constants import MAX_INNER_BODY_BYTES
 
-MAX_BODY_BYTES = 1 << 20
 _PARAMETERS = ("n", "temperature", "top_p", "max_tokens", "stop", "seed", "stream_options", "logprobs",
                *SAMPLING_EXTRAS)
 
@@ -64,8 +64,8 @@ def _parameters(body: dict[str, Any], chat: bool = False) -> dict[str, Any]:
 
 async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
     raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        return _error(413, "too_large", f"the request body exceeds {MAX_BODY_BYTES} bytes")
+    if len(raw) > MAX_INNER_BODY_BYTES:
+        return _error(413, "too_large", f"the request body exceeds {MAX_INNER_BODY_BYTES} bytes")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):

@@ -24,6 +24,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import httpx
 
+from attestation.binding import NONCE_SIZE
 from client import wire
 from client.directory import DirectoryCache, DirectoryEntry, capped, sample_candidates
 from client.errors import (
@@ -51,13 +52,13 @@ from client.verify import CandidateVerifier, one_per_chip
 from ohttp import OHTTPError, TruncatedError
 from policy import Policy
 from policy.shipped import resolve_policy
+from protocol import codes
+from protocol.constants import INFER_PATH, NODE_ATTEST_PATH, NODE_ID_HEADER
 
-INFER_PATH = "/v1/infer"
-NODE_ID_HEADER = "veil-node-id"
 # The gateway says so when a candidate left its pool, every tried node failed before accepting, or
 # the node no longer holds the key sealed to: no node read anything, so one retry with a fresh
 # directory is safe.
-_RETRYABLE = {(404, "no_candidate"), (502, "node_failed"), (400, "unknown_key")}
+_RETRYABLE = {(404, codes.NO_CANDIDATE), (502, codes.NODE_FAILED), (400, codes.UNKNOWN_KEY)}
 # Waits longer than this are the caller's decision: the GatewayError carries retry_after.
 MAX_RETRY_AFTER_S = 30.0
 # Every client presents the same user agent, so it tells the gateway nothing about its user.
@@ -177,7 +178,7 @@ class Client:
         try:
             return send()
         except NodeError as error:
-            if error.code != "date_out_of_window" or error.node_time is None:
+            if error.code != codes.DATE_OUT_OF_WINDOW or error.node_time is None:
                 raise
             # RFC 9458 section 6.5: a client may correct its clock from the gateway resource's Date.
             self._clock_skew_s = error.node_time - time.time()
@@ -255,9 +256,9 @@ class Client:
         return sealed, route
 
     def _fresh_record(self, entry: DirectoryEntry) -> CandidateRecord:
-        nonce = os.urandom(32)
+        nonce = os.urandom(NONCE_SIZE)
         try:
-            response = self._http.post(f"/v1/nodes/{entry.node_id}/attest", json={"nonce": nonce.hex()})
+            response = self._http.post(NODE_ATTEST_PATH.format(node_id=entry.node_id), json={"nonce": nonce.hex()})
             evidence = response.json().get("evidence") if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
             evidence = None

@@ -30,6 +30,7 @@ from ohttp import (
 )
 from ohttp.bhttp_stream import StreamingResponseDecoder
 from ohttp.dates import date_fields, format_http_date, parse_http_date
+from protocol import codes
 
 INNER_AUTHORITY = b"veil.node"
 MAX_SSE_EVENT = 1 << 20
@@ -111,11 +112,11 @@ class InnerResponse:
 
 # The gateway's refusals that waiting does not cure, and what to do about each (its codes, never its text).
 _GATEWAY_ADVICE = {
-    "undecryptable": "the node could not decrypt the request (altered on the way, or not sealed to its key); "
+    codes.UNDECRYPTABLE: "the node could not decrypt the request (altered on the way, or not sealed to its key); "
                      "sending the same bytes again cannot help",
-    "unknown_key": "the node does not hold the key the request was sealed to, even in a freshly fetched "
+    codes.UNKNOWN_KEY: "the node does not hold the key the request was sealed to, even in a freshly fetched "
                    "directory; send it again once the gateway lists the node's current key",
-    "node_timeout": "the node did not accept the request in time and may still run it; send it again only "
+    codes.NODE_TIMEOUT: "the node did not accept the request in time and may still run it; send it again only "
                     "if running it twice is acceptable",
 }
 

@@ -33,8 +33,9 @@ from engine import (
 )
 from ohttp.bhttp import Request
 from ohttp.dates import date_fields, format_http_date, parse_http_date
+from protocol.codes import DATE_OUT_OF_WINDOW
+from protocol.constants import MAX_INNER_BODY_BYTES
 
-MAX_BODY_BYTES = 1 << 20
 MAX_MESSAGES = 256
 MAX_STOP_TOKEN_IDS = 64
 REQUEST_DATE_WINDOW_S = 60.0
@@ -146,8 +147,8 @@ class InnerApi:
         return self._generate(body, prompt, chat=False)
 
     def _json_body(self, request: Request) -> dict:
-        if len(request.content) > MAX_BODY_BYTES:
-            raise ApiError(413, "too_large", f"the request body exceeds {MAX_BODY_BYTES} bytes")
+        if len(request.content) > MAX_INNER_BODY_BYTES:
+            raise ApiError(413, "too_large", f"the request body exceeds {MAX_INNER_BODY_BYTES} bytes")
         try:
             body = json.loads(request.content)
         except (ValueError, RecursionError):  # also nesting too deep, integers too long, bad UTF-8
@@ -289,7 +290,7 @@ def _text_content(content: object) -> str:
 
 class _DateOutOfWindow(ApiError):
     def __init__(self, window_s: float) -> None:
-        super().__init__(400, "date_out_of_window",
+        super().__init__(400, DATE_OUT_OF_WINDOW,
                          f"the request's Date differs from the node's clock by more than {window_s:g} s; "
                          "correct the sender's clock and send the request again")
 

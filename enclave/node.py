@@ -31,13 +31,14 @@ from audit.events import (
 from audit.sink import open_sink
 from enclave.api import InnerApi
 from enclave.keys import NodeKeys
-from enclave.proto import node_pb2_grpc
 from enclave.selfcheck import check_node_settings
 from enclave.service import NodeService, Outcome
 from enclave.settings import NodeSettings
 from engine import EngineConfig, EngineCoreClient, Tokenizer, ZeroingReport
 from policy import resolve_policy
 from policy.shipped import resolve_policy_path
+from protocol import node_pb2_grpc
+from protocol.constants import MAX_GRPC_MESSAGE_BYTES
 
 RELEASE = "0.1.0"
 # A BlocksZeroed event sums at least a second of zeroing and, unless a minute passes first, the
@@ -70,7 +71,6 @@ class ZeroingTally:
         if self.residue or age >= ZEROED_REPORT_MAX_S:
             return True
         return age >= ZEROED_REPORT_INTERVAL_S and self.requests >= ZEROED_REPORT_MIN_REQUESTS
-_MAX_MESSAGE_BYTES = 4 << 20
 
 
 class NodeServer:
@@ -100,8 +100,8 @@ class NodeServer:
         )
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=settings.capacity + 8, thread_name_prefix="veil-rpc"),
-            options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)],
+            options=[("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES)],
         )
         node_pb2_grpc.add_NodeServicer_to_server(self.service, self._server)
         self.port: int | None = None

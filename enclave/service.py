@@ -20,18 +20,19 @@ from dataclasses import dataclass
 
 import grpc
 
+from attestation.binding import NONCE_SIZE
 from enclave.api import ApiError, InnerApi, InnerResponse, error_response
-from enclave.proto import node_pb2, node_pb2_grpc
 from ohttp import bhttp, bhttp_stream
 from ohttp.chunked import ChunkedRequestOpener
 from ohttp.errors import OHTTPError, UnknownKeyError, UnsupportedSuiteError
 from ohttp.keys import KeyRing
 from ohttp.media_types import OHTTP_CHUNKED_REQUEST, OHTTP_REQUEST
 from ohttp.message import decapsulate_request
+from protocol import node_pb2, node_pb2_grpc
+from protocol.constants import MAX_ENCAPSULATED_BYTES, NODE_ID_HEADER
 
 NOT_DECAPSULATED = "the request could not be decapsulated"
 KEY_UNKNOWN = "the request names a key or suite this node does not hold; fetch its key configuration again"
-MAX_ENCAPSULATED_BYTES = 2 << 20
 _SSE_CONTENT_TYPE = [(b"content-type", b"text/event-stream")]
 _JSON_CONTENT_TYPE = [(b"content-type", b"application/json")]
 # What the gateway learns from it, that the request decapsulated, it learns from any answer anyway;
@@ -74,8 +75,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
     # ----- Attest and Health --------------------------------------------------------------------
 
     def Attest(self, request: node_pb2.AttestRequest, context: grpc.ServicerContext) -> node_pb2.AttestResponse:
-        if len(request.nonce) != 32:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the nonce must be exactly 32 bytes")
+        if len(request.nonce) != NONCE_SIZE:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the nonce must be exactly {NONCE_SIZE} bytes")
         return node_pb2.AttestResponse(evidence_bundle=self._attest(bytes(request.nonce)), capacity=self.capacity)
 
     def Health(self, request: node_pb2.HealthRequest, context: grpc.ServicerContext) -> node_pb2.HealthResponse:
@@ -174,7 +175,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
 
     def _headers(self, response: InnerResponse) -> list[tuple[bytes, bytes]]:
         content_type = _SSE_CONTENT_TYPE if response.streaming else _JSON_CONTENT_TYPE
-        return content_type + response.headers + [(b"veil-node-id", self._node_id().encode())]
+        return content_type + response.headers + [(NODE_ID_HEADER.encode(), self._node_id().encode())]
 
     @property
     def in_flight(self) -> int:

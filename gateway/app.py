@@ -35,7 +35,6 @@ from gateway.errors import (
 from gateway.forwarding import Forwarder
 from gateway.keeper import PoolKeeper
 from gateway.models import (
-    MAX_ENCAPSULATED_BYTES,
     NODE_ID_PATTERN,
     RESPONSE_MEDIA_TYPES,
     Candidate,
@@ -53,6 +52,13 @@ from gateway.results import ResultSigner
 from gateway.settings import GatewaySettings
 from gateway.token_gate import token_gate_for
 from policy import resolve_policy
+from protocol.constants import (
+    DIRECTORY_PATH,
+    INFER_PATH,
+    MAX_ENCAPSULATED_BYTES,
+    NODE_ATTEST_PATH,
+    NODE_OHTTP_PATH,
+)
 
 _NODE_ID = re.compile(NODE_ID_PATTERN.strip("^$"), re.ASCII)
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -126,7 +132,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
     settings = runtime.settings
     from_relays = [Depends(only_from_relays(settings.relay_only))]
 
-    @app.get("/v1/nodes", response_model=Directory, summary="The attested directory, the same for every caller")
+    @app.get(DIRECTORY_PATH, response_model=Directory, summary="The attested directory, the same for every caller")
     async def directory() -> Response:
         return Response(runtime.directory.render(), media_type="application/json")
 
@@ -138,7 +144,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "nodes": len(runtime.pool)}
 
-    @app.post("/v1/infer", responses=_ERRORS, openapi_extra=_body_schema(InferBody), dependencies=from_relays,
+    @app.post(INFER_PATH, responses=_ERRORS, openapi_extra=_body_schema(InferBody), dependencies=from_relays,
               summary="Forward one of the client's encapsulations to a uniformly chosen healthy candidate")
     async def infer(request: Request, _: Admission = Depends(authorize_anonymously),
                     __: None = Depends(refuse_expectations)) -> Response:
@@ -146,7 +152,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
         candidates = parse_infer_body(body, settings.max_candidates)
         return relay_response(await runtime.forwarder.open(candidates))
 
-    @app.post("/v1/nodes/{node_id}/ohttp", responses=_ERRORS, dependencies=from_relays,
+    @app.post(NODE_OHTTP_PATH, responses=_ERRORS, dependencies=from_relays,
               summary="Forward a standard RFC 9458 or chunked OHTTP request to one node")
     async def ohttp(request: Request, node_id: str = Path(max_length=64),
                     _: Admission = Depends(authorize_anonymously),
@@ -159,7 +165,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
             raise MalformedRequestError("the body must be the encapsulated OHTTP request")
         return relay_response(await runtime.forwarder.open((Candidate(node_id, media_type, body),)))
 
-    @app.post("/v1/nodes/{node_id}/attest", responses=_ERRORS, dependencies=from_relays,
+    @app.post(NODE_ATTEST_PATH, responses=_ERRORS, dependencies=from_relays,
               summary="Fresh evidence from one node, bound to the client's own nonce")
     async def attest(request: Request, node_id: str = Path(max_length=64)) -> dict[str, str]:
         # No token: a client checks candidates' evidence before each request, and a token spent on

@@ -19,8 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gateway.pool import NodePool, PoolEntry
-
-DIRECTORY_VERSION = 1
+from protocol.constants import DIRECTORY_VERSION
 
 
 class DirectoryCache:

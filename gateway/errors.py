@@ -8,6 +8,8 @@ header, a byte of ciphertext), so a response can never reflect its request.
 
 from __future__ import annotations
 
+from protocol import codes
+
 
 class GatewayError(Exception):
     """Base of every gateway error; `status` and `code` are what the caller sees."""
@@ -31,7 +33,7 @@ class NoCandidateError(GatewayError):
     """None of the request's candidates is an admitted, healthy node."""
 
     status = 404
-    code = "no_candidate"
+    code = codes.NO_CANDIDATE
 
 
 class NotFoundError(GatewayError):
@@ -80,7 +82,7 @@ class NodeFailedError(GatewayError):
     """Every node tried failed before sending its first byte."""
 
     status = 502
-    code = "node_failed"
+    code = codes.NODE_FAILED
 
 
 class FinalRefusalError(GatewayError):
@@ -91,20 +93,20 @@ class UndecryptableError(FinalRefusalError):
     """The node could not decapsulate the request (RFC 9458 section 5.2: a 4xx); it is not the node's fault."""
 
     status = 400
-    code = "undecryptable"
+    code = codes.UNDECRYPTABLE
 
 
 class UnknownKeyError(UndecryptableError):
     """The request names a key configuration the node does not hold (rotated away, or never its own)."""
 
-    code = "unknown_key"
+    code = codes.UNKNOWN_KEY
 
 
 class AcceptTimeoutError(FinalRefusalError):
     """The node neither refused nor accepted the request in time; it may hold it, so no other node gets it."""
 
     status = 504
-    code = "node_timeout"
+    code = codes.NODE_TIMEOUT
 
 
 class OverloadedError(GatewayError):

@@ -48,7 +48,7 @@ class PoolKeeper:
         """The channel to `address` (created on first use)."""
         client = self._clients.get(address)
         if client is None:
-            client = self._clients[address] = NodeClient(address, max_request_bytes=self.settings.max_body_bytes)
+            client = self._clients[address] = NodeClient(address)
         return client
 
     async def start(self) -> None:

@@ -11,11 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import MalformedRequestError, RequestTooLargeError
 from ohttp.media_types import OHTTP_CHUNKED_REQUEST, OHTTP_CHUNKED_RESPONSE, OHTTP_REQUEST, OHTTP_RESPONSE
+from protocol.constants import MAX_CANDIDATES, MAX_ENCAPSULATED_BYTES
 
 NODE_ID_PATTERN = r"^[0-9a-f]{16,64}$"
-# A node refuses any longer encapsulation (enclave.service.MAX_ENCAPSULATED_BYTES), and gRPC refuses a
-# message over its bound as RESOURCE_EXHAUSTED, which reads as "busy"; so the gateway answers 413 itself.
-MAX_ENCAPSULATED_BYTES = 2 << 20
 RESPONSE_MEDIA_TYPES: dict[str, str] = {OHTTP_REQUEST: OHTTP_RESPONSE, OHTTP_CHUNKED_REQUEST: OHTTP_CHUNKED_RESPONSE}
 RequestMediaType = Literal["message/ohttp-req", "message/ohttp-chunked-req"]
 
@@ -35,7 +33,7 @@ class InferCandidate(_Strict):
 class InferBody(_Strict):
     """`POST /v1/infer`: the client's candidates; the gateway forwards exactly one."""
 
-    candidates: list[InferCandidate] = Field(min_length=1, max_length=8)
+    candidates: list[InferCandidate] = Field(min_length=1, max_length=MAX_CANDIDATES)
 
 
 class DirectoryNode(_Strict):
@@ -89,7 +87,7 @@ def parse_infer_body(body: bytes, max_candidates: int) -> tuple[Candidate, ...]:
     except ValidationError:
         raise MalformedRequestError(
             "the body must be JSON {\"candidates\": [{\"node_id\", \"media_type\", \"encapsulated\"}, ...]} "
-            "with 1 to 8 candidates, hex node ids, an OHTTP request media type and base64 ciphertext"
+            f"with 1 to {MAX_CANDIDATES} candidates, hex node ids, an OHTTP request media type and base64 ciphertext"
         ) from None
     if len(parsed.candidates) > max_candidates:
         raise MalformedRequestError(f"at most {max_candidates} candidates are accepted per request")

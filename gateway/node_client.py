@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 
-from enclave.proto import node_pb2, node_pb2_grpc
 from gateway.errors import (
     AcceptTimeoutError,
     GatewayError,
@@ -25,8 +24,9 @@ from gateway.errors import (
     UnknownKeyError,
 )
 from gateway.pool import HealthReport
+from protocol import node_pb2, node_pb2_grpc
+from protocol.constants import MAX_GRPC_MESSAGE_BYTES
 
-_MiB = 1024 * 1024
 _NO_METADATA: tuple[tuple[str, str], ...] = ()
 
 
@@ -41,13 +41,13 @@ class AttestAnswer:
 class NodeClient:
     """One node's gRPC channel."""
 
-    def __init__(self, address: str, *, max_request_bytes: int) -> None:
+    def __init__(self, address: str) -> None:
         self.address = address
         options = [
             ("grpc.primary_user_agent", "veil-gateway"),
             ("grpc.enable_http_proxy", 0),  # never hand node traffic to a proxy from the environment
-            ("grpc.max_send_message_length", max_request_bytes + _MiB),
-            ("grpc.max_receive_message_length", 64 * _MiB),
+            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
         ]
         self._channel = grpc.aio.insecure_channel(address, options=options)
         self._stub = node_pb2_grpc.NodeStub(self._channel)

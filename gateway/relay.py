@@ -46,9 +46,17 @@ from starlette.types import Receive, Scope, Send
 from gateway.app import refuse_expectations, request_media_type
 from gateway.backpressure import InFlightLimiter, Permit
 from gateway.errors import GatewaySettingsError, GatewayUnreachableError, NotFoundError
-from gateway.models import MAX_ENCAPSULATED_BYTES, NODE_ID_PATTERN
-from gateway.responses import NODE_ID_HEADER, install_error_handlers, read_bounded
+from gateway.models import NODE_ID_PATTERN
+from gateway.responses import install_error_handlers, read_bounded
 from gateway.settings import GatewaySettings
+from protocol.constants import (
+    DIRECTORY_PATH,
+    INFER_PATH,
+    MAX_ENCAPSULATED_BYTES,
+    NODE_ATTEST_PATH,
+    NODE_ID_HEADER,
+    NODE_OHTTP_PATH,
+)
 
 # What a client needs of an answer: how to read it, whether it comes incrementally, when to retry,
 # which node answered (the SDK decrypts with that node's context), that it is not to be cached, and
@@ -194,23 +202,23 @@ def create_relay_app(settings: RelaySettings) -> FastAPI:
 
 
 def _install_routes(app: FastAPI, upstream: Upstream, max_body_bytes: int) -> None:
-    @app.get("/v1/nodes")
+    @app.get(DIRECTORY_PATH)
     async def directory(request: Request) -> Response:
-        return await upstream.forward(request, "/v1/nodes", None, 0)
+        return await upstream.forward(request, DIRECTORY_PATH, None, 0)
 
-    @app.post("/v1/infer", dependencies=[Depends(refuse_expectations)])
+    @app.post(INFER_PATH, dependencies=[Depends(refuse_expectations)])
     async def infer(request: Request) -> Response:
-        return await upstream.forward(request, "/v1/infer", _JSON, max_body_bytes)
+        return await upstream.forward(request, INFER_PATH, _JSON, max_body_bytes)
 
-    @app.post("/v1/nodes/{node_id}/ohttp", dependencies=[Depends(refuse_expectations)])
+    @app.post(NODE_OHTTP_PATH, dependencies=[Depends(refuse_expectations)])
     async def ohttp(request: Request, node_id: str = PathParameter(max_length=64)) -> Response:
         media_type = request_media_type(request)
         limit = min(max_body_bytes, MAX_ENCAPSULATED_BYTES)
-        return await upstream.forward(request, f"/v1/nodes/{_checked(node_id)}/ohttp", media_type, limit)
+        return await upstream.forward(request, NODE_OHTTP_PATH.format(node_id=_checked(node_id)), media_type, limit)
 
-    @app.post("/v1/nodes/{node_id}/attest")
+    @app.post(NODE_ATTEST_PATH)
     async def attest(request: Request, node_id: str = PathParameter(max_length=64)) -> Response:
-        return await upstream.forward(request, f"/v1/nodes/{_checked(node_id)}/attest", _JSON, 1024)
+        return await upstream.forward(request, NODE_ATTEST_PATH.format(node_id=_checked(node_id)), _JSON, 1024)
 
 
 def _checked(node_id: str) -> str:

@@ -26,8 +26,7 @@ from gateway.errors import (
 )
 from gateway.forwarding import RelayedAnswer
 from ohttp.media_types import OHTTP_CHUNKED_RESPONSE
-
-NODE_ID_HEADER = "veil-node-id"
+from protocol.constants import NODE_ID_HEADER
 
 
 class RelayResponse(StreamingResponse):

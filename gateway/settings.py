@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.errors import GatewaySettingsError
+from protocol.constants import MAX_CANDIDATES, MAX_DIRECTORY_NODES
 
 _ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})", re.ASCII)
-MAX_CANDIDATES = 8
-MAX_DIRECTORY_SIZE = 4096  # the most nodes a client accepts in one directory
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +82,8 @@ class GatewaySettings:
         _require_positive("directory_epoch_s", self.directory_epoch_s)
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
             _require_positive(name, getattr(self, name))
-        if not 1 <= self.directory_size <= MAX_DIRECTORY_SIZE:
-            raise GatewaySettingsError(f"directory_size must be between 1 and {MAX_DIRECTORY_SIZE}")
+        if not 1 <= self.directory_size <= MAX_DIRECTORY_NODES:
+            raise GatewaySettingsError(f"directory_size must be between 1 and {MAX_DIRECTORY_NODES}")
         if self.key_grace_s < 0 or self.startup_admission_s < 0:
             raise GatewaySettingsError("key_grace_s and startup_admission_s must not be negative")
         for name in ("max_in_flight", "max_in_flight_per_node", "retry_after_s", "max_body_bytes", "max_connections"):

@@ -20,6 +20,7 @@ from policy.model import (
     Policy,
     RoutingPolicy,
 )
+from protocol.constants import MAX_CANDIDATES
 
 # Required keys of each section and how to read them. Keys of forbidden-optimization
 # knobs (policy.forbidden.KNOBS) are optional and default to their safe value.
@@ -48,8 +49,8 @@ SCHEMA: dict[str, dict[str, fields.Reader]] = {
         "accept_unlisted_models": fields.boolean,
     },
     "routing": {
-        # The most nodes a client encrypts one request to; the gateway accepts at most 8.
-        "candidates": fields.integer(1, 8),
+        # The most nodes a client encrypts one request to; no more than the gateway accepts.
+        "candidates": fields.integer(1, MAX_CANDIDATES),
         "capacity_weighting": fields.only_true(
             "clients always draw candidates in proportion to capacity, which is what bounds any "
             "node's share of requests to its capacity share"),

@@ -33,7 +33,6 @@ from hypothesis import strategies as st
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import verify
 from enclave.node import NodeServer
-from enclave.proto import node_pb2, node_pb2_grpc
 from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
 from enclave.settings import NodeSettings
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -43,6 +42,7 @@ from ohttp.bhttp_stream import StreamingResponseDecoder
 from ohttp.keys import KeyConfig
 from ohttp.media_types import OHTTP_CHUNKED_REQUEST, OHTTP_REQUEST
 from policy import shipped_policy
+from protocol import node_pb2, node_pb2_grpc
 
 FUZZ_EXAMPLES = int(os.environ.get("VEIL_FUZZ_EXAMPLES", "40"))
 # One well-formed request after every this many fuzz cases.

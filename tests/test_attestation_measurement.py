@@ -101,7 +101,7 @@ def test_every_module_a_node_starts_with_is_in_a_measured_package():
     # Modules of this checkout's own packages (a virtual environment inside it holds no package of ours).
     ours = {name.split(".")[0] for name, file in loaded.items()
             if file and Path(file).resolve().is_relative_to(REPO_ROOT / name.split(".")[0])}
-    assert {"veil", "enclave", "engine"} <= ours
+    assert {"veil", "enclave", "engine", "protocol"} <= ours
     assert ours <= set(DEFAULT_PACKAGES), f"a node runs unmeasured code from {sorted(ours - set(DEFAULT_PACKAGES))}"
 
 def test_policy_digest_is_the_canonical_one(tmp_path: Path):

@@ -36,11 +36,11 @@ from client.directory import DirectoryEntry
 from client.proxy import create_proxy_app
 from client.sdk import Client
 from client.verify import CandidateVerifier
-from enclave.proto import node_pb2, node_pb2_grpc
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.tiny import write_tiny_model
 from engine.tokenizer import ChatMessage
 from policy import shipped_policy
+from protocol import node_pb2, node_pb2_grpc
 from veil.fleet import Fleet, FleetSettings
 
 pytestmark = pytest.mark.slow

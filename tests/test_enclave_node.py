@@ -19,7 +19,6 @@ from client import wire
 from enclave.api import REQUEST_DATE_WINDOW_S, ApiError, InnerApi
 from enclave.errors import SelfCheckError
 from enclave.node import NodeServer
-from enclave.proto import node_pb2, node_pb2_grpc
 from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
 from enclave.settings import NodeSettings
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -30,6 +29,7 @@ from ohttp import ChunkedRequestSealer, ClientRequest, bhttp
 from ohttp.bhttp_stream import StreamingResponseDecoder
 from ohttp.keys import KeyConfig
 from policy import shipped_policy
+from protocol import node_pb2, node_pb2_grpc
 
 CANARY = "CANARY-7f3a9c-PURPLE-GIRAFFE"
 

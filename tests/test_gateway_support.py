@@ -28,13 +28,13 @@ from attestation.bundle import EvidenceBundle
 from attestation.measurement import NO_MODEL_DIGEST, Measurement
 from attestation.verifier import node_id_for
 from audit.sink import MemorySink
-from enclave.proto import node_pb2, node_pb2_grpc
 from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
 from gateway.app import create_app
 from gateway.serve import bind_listener, uvicorn_config_options
 from gateway.settings import GatewaySettings
 from ohttp.keys import KeyPair, generate_key_pair
 from policy import shipped_policy
+from protocol import node_pb2, node_pb2_grpc
 
 TEST_CODE_DIGEST = hashlib.sha256(b"veil-gateway-test-code").digest()
 

@@ -30,9 +30,9 @@ from hypothesis import strategies as st
 
 from client.sdk import Client
 from engine.tiny import write_tiny_model
-from enclave.service import MAX_ENCAPSULATED_BYTES
 from ohttp.keys import KeyConfig
 from ohttp.media_types import OHTTP_CHUNKED_REQUEST, OHTTP_REQUEST
+from protocol.constants import MAX_ENCAPSULATED_BYTES
 from tests.hardening_support import (
     CANARY,
     CANARY_BYTES,
@@ -329,10 +329,13 @@ def answer_text(sealed: Sealed, data: bytes, chunked: bool) -> str:
 # ----- bounds -----------------------------------------------------------------------------------
 
 
-def test_the_gateway_bounds_one_ciphertext_as_the_node_does() -> None:
-    from gateway import models
-
-    assert models.MAX_ENCAPSULATED_BYTES == MAX_ENCAPSULATED_BYTES
+def test_the_gateway_bounds_one_ciphertext_as_the_node_does(http, nodes, heartbeat) -> None:
+    """A ciphertext at the bound reaches the node, which opens nothing and says so; one byte more is 413."""
+    at_bound = (CANARY_BYTES * (MAX_ENCAPSULATED_BYTES // len(CANARY_BYTES) + 1))[:MAX_ENCAPSULATED_BYTES]
+    forwarded = post_ohttp(http, nodes[0].node_id, OHTTP_REQUEST, at_bound)
+    assert forwarded.status_code == 400 and assert_refused(forwarded, 400)["code"] in UNOPENED
+    over = post_ohttp(http, nodes[0].node_id, OHTTP_REQUEST, at_bound + CANARY_BYTES[:1])
+    assert assert_refused(over, 413)["code"] == "too_large"
 
 
 def test_bodies_over_the_bounds_are_413_never_5xx(http, gateway, nodes, heartbeat) -> None:

@@ -26,13 +26,12 @@ from hypothesis import strategies as st
 
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import verify
-from enclave.api import MAX_BODY_BYTES
-from enclave.proto import node_pb2
-from enclave.service import MAX_ENCAPSULATED_BYTES
 from engine.tiny import write_tiny_model
 from ohttp import ChunkedRequestSealer
 from ohttp.media_types import OHTTP_CHUNKED_REQUEST, OHTTP_REQUEST
 from policy import shipped_policy
+from protocol import node_pb2
+from protocol.constants import MAX_ENCAPSULATED_BYTES, MAX_GRPC_MESSAGE_BYTES, MAX_INNER_BODY_BYTES
 from tests.hardening_support import (
     CANARY,
     CANARY_BYTES,
@@ -207,8 +206,9 @@ def test_oversized_encapsulations_are_refused_before_anything_is_opened(stub, co
     sealed = seal_whole(config, models_request())
     over_node_bound = sealed.encapsulated + CANARY_BYTES * ((MAX_ENCAPSULATED_BYTES // len(CANARY_BYTES)) + 1)
     assert_generic_refusal(infer(stub, OHTTP_REQUEST, over_node_bound))
-    # Over gRPC's own 4 MiB message bound, the transport refuses it before any handler runs.
-    over_transport_bound = infer(stub, OHTTP_REQUEST, CANARY_BYTES * (5 * _MiB // len(CANARY_BYTES)))
+    # Over the node's gRPC message bound, the transport refuses it before any handler runs.
+    over_transport_bound = infer(stub, OHTTP_REQUEST,
+                                 CANARY_BYTES * ((MAX_GRPC_MESSAGE_BYTES + _MiB) // len(CANARY_BYTES)))
     assert over_transport_bound.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert_no_canary(over_transport_bound.details)
 
@@ -391,7 +391,7 @@ def test_unknown_paths_and_wrong_methods_get_encrypted_errors(stub, config, hear
 
 @pytest.mark.parametrize("chunks", [1, 8])
 def test_inner_bodies_over_the_bound_are_an_encrypted_413(stub, config, heartbeat, chunks: int) -> None:
-    text = (CANARY * (MAX_BODY_BYTES // len(CANARY) + 1))
+    text = (CANARY * (MAX_INNER_BODY_BYTES // len(CANARY) + 1))
     plaintext = inner_request(COMPLETIONS, {"prompt": text, "max_tokens": 1})
     sealed = seal_chunked(config, plaintext, chunks) if chunks > 1 else seal_whole(config, plaintext)
     response = answer_of(stub, sealed)

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from enclave.proto import node_pb2 as enclave_dot_proto_dot_node__pb2
+from protocol import node_pb2 as protocol_dot_node__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in enclave/proto/node_pb2_grpc.py depends on'
+        + ' but the generated code in protocol/node_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class NodeStub:
         """
         self.Attest = channel.unary_unary(
                 '/veil.node.v1.Node/Attest',
-                request_serializer=enclave_dot_proto_dot_node__pb2.AttestRequest.SerializeToString,
-                response_deserializer=enclave_dot_proto_dot_node__pb2.AttestResponse.FromString,
+                request_serializer=protocol_dot_node__pb2.AttestRequest.SerializeToString,
+                response_deserializer=protocol_dot_node__pb2.AttestResponse.FromString,
                 _registered_method=True)
         self.Infer = channel.unary_stream(
                 '/veil.node.v1.Node/Infer',
-                request_serializer=enclave_dot_proto_dot_node__pb2.InferRequest.SerializeToString,
-                response_deserializer=enclave_dot_proto_dot_node__pb2.InferChunk.FromString,
+                request_serializer=protocol_dot_node__pb2.InferRequest.SerializeToString,
+                response_deserializer=protocol_dot_node__pb2.InferChunk.FromString,
                 _registered_method=True)
         self.Health = channel.unary_unary(
                 '/veil.node.v1.Node/Health',
-                request_serializer=enclave_dot_proto_dot_node__pb2.HealthRequest.SerializeToString,
-                response_deserializer=enclave_dot_proto_dot_node__pb2.HealthResponse.FromString,
+                request_serializer=protocol_dot_node__pb2.HealthRequest.SerializeToString,
+                response_deserializer=protocol_dot_node__pb2.HealthResponse.FromString,
                 _registered_method=True)
 
 
@@ -79,18 +79,18 @@ def add_NodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Attest': grpc.unary_unary_rpc_method_handler(
                     servicer.Attest,
-                    request_deserializer=enclave_dot_proto_dot_node__pb2.AttestRequest.FromString,
-                    response_serializer=enclave_dot_proto_dot_node__pb2.AttestResponse.SerializeToString,
+                    request_deserializer=protocol_dot_node__pb2.AttestRequest.FromString,
+                    response_serializer=protocol_dot_node__pb2.AttestResponse.SerializeToString,
             ),
             'Infer': grpc.unary_stream_rpc_method_handler(
                     servicer.Infer,
-                    request_deserializer=enclave_dot_proto_dot_node__pb2.InferRequest.FromString,
-                    response_serializer=enclave_dot_proto_dot_node__pb2.InferChunk.SerializeToString,
+                    request_deserializer=protocol_dot_node__pb2.InferRequest.FromString,
+                    response_serializer=protocol_dot_node__pb2.InferChunk.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
-                    request_deserializer=enclave_dot_proto_dot_node__pb2.HealthRequest.FromString,
-                    response_serializer=enclave_dot_proto_dot_node__pb2.HealthResponse.SerializeToString,
+                    request_deserializer=protocol_dot_node__pb2.HealthRequest.FromString,
+                    response_serializer=protocol_dot_node__pb2.HealthResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -118,8 +118,8 @@ class Node:
             request,
             target,
             '/veil.node.v1.Node/Attest',
-            enclave_dot_proto_dot_node__pb2.AttestRequest.SerializeToString,
-            enclave_dot_proto_dot_node__pb2.AttestResponse.FromString,
+            protocol_dot_node__pb2.AttestRequest.SerializeToString,
+            protocol_dot_node__pb2.AttestResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -145,8 +145,8 @@ class Node:
             request,
             target,
             '/veil.node.v1.Node/Infer',
-            enclave_dot_proto_dot_node__pb2.InferRequest.SerializeToString,
-            enclave_dot_proto_dot_node__pb2.InferChunk.FromString,
+            protocol_dot_node__pb2.InferRequest.SerializeToString,
+            protocol_dot_node__pb2.InferChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -172,8 +172,8 @@ class Node:
             request,
             target,
             '/veil.node.v1.Node/Health',
-            enclave_dot_proto_dot_node__pb2.HealthRequest.SerializeToString,
-            enclave_dot_proto_dot_node__pb2.HealthResponse.FromString,
+            protocol_dot_node__pb2.HealthRequest.SerializeToString,
+            protocol_dot_node__pb2.HealthResponse.FromString,
             options,
             channel_credentials,
             insecure,
