@@ -139,14 +139,17 @@ def test_a_streamed_error_status_is_collected_not_parsed_as_events(keys: KeyRing
 
 def test_openai_shapes_parse_and_serialize_back() -> None:
     chat = {"id": "x", "object": "chat.completion", "created": 5, "model": "tiny",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "length"}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "length",
+                         "logprobs": None}],
             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
     parsed = ChatCompletion.from_dict(chat)
     assert parsed.choices[0].message.content == "hi" and parsed.usage.total_tokens == 5
     assert parsed.to_dict() == chat
+    logprobs = {"tokens": ["a"], "token_logprobs": [-0.5], "top_logprobs": [{"a": -0.5}]}
     text = {"id": "y", "object": "text_completion", "created": 5, "model": "tiny",
-            "choices": [{"index": 0, "text": "abc", "finish_reason": "stop"}]}
+            "choices": [{"index": 0, "text": "abc", "finish_reason": "stop", "logprobs": logprobs}]}
     assert Completion.from_dict(text).to_dict() == text
+    assert Completion.from_dict(text).choices[0].logprobs == logprobs
     with pytest.raises(ValueError):
         ChatCompletion.from_dict({"choices": [{"index": "0", "message": {}}]})
     with pytest.raises(ValueError):

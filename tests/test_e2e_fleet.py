@@ -223,6 +223,16 @@ def test_completions_whole_and_streamed_equal_the_engines_output(client: Client,
     assert "".join(c.choices[0].text for c in streamed) == expected_text
 
 
+def test_sampling_extras_and_logprobs_reach_the_node_through_the_sdk(client: Client) -> None:
+    answer = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=4, logprobs=2, ignore_eos=True,
+                                       min_p=0.5, stop_token_ids=[0])
+    logprobs = answer.choices[0].logprobs
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == 4
+    assert all(len(alternatives) <= 2 for alternatives in logprobs["top_logprobs"])
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        client.completions.create(model=MODEL, prompt="x", top_a=3)
+
+
 def test_an_error_inside_the_encryption_reaches_only_the_client(client: Client) -> None:
     from client.errors import NodeError
 
@@ -358,6 +368,17 @@ def _use_proxy(base: str, engine: LLMEngine) -> None:
         assert bad.status_code == 404 and bad.json()["error"]["code"] == "model_not_found"
     _check_streamed_usage(base, request, whole.json()["usage"])
     _check_model_retrieval(base)
+    _check_sampling_extras(base, request)
+
+
+def _check_sampling_extras(base: str, request: dict) -> None:
+    """Logprobs and the sampling settings beyond OpenAI's pass through the proxy and the SDK to the node."""
+    asked = {**request, "max_tokens": 3, "ignore_eos": True, "logprobs": True, "top_logprobs": 2, "top_k": 1}
+    answer = httpx.post(f"{base}/v1/chat/completions", json=asked, timeout=60).json()
+    content = answer["choices"][0]["logprobs"]["content"]
+    assert len(content) == 3 and all(len(entry["top_logprobs"]) == 2 for entry in content)
+    # top_k = 1 draws the most likely token every time: each token is its own best alternative.
+    assert all(entry["token"] == entry["top_logprobs"][0]["token"] for entry in content)
 
 
 def _check_streamed_usage(base: str, request: dict, whole_usage: dict) -> None:
