@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 
 OUTSIDE_THE_GRAPH = frozenset({"tests", "benchmarks"})
@@ -133,3 +135,89 @@ def test_every_kind_of_import_is_seen(tmp_path: Path) -> None:
     assert packages(tmp_path) == ["app", "lib"]
     assert importers_of("app", tmp_path) == {name: found for name, found in imports.items() if found}
     assert importers_of("lib", tmp_path) == {}
+
+
+# ----- the whole graph ---------------------------------------------------------------------------------
+
+# Every edge the packages may have. An edge not listed is forbidden; each line says why its edges exist.
+ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
+    "protocol": frozenset(),  # what both sides of the node's wire agree on; depends on nothing of ours
+    "ohttp": frozenset(),  # wire formats and HPKE; knows nothing of models, nodes, attestation or routing
+    "kernels": frozenset(),  # tensors in, tensors out: no engine
+    "audit": frozenset(),  # typed events and reports over them: no engine, no content
+    "policy": frozenset({"protocol"}),  # bounds it validates are the protocol's
+    "attestation": frozenset({"ohttp", "policy"}),  # key configurations in evidence; what a policy allows
+    "engine": frozenset({"kernels"}),  # the model's compute; nothing of wire, routing or attestation
+    "enclave": frozenset({"attestation", "audit", "engine", "ohttp", "policy", "protocol"}),  # the node
+    "gateway": frozenset({"attestation", "audit", "ohttp", "policy", "protocol"}),  # never engine or enclave
+    "client": frozenset({"attestation", "ohttp", "policy", "protocol"}),  # the SDK verifies and seals
+    "veil": frozenset({"attestation", "audit", "client", "engine", "enclave", "gateway", "kernels", "ohttp",
+                       "policy", "protocol"}),  # the composition root starts everything
+}
+
+
+def package_edges(package: str) -> dict[str, list[str]]:
+    """Each other package `package` imports, with the modules of `package` that do."""
+    ours = set(packages())
+    edges: dict[str, list[str]] = {}
+    for module in module_imports(package):
+        for target in sorted({name.split(".")[0] for name in module.imports} & ours - {package}):
+            edges.setdefault(target, []).append(module.name)
+    return edges
+
+
+def test_every_package_is_in_the_graph() -> None:
+    assert set(packages()) == set(ALLOWED_IMPORTS)
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED_IMPORTS))
+def test_a_package_imports_only_what_the_graph_allows(package: str) -> None:
+    forbidden = {target: importers for target, importers in package_edges(package).items()
+                 if target not in ALLOWED_IMPORTS[package]}
+    assert forbidden == {}, f"{package} must not import {sorted(forbidden)}"
+
+
+@pytest.mark.parametrize(("package", "target"), [
+    ("engine", "ohttp"), ("engine", "gateway"), ("engine", "client"), ("engine", "enclave"),
+    ("kernels", "engine"), ("gateway", "engine"), ("gateway", "enclave"), ("ohttp", "attestation"),
+    ("audit", "engine"), ("protocol", "enclave"), ("client", "veil"), ("enclave", "client"),
+])
+def test_the_edges_the_design_forbids_are_not_allowed(package: str, target: str) -> None:
+    """The graph above cannot grow one of these by accident: each is a design rule, not a current fact."""
+    assert target not in ALLOWED_IMPORTS[package]
+
+
+def private_imports(root: Path = REPO_ROOT) -> list[str]:
+    """Imports of another of our packages' private parts: a name or module starting with one underscore."""
+    ours = set(packages(root))
+    found = []
+    for package in ours:
+        for module in module_imports(package, root):
+            for name in sorted(module.imports):
+                parts = name.split(".")
+                if parts[0] == package or parts[0] not in ours:
+                    continue
+                if any(part.startswith("_") and not part.startswith("__") for part in parts):
+                    found.append(f"{module.name} imports {name}")
+    return sorted(found)
+
+
+def test_no_module_imports_another_packages_private_parts() -> None:
+    assert private_imports() == []
+
+
+def test_the_node_uses_only_the_engines_public_surface() -> None:
+    """The enclave reaches the engine through the names `engine/__init__.py` exports, never its modules."""
+    import engine
+
+    public = {"engine", *(f"engine.{name}" for name in engine.__all__)}
+    for module in module_imports("enclave"):
+        assert set(module.imported_from("engine")) <= public, module.name
+
+
+def test_the_rules_see_a_forbidden_edge_and_a_private_import(tmp_path: Path) -> None:
+    _write(tmp_path, "kernels/__init__.py", "from engine.core import _secret\nimport grpc._utilities\n")
+    _write(tmp_path, "engine/__init__.py", "from engine import _own\n")
+    edges = {module.name: module.imported_from("engine") for module in module_imports("kernels", tmp_path)}
+    assert edges == {"kernels": ["engine.core", "engine.core._secret"]}
+    assert private_imports(tmp_path) == ["kernels imports engine.core._secret"]  # not its own, not a library's
