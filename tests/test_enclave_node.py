@@ -8,7 +8,6 @@ import threading
 import time
 from email.utils import formatdate, parsedate_to_datetime
 from pathlib import Path
-from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -16,7 +15,8 @@ import pytest
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import verify
 from client import wire
-from enclave.api import REQUEST_DATE_WINDOW_S, ApiError, InnerApi
+from enclave.api import REQUEST_DATE_WINDOW_S, ApiError
+from enclave.request_fields import sampling_params
 from enclave.errors import SelfCheckError
 from enclave.node import NodeServer
 from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
@@ -443,11 +443,6 @@ def test_a_node_audits_to_the_sink_its_policy_names_unless_the_operator_override
 # ----- every sampling setting the engine implements reaches it ----------------------------------
 
 
-def api_for_mapping() -> InnerApi:
-    """The inner API alone, to read how it maps a body onto SamplingParams (nothing is generated)."""
-    return InnerApi(engine=SimpleNamespace(max_model_len=4096), tokenizer=None, model_name="tiny")
-
-
 @pytest.mark.parametrize(("chat", "body", "expected"), [
     (True, {}, {"max_tokens": DEFAULT_MAX_TOKENS, "top_k": 0, "min_p": 0.0, "logprobs": None, "ignore_eos": False}),
     (True, {"top_k": 5, "min_p": 0.2, "top_p": 0.9}, {"top_k": 5, "min_p": 0.2, "top_p": 0.9}),
@@ -459,7 +454,7 @@ def api_for_mapping() -> InnerApi:
     (False, {"stop": "x", "n": 2, "seed": 9, "temperature": 0.5}, {"stop": ("x",), "n": 2, "seed": 9, "temperature": 0.5}),
 ])
 def test_the_inner_api_passes_every_sampling_setting(chat, body, expected):
-    params = api_for_mapping()._sampling_params(body, chat)
+    params = sampling_params(body, chat, max_tokens_limit=4096)
     assert {name: getattr(params, name) for name in expected} == expected
     assert SamplingParams().max_tokens == DEFAULT_MAX_TOKENS  # one default, engine and API alike
 
@@ -474,7 +469,7 @@ def test_the_inner_api_passes_every_sampling_setting(chat, body, expected):
 ])
 def test_malformed_sampling_settings_are_refused_by_name(chat, body, message):
     with pytest.raises(ApiError, match=message) as raised:
-        api_for_mapping()._sampling_params(body, chat)
+        sampling_params(body, chat, max_tokens_limit=4096)
     assert raised.value.status == 400
 
 
