@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from email.utils import formatdate, parsedate_to_datetime
@@ -438,6 +439,27 @@ def test_a_node_audits_to_the_sink_its_policy_names_unless_the_operator_override
     node.start()
     node.stop()
     assert "node_started" in chosen.read_text() and not named.exists()
+
+
+def test_a_node_whose_engine_core_dies_stops_serving_and_says_why(sim_root, model_dir, tmp_path):
+    audit_path = tmp_path / "node.jsonl"
+    node = NodeServer(NodeSettings(model=model_dir, policy="dev", attestation="sim", kv_cache_gib=0.05,
+                                   audit=f"file:{audit_path}"))
+    node.start()
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{node.port}")
+        health = node_pb2_grpc.NodeStub(channel).Health
+        assert health(node_pb2.HealthRequest()).serving
+        os.kill(node.engine._process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while health(node_pb2.HealthRequest()).serving and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not health(node_pb2.HealthRequest()).serving
+        channel.close()
+    finally:
+        node.stop()
+    stops = [json.loads(line) for line in audit_path.read_text().splitlines() if '"node_stopped"' in line]
+    assert [event["reason"] for event in stops][:1] == ["engine_error"]
 
 
 # ----- every sampling setting the engine implements reaches it ----------------------------------
