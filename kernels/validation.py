@@ -173,7 +173,7 @@ def check_block_ids(kv_cache: Tensor, block_ids: Tensor) -> None:
         return
     num_blocks = kv_cache.shape[1]
     low, high = (int(bound) for bound in torch.aminmax(block_ids))
-    _require(low >= 0 and high < num_blocks, lambda: f"block ids must lie in [0, {num_blocks}); some do not: nothing was zeroed")
+    _require(low >= 0 and high < num_blocks, lambda: f"block ids must lie in [0, {num_blocks}); some do not: no block was touched")
 
 
 # ----- layer kernels: RMSNorm, SiLU-and-mul, rotary embedding ---------------------------------------------
