@@ -23,6 +23,7 @@ from gateway.errors import (
     NotFoundError,
     OverloadedError,
     RequestTooLargeError,
+    UnknownKeyError,
 )
 from gateway.forwarding import RelayedAnswer
 from ohttp.media_types import OHTTP_CHUNKED_RESPONSE
@@ -72,12 +73,21 @@ async def read_bounded(request: Request, max_bytes: int) -> bytes:
     return b"".join(parts)
 
 
+# RFC 9458 section 5.3 and RFC 9457: the problem type for a request sealed to a key the resource does not hold.
+OHTTP_KEY_PROBLEM = "https://iana.org/assignments/http-problem-types#ohttp-key"
+PROBLEM_JSON = "application/problem+json"
+
+
 def error_response(error: GatewayError) -> JSONResponse:
     """The JSON answer for `error`: its fixed code and message, plus Retry-After when overloaded."""
     headers = {"retry-after": str(error.retry_after_s)} if isinstance(error, OverloadedError) else None
     if isinstance(error, TokenRequiredError):
         headers = {"www-authenticate": error.www_authenticate, "cache-control": "no-store"}
     body = {"error": {"code": error.code, "message": error.message}}
+    if isinstance(error, UnknownKeyError):
+        # RFC 9458 section 5.3: a problem detail any OHTTP client understands; `error` stays for the SDK.
+        body = {"type": OHTTP_KEY_PROBLEM, "title": "key identifier unknown", "status": error.status, **body}
+        return JSONResponse(body, status_code=error.status, headers=headers, media_type=PROBLEM_JSON)
     return JSONResponse(body, status_code=error.status, headers=headers)
 
 

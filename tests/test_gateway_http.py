@@ -193,6 +193,11 @@ def test_a_ciphertext_the_node_cannot_open_is_a_400_sent_to_no_other_node(gatewa
         assert refused.status_code == 400  # RFC 9458 section 5.2: the node is not at fault
         assert refused.json()["error"]["code"] == code
         assert CANARY not in refused.text and nodes[0].node_id not in refused.text
+        if code == "unknown_key":  # RFC 9458 section 5.3's problem detail, for any OHTTP client
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.json()["type"] == "https://iana.org/assignments/http-problem-types#ohttp-key"
+        else:
+            assert refused.headers["content-type"] == "application/json"
     tried = [len(node.servicer.received) - count for node, count in zip(nodes[:2], received)]
     assert sum(tried) == 2 and tried[0] >= 1  # one node per request: no failover to the other candidate
     assert all(gateway.runtime.pool.lookup(node.node_id) is not None for node in nodes)  # nothing evicted
