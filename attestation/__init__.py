@@ -35,12 +35,10 @@ PCK → PCK CA → Intel SGX Root CA, the CRLs the node staples
 (:mod:`attestation.revocation`), and the launch measurement the policy names
 for the attested code digest.
 
-Not verified offline, and therefore named in each policy's
 No check is left to an ``accepted_gaps`` entry: every part of the hardware
 evidence is verified offline, from what the node staples (RIMs, OCSP
-responses, VCEK and CRLs) and the roots its policy pins.
+responses, VCEK and CRLs) and the roots its policy pins; no verifier asks a
+remote attestation service.
 
-Verified results can be issued as ES384 JWTs (:mod:`attestation.results`), and
-NVIDIA NRAS EAT tokens are checked against a pinned key set
-(:mod:`attestation.nras`).
+Verified results can be issued as ES384 JWTs (:mod:`attestation.results`).
 """

@@ -139,12 +139,6 @@ class ResultTokenError(AttestationError):
     check = "result token"
 
 
-class NrasTokenError(AttestationError):
-    """An NVIDIA NRAS EAT token failed verification."""
-
-    check = "nras token"
-
-
 class ReferenceMeasurementError(AttestationError):
     """The GPU's measurements or firmware versions differ from NVIDIA's signed reference values (RIMs), or a RIM is missing."""
 

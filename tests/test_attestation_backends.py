@@ -14,11 +14,10 @@ import pytest
 
 from attestation import checks, errors, gpu_checks
 from attestation.backends import SimulatedAttestationWarning, get_backend
-from attestation.backends.base import bind
 from attestation.backends.nvml import NvmlStatus, require_production_cc
 from attestation.backends.sim import SimBackend
 from attestation.backends.tsm import tsm_quote
-from attestation.bundle import EvidenceBundle, GpuEvidence, GpuRims, GpuState, StapledRim
+from attestation.bundle import GpuRims, GpuState, StapledRim
 from attestation.certs import pem_chain_to_der
 from attestation.checks import Context, check_measurement
 from attestation.cpu_reports import CpuReportFormatError, parse_cpu_report
@@ -28,7 +27,7 @@ from attestation.verifier import verify, verify_with_report
 from policy import shipped_policy
 from tests.conftest import vectors_path
 from tests.cpu_tee_support import SnpFields, TdxFields, cpu_policy, genuine_snp, genuine_tdx, snp_evidence, tdx_evidence
-from tests.test_attestation_nvidia_vectors import CHAIN, REPORT
+from tests.test_attestation_nvidia_vectors import hopper_bundle
 from tests.test_attestation_support import (  # noqa: F401  (fixtures)
     NONCE,
     code_digest,
@@ -180,27 +179,6 @@ def test_cpu_only_evidence_fails_a_policy_that_requires_the_gpu():
     policy = cpu_policy(modes='["cpu", "gpu"]')
     with pytest.raises(errors.ConfidentialModeError, match="GPU"):
         verify(tdx_evidence(policy), policy)
-
-
-def hopper_bundle(policy, report: bytes = REPORT, chain: tuple[bytes, ...] = CHAIN, rims: GpuRims | None = None) -> EvidenceBundle:
-    measurement = measurement_for(policy, bytes(32))
-    config = key_config()
-    state = GpuState("PROD", cc_feature=True, devtools_mode=False)
-    timestamp = int(time.time())
-    bound = bind(config, measurement, NONCE, timestamp, state.encode())
-    return EvidenceBundle(backend="nvml", key_config=config, measurement=measurement, nonce=NONCE,
-                          timestamp=timestamp, report_data=bound, cpu=None,
-                          gpu=GpuEvidence("nvidia-hopper", report, chain, state, rims=rims))
-
-
-def test_genuine_h100_report_runs_through_the_verifier_chain_and_signature_checks():
-    policy = shipped_policy("strict")
-    report = verify_with_report(hopper_bundle(policy), policy)
-    by_name = {check.name: check for check in report.checks}
-    assert by_name["chain"].passed and by_name["signature"].passed
-    # NVIDIA published no RIM for this report's firmware: without RIMs the GPU is refused, naming them.
-    assert isinstance(report.error, errors.ReferenceMeasurementError)
-    assert "no driver and VBIOS RIMs" in str(report.error)
 
 
 RIM_VECTORS = vectors_path() / "nvidia-h100-rim"
