@@ -126,11 +126,6 @@ class ChunkedRequestOpener(FailsOnce):
         self._done = False
         self.max_chunk_size = max_chunk_size
 
-    @property
-    def header_received(self) -> bool:
-        """Whether the header was opened (a response sealer is then available)."""
-        return self._setup is not None
-
     def finish(self) -> bytes:
         """End of stream: open and return the final chunk (TruncatedError if it never came)."""
         self._guard()

@@ -5,8 +5,8 @@ the HPKE secret exporter. Algorithms are looked up by their IANA identifiers:
 
 - KEMs live in a registry keyed by `kem_id` (`kem_for`). Each entry knows its key
   and encapsulation sizes and sets up sender and recipient contexts. A hybrid
-  post-quantum KEM (ML-KEM-768 + X25519) is added by registering another `Kem`;
-  callers only ever pass identifiers and bytes, so they do not change.
+  post-quantum KEM (ML-KEM-768 + X25519) is added as another `Kem` entry of
+  `_KEMS`; callers only ever pass identifiers and bytes, so they do not change.
 - KDFs and AEADs are small records (`kdf_for`, `aead_for`) that OHTTP also uses
   directly to derive and apply its response keys.
 
@@ -340,17 +340,6 @@ _KEMS: dict[int, Kem] = {
 }
 
 
-def register_kem(kem: Kem) -> None:
-    """Add a KEM (for example a hybrid ML-KEM-768 + X25519) under its `kem_id`.
-
-    Key configurations, encapsulation and the gateway look KEMs up here by
-    identifier, so nothing else changes when one is added.
-    """
-    if kem.kem_id in _KEMS:
-        raise ValueError(f"KEM id 0x{kem.kem_id:04x} is already registered")
-    _KEMS[kem.kem_id] = kem
-
-
 def kem_for(kem_id: int) -> Kem:
     """The KEM with IANA identifier `kem_id`; raises UnsupportedSuiteError if not implemented."""
     kem = _KEMS.get(kem_id)
@@ -359,11 +348,6 @@ def kem_for(kem_id: int) -> Kem:
             f"KEM id 0x{kem_id:04x} is not supported; use DHKEM(X25519, HKDF-SHA256) (0x0020)"
         )
     return kem
-
-
-def supported_kem_ids() -> tuple[int, ...]:
-    """Identifiers of every registered KEM."""
-    return tuple(_KEMS)
 
 
 def is_supported_suite(kdf_id: int, aead_id: int) -> bool:

@@ -10,14 +10,14 @@ Wire format of one key configuration:
       HPKE Symmetric Algorithms (32) { KDF ID (16), AEAD ID (16) } ...,
     }
 
-`application/ohttp-keys` is a list of such configurations, each preceded by its
-2-byte length.
+Veil publishes each node's configuration in its attested evidence, one at a
+time, so no `application/ohttp-keys` list is served.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import hpke
@@ -110,48 +110,6 @@ def _decode_suites(data: bytes, declared_length: int) -> tuple[SymmetricSuite, .
     return tuple(SymmetricSuite(*struct.unpack_from(">HH", data, at)) for at in range(0, declared_length, 4))
 
 
-def encode_key_config_list(configs: Iterable[KeyConfig]) -> bytes:
-    """The `application/ohttp-keys` encoding: each configuration prefixed by its 2-byte length."""
-    parts = []
-    for config in configs:
-        encoded = config.encode()
-        parts.append(struct.pack(">H", len(encoded)) + encoded)
-    if not parts:
-        raise ValueError("an application/ohttp-keys list holds at least one key configuration")
-    return b"".join(parts)
-
-
-def decode_key_config_list(data: bytes) -> list[KeyConfig]:
-    """Parse an `application/ohttp-keys` list.
-
-    Any malformed part rejects the whole list (MalformedError). A well-framed
-    entry for a KEM or suites this package does not implement is skipped, so
-    that a gateway can add new algorithms beside the ones clients know; if no
-    usable configuration remains, UnsupportedSuiteError is raised.
-    """
-    data = bytes(data)
-    configs: list[KeyConfig] = []
-    skipped = 0
-    at = 0
-    while at < len(data):
-        if at + 2 > len(data):
-            raise MalformedError("a key configuration length prefix is cut short; the list is rejected")
-        (length,) = struct.unpack_from(">H", data, at)
-        at += 2
-        if length == 0 or at + length > len(data):
-            raise MalformedError("a key configuration length is zero or runs past the list; the list is rejected")
-        try:
-            configs.append(KeyConfig.decode(data[at : at + length]))
-        except UnsupportedSuiteError:
-            skipped += 1
-        at += length
-    if not configs and not skipped:
-        raise MalformedError("the key configuration list is empty")
-    if not configs:
-        raise UnsupportedSuiteError("no key configuration in the list uses algorithms this package implements")
-    return configs
-
-
 class KeyPair:
     """A gateway key: its public configuration and its private key, held only in memory.
 
@@ -230,11 +188,6 @@ class KeyRing:
         """The key new clients should use."""
         return self._pairs[0]
 
-    @property
-    def previous(self) -> KeyPair | None:
-        """The key being retired, if any."""
-        return self._pairs[1]
-
     def rotate(self, new: KeyPair) -> None:
         """Make `new` current; the old current key becomes the previous one."""
         current = self._pairs[0]
@@ -252,10 +205,6 @@ class KeyRing:
             if pair is not None and pair.key_id == key_id:
                 return pair
         raise UnknownKeyError("the request names a key this gateway does not hold; fetch fresh key configurations")
-
-    def configs(self) -> list[KeyConfig]:
-        """Public configurations to publish, current first."""
-        return [pair.config for pair in self._pairs if pair is not None]
 
     def __repr__(self) -> str:
         return f"KeyRing(key_ids={[pair.key_id for pair in self._pairs if pair is not None]})"

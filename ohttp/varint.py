@@ -9,7 +9,7 @@ from __future__ import annotations
 from .errors import MalformedError
 
 MAX_VARINT = (1 << 62) - 1
-_LIMITS = ((1 << 6, 0x00, 1), (1 << 14, 0x40, 2), (1 << 30, 0x80, 4), (1 << 62, 0xC0, 8))
+_LIMITS = ((1 << 6, 0x00, 1), (1 << 14, 0x40, 2), (1 << 30, 0x80, 4), (MAX_VARINT + 1, 0xC0, 8))
 
 
 def encode_varint(value: int) -> bytes:

@@ -17,7 +17,7 @@ from ohttp.bhttp import Request, Response, decode_request, decode_response, enco
 from ohttp.chunked import ChunkedRequestOpener, ChunkedRequestSealer
 from ohttp.encapsulation import RequestHeader
 from ohttp.errors import OHTTPError
-from ohttp.keys import KeyConfig, KeyRing, decode_key_config_list, encode_key_config_list, generate_key_pair
+from ohttp.keys import KeyConfig, KeyRing, generate_key_pair
 from ohttp.message import ClientRequest, decapsulate_request
 from ohttp.varint import MAX_VARINT, decode_varint, encode_varint
 
@@ -47,7 +47,6 @@ DECODERS: dict[str, Callable[[bytes], object]] = {
     "varint": decode_varint,
     "request_header": RequestHeader.decode,
     "key_config": KeyConfig.decode,
-    "key_config_list": decode_key_config_list,
     "bhttp_request": decode_request,
     "bhttp_response": decode_response,
     "ohttp_request": lambda data: decapsulate_request(RING, data),
@@ -67,7 +66,6 @@ def _valid_samples() -> dict[str, bytes]:
     writer = gateway.response_sealer()
     return {
         "key_config": CONFIG.encode(),
-        "key_config_list": encode_key_config_list([CONFIG, generate_key_pair(2).config]),
         "bhttp_request": encode_request(Request(b"GET", b"https", b"a", b"/", [(b"k", b"v")], b"body", [(b"t", b"x")])),
         "bhttp_indeterminate": encode_request(Request(b"POST", b"https", b"a", b"/", [(b"k", b"v")], b"x"), known_length=False),
         "bhttp_response": encode_response(Response(200, [(b"k", b"v")], b"body"), known_length=False),
@@ -121,7 +119,6 @@ def _mutate(data: bytes, edits: list[tuple[str, int, int]]) -> bytes:
     ("sample", "decoder"),
     [
         ("key_config", "key_config"),
-        ("key_config_list", "key_config_list"),
         ("bhttp_request", "bhttp_request"),
         ("bhttp_indeterminate", "bhttp_request"),
         ("bhttp_response", "bhttp_response"),

@@ -1,4 +1,4 @@
-"""Key configurations, the application/ohttp-keys list, key pairs and the rotation key ring."""
+"""Key configurations, key pairs and the rotation key ring."""
 
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ from ohttp.keys import (
     KeyPair,
     KeyRing,
     SymmetricSuite,
-    decode_key_config_list,
-    encode_key_config_list,
     generate_key_pair,
 )
 
@@ -33,10 +31,6 @@ def _config(key_id: int = 7, suites: tuple[SymmetricSuite, ...] = DEFAULT_SUITES
 def _raw_config(key_id: int, kem_id: int, public_key: bytes, suite_bytes: bytes, declared: int | None = None) -> bytes:
     length = len(suite_bytes) if declared is None else declared
     return struct.pack(">BH", key_id, kem_id) + public_key + struct.pack(">H", length) + suite_bytes
-
-
-def _prefixed(encoded: bytes) -> bytes:
-    return struct.pack(">H", len(encoded)) + encoded
 
 
 def test_generated_config_round_trips() -> None:
@@ -105,55 +99,6 @@ def test_constructor_validates() -> None:
         KeyConfig(1, 0x99, bytes(32), DEFAULT_SUITES)
 
 
-# --- application/ohttp-keys ------------------------------------------------------------
-
-
-def test_key_list_round_trips() -> None:
-    configs = [_config(1), _config(2, (SUITE_CHACHA20_POLY1305,))]
-    data = encode_key_config_list(configs)
-    assert data[:2] == struct.pack(">H", len(configs[0].encode()))
-    assert decode_key_config_list(data) == configs
-
-
-def _malformed_entries() -> list[bytes]:
-    good = _config(3).encode()
-    return [
-        good + b"\x00",  # trailing byte inside its length
-        good[:-1],  # short suite list
-        _raw_config(3, 0x20, bytes(31), struct.pack(">HH", 1, 1)),  # key too short
-        _raw_config(3, 0x20, bytes(32), b""),  # empty suite list
-        b"\x03",  # cut inside the KEM id
-    ]
-
-
-@pytest.mark.parametrize("position", [0, 1, 2])
-@pytest.mark.parametrize("bad_index", range(5))
-def test_one_malformed_config_rejects_the_whole_list(position: int, bad_index: int) -> None:
-    entries = [_prefixed(_config(1).encode()), _prefixed(_config(2).encode())]
-    entries.insert(position, _prefixed(_malformed_entries()[bad_index]))
-    with pytest.raises(MalformedError):
-        decode_key_config_list(b"".join(entries))
-
-
-@pytest.mark.parametrize("suffix", [b"\x00", b"\x00\x00", b"\x00\x05\x01", b"\xff\xff"])
-def test_list_with_broken_framing_is_rejected(suffix: bytes) -> None:
-    with pytest.raises(MalformedError):
-        decode_key_config_list(_prefixed(_config(1).encode()) + suffix)
-
-
-def test_empty_list_is_rejected() -> None:
-    with pytest.raises(MalformedError):
-        decode_key_config_list(b"")
-
-
-def test_list_skips_a_well_framed_config_of_an_unknown_kem() -> None:
-    future = _raw_config(9, 0x647A, bytes(1216), struct.pack(">HH", 1, 1))  # e.g. a hybrid PQ KEM
-    known = _config(1)
-    assert decode_key_config_list(_prefixed(future) + _prefixed(known.encode())) == [known]
-    with pytest.raises(UnsupportedSuiteError):
-        decode_key_config_list(_prefixed(future))
-
-
 # --- Key pairs -------------------------------------------------------------------------
 
 
@@ -203,16 +148,16 @@ def test_kem_registry_refuses_unknown_ids() -> None:
 def test_key_ring_rotation() -> None:
     first, second, third = generate_key_pair(1), generate_key_pair(2), generate_key_pair(3)
     ring = KeyRing(first)
-    assert ring.lookup(1) is first and ring.previous is None
+    assert ring.current is first and ring.lookup(1) is first
     ring.rotate(second)
-    assert ring.current is second and ring.previous is first
+    assert ring.current is second
     assert ring.lookup(1) is first and ring.lookup(2) is second
-    assert ring.configs() == [second.config, first.config]
     ring.rotate(third)
     with pytest.raises(UnknownKeyError):
         ring.lookup(1)
+    assert ring.current is third and ring.lookup(2) is second
     ring.drop_previous()
-    assert ring.configs() == [third.config]
+    assert ring.lookup(3) is third
     with pytest.raises(UnknownKeyError):
         ring.lookup(2)
 
@@ -239,11 +184,9 @@ def test_a_newly_registered_kem_works_without_changing_callers(monkeypatch: pyte
     monkeypatch.setitem(hpke._KEMS, 0x0010, p256)
     pair = generate_key_pair(8, kem_id=0x0010)
     assert len(pair.config.public_key) == 65
-    config = decode_key_config_list(encode_key_config_list([pair.config]))[0]
+    config = KeyConfig.decode(pair.config.encode())
     blob, client = ClientRequest.encapsulate(config, b"question")
     assert len(blob) == 7 + 65 + len(b"question") + 16
     plaintext, server = decapsulate_request(KeyRing(pair), blob)
     assert plaintext == b"question"
     assert client.open_response(server.seal_response(b"answer")) == b"answer"
-    with pytest.raises(ValueError):
-        hpke.register_kem(p256)
