@@ -26,7 +26,6 @@ SIM_MAGIC = b"VSIMCPU1"
 SIM_REPORT_SIZE = 8 + 8 + 64 + 96
 SIM_DEBUG = 1 << 0
 SIM_SIMULATED = 1 << 63
-SNP_REPORT_SIZE = 0x4A0
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,8 +70,3 @@ def bucket_latency_ms(milliseconds: float) -> str:
 def token_bucket_lower_bound(label: str) -> int:
     """The smallest token count that falls in bucket `label`."""
     return dict(TOKEN_BUCKET_EDGES)[label]
-
-
-def latency_bucket_lower_bound_ms(label: str) -> int:
-    """The smallest latency, in milliseconds, that falls in bucket `label`."""
-    return dict(LATENCY_BUCKET_EDGES_MS)[label]

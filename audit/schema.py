@@ -13,18 +13,11 @@ copy sees the new kind as unknown, and fetches the current one).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from audit.events import EVENT_TYPES, SCHEMA_VERSION, TS_RESOLUTION_S, AuditEvent, field_specs
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
-SCHEMAS_DIR = Path(__file__).resolve().parent / "schemas"
-
-
-def schema_file_name(version: str = SCHEMA_VERSION) -> str:
-    """The stored file name of schema `version`, e.g. `veil.audit-1.schema.json`."""
-    return version.replace("/", "-") + ".schema.json"
 
 
 def event_json_schema(cls: type[AuditEvent]) -> dict[str, Any]:
@@ -63,8 +56,3 @@ def audit_json_schema() -> dict[str, Any]:
 def audit_json_schema_text() -> str:
     """`audit_json_schema()` as stable, indented JSON text (the stored form)."""
     return json.dumps(audit_json_schema(), indent=2, ensure_ascii=True) + "\n"
-
-
-def stored_schema_path(version: str = SCHEMA_VERSION) -> Path:
-    """Where the published schema document of `version` lives in the package."""
-    return SCHEMAS_DIR / schema_file_name(version)
