@@ -13,7 +13,7 @@ from typing import Any
 
 _EXPORTS = {
     "Client": "client.sdk",
-    "Stream": "client.sdk",
+    "Stream": "client.streaming",
     "VeilClientError": "client.errors",
     "NoVerifiedNodeError": "client.errors",
     "GatewayError": "client.errors",

@@ -17,7 +17,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from client.errors import GatewayError, ModelNotFoundError, NodeError, NoVerifiedNodeError, VeilClientError
-from client.sdk import SAMPLING_EXTRAS, Client, Stream
+from client.resources import SAMPLING_EXTRAS
+from client.sdk import Client
+from client.streaming import Stream
 from protocol.constants import MAX_INNER_BODY_BYTES
 
 _PARAMETERS = ("n", "temperature", "top_p", "max_tokens", "stop", "seed", "stream_options", "logprobs",
