@@ -85,9 +85,15 @@ def assert_no_canary(*answers: bytes | str) -> None:
 
 
 def assert_error_shape(content: bytes) -> dict:
-    """`content` is `{"error": {"code": str, "message": str, ...}}`; returns the inner object."""
+    """`content` is `{"error": {"code": str, "message": str, ...}}`; returns the inner object.
+
+    A key-configuration refusal is also RFC 9458's problem detail: fixed `type`, `title` and `status` beside it.
+    """
     body = json.loads(content)
-    assert isinstance(body, dict) and set(body) == {"error"}
+    assert isinstance(body, dict) and set(body) in ({"error"}, {"error", "type", "title", "status"})
+    if "type" in body:
+        assert body["type"] == "https://iana.org/assignments/http-problem-types#ohttp-key"
+        assert body["error"]["code"] == "unknown_key" and body["title"] == "key identifier unknown"
     error = body["error"]
     assert isinstance(error.get("code"), str) and error["code"]
     assert isinstance(error.get("message"), str) and error["message"]
