@@ -77,3 +77,13 @@ def test_the_end_to_end_benchmark_compares_the_encrypted_path_with_both_baseline
         assert len(figures) == 11  # 3 paths' figures, 2 throughput ratios, 2 added TTFTs
         assert all(float(value) > 0 for value in figures[:7])
     assert "targets: throughput ratio >= 0.90, added median TTFT <= 15 ms" in out
+
+
+def test_the_host_time_benchmark_splits_each_step_into_forward_and_host() -> None:
+    out = run_benchmark("engine_host.py", "--batches", "2", "8", "--steps", "3", "--repeats", "1")
+    rows = re.findall(rf"^\s+(\d+)\s+(greedy|sampled) \|\s+({NUMBER})\s+({NUMBER})\s+({NUMBER})\s+(\d+)%$", out, re.M)
+    assert [(batch, mode) for batch, mode, *_ in rows] == [("2", "greedy"), ("2", "sampled"), ("8", "greedy"),
+                                                          ("8", "sampled")]
+    for _, _, step, forward, host, _ in rows:
+        assert float(forward) > 0 and abs(float(step) - float(forward) - float(host)) < 0.02
+    assert "8 ms at 256" in out
