@@ -12,6 +12,17 @@ from gateway.settings import GatewaySettings
 DEFAULTS = GatewaySettings()
 
 
+def add_connection_limits(parser: argparse.ArgumentParser) -> None:
+    """The slow-client bounds every Veil HTTP server takes (gateway, relay, issuer): head and body deadlines
+    and a cap on open connections."""
+    parser.add_argument("--header-timeout-s", type=float, default=DEFAULTS.header_timeout_s,
+                        help="close a connection whose request head takes longer (default: %(default)s)")
+    parser.add_argument("--body-timeout-s", type=float, default=DEFAULTS.body_timeout_s,
+                        help="close a connection whose request body takes longer (default: %(default)s)")
+    parser.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
+                        help="past this many open connections, answer 503 (default: %(default)s)")
+
+
 def register(subparsers: Any) -> None:
     """Add `veil gateway` to the command line."""
     parser = subparsers.add_parser(
@@ -38,14 +49,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--accept-timeout-s", type=float, default=DEFAULTS.accept_timeout_s,
                         help="how long a node may take to accept a request (it does so before generating); "
                              "past it the answer is 504 and no other node gets the request (default: %(default)s)")
-    parser.add_argument("--header-timeout-s", type=float, default=DEFAULTS.header_timeout_s,
-                        help="close a connection whose request head takes longer (default: %(default)s)")
-    parser.add_argument("--body-timeout-s", type=float, default=DEFAULTS.body_timeout_s,
-                        help="close a connection whose request body takes longer (default: %(default)s)")
+    add_connection_limits(parser)
     parser.add_argument("--keep-alive-s", type=float, default=DEFAULTS.keep_alive_s,
                         help="close an idle connection after this long (default: %(default)s)")
-    parser.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
-                        help="past this many open connections, answer 503 (default: %(default)s)")
     parser.add_argument("--relay-only", action="append", default=[], metavar="ADDRESS",
                         help="accept requests for nodes (/v1/infer, /v1/nodes/ID/ohttp and /attest) only from this "
                              "relay address or network, repeatable (default: from anyone)")
@@ -81,12 +87,7 @@ def _register_relay(subparsers: Any) -> None:
                         help="answer 413 to a larger request body")
     parser.add_argument("--answer-timeout-s", type=float, default=600.0,
                         help="end an answer the gateway pauses within for longer")
-    parser.add_argument("--header-timeout-s", type=float, default=DEFAULTS.header_timeout_s,
-                        help="close a connection whose request head takes longer")
-    parser.add_argument("--body-timeout-s", type=float, default=DEFAULTS.body_timeout_s,
-                        help="close a connection whose request body takes longer")
-    parser.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
-                        help="past this many open connections, answer 503")
+    add_connection_limits(parser)
     parser.set_defaults(handler=run_relay)
 
 

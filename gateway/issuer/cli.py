@@ -8,9 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.cli import add_connection_limits
 from gateway.settings import GatewaySettings
-
-DEFAULTS = GatewaySettings()
 
 
 def register(subparsers: Any) -> None:
@@ -28,12 +27,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--add-key-not-before", type=int, metavar="UNIX_TIME",
                         help="generate a signing key valid from UNIX_TIME (0: now), print its key id and exit "
                              "(default: none, serve instead)")
-    parser.add_argument("--header-timeout-s", type=float, default=DEFAULTS.header_timeout_s,
-                        help="close a connection whose request head takes longer (default: %(default)s)")
-    parser.add_argument("--body-timeout-s", type=float, default=DEFAULTS.body_timeout_s,
-                        help="close a connection whose request body takes longer (default: %(default)s)")
-    parser.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
-                        help="past this many open connections, answer 503 (default: %(default)s)")
+    add_connection_limits(parser)
     parser.set_defaults(handler=run_issuer)
 
 
