@@ -8,8 +8,9 @@ Model (random bf16 weights written to a temporary folder, nothing downloaded):
 Measured in one run:
   1. decode ms per engine step at each --batches size, every sequence past its --decode-prompt-len prompt,
      next to the weights-only floor: the weights' bytes over the device copy bandwidth measured here.
-     Decode steps replay CUDA graphs unless --eager is given: run once with and once without it to compare
-     (every line says which way the engine ran);
+     Decode steps replay CUDA graphs unless --eager is given, and each step is launched before the previous
+     one's tokens are read unless --sync-scheduling is given: run with and without either to compare (every
+     line says which way the engine ran);
   2. offline output tokens/s of the engine on --requests requests (prompts 64-1,024 tokens, outputs 32-512,
      seeded, greedy, ignore_eos);
   3. the same requests through `transformers.generate` in static left-padded batches of --hf-batch-size
@@ -17,7 +18,7 @@ Measured in one run:
      twice and the second pass is timed, so compilation is not).
 The targets are printed next to each figure (set for the 1b preset). Progress goes to stderr.
 
-    python benchmarks/engine_gpu.py [--preset 1b|8b] [--batches 1 16 64 256] [--requests 256] [--eager]
+    python benchmarks/engine_gpu.py [--preset 1b|8b] [--batches 1 16 64 256] [--requests 256] [--eager] [--sync-scheduling]
 
 Needs CUDA: without a CUDA device it exits with status 2.
 """
@@ -265,9 +266,10 @@ def decode_line(batch: int, ms: float, floor_ms: float, targets: bool, mode: str
 
 
 def engine_mode(engine) -> str:
-    """How the engine runs decode steps: 'cuda graphs' (with the batch sizes captured) or 'eager'."""
+    """How the engine runs decode steps: with CUDA graphs or eagerly, steps overlapped or synchronous."""
     sizes = engine.runner.graph_batch_sizes
-    return f"cuda graphs, batch <= {sizes[-1]}" if sizes else "eager"
+    graphs = f"cuda graphs, batch <= {sizes[-1]}" if sizes else "eager"
+    return graphs + (", async steps" if engine.async_scheduling else ", synchronous steps")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -290,6 +292,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default: 0.85)")
     parser.add_argument("--eager", action="store_true",
                         help="engine: run every step eagerly, without CUDA graphs (compare the decode ms/step)")
+    parser.add_argument("--sync-scheduling", action="store_true",
+                        help="engine: read each step's tokens before launching the next (no async scheduling)")
     parser.add_argument("--skip-transformers", action="store_true",
                         help="leave out the transformers baseline (no ratio is printed)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the workload and the weights (default: 1234)")
@@ -320,7 +324,8 @@ def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device:
     progress("loading the engine ...")
     engine = LLMEngine(model_dir, EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization, cuda_graphs=False if args.eager else None))
+        gpu_memory_utilization=args.gpu_memory_utilization, cuda_graphs=False if args.eager else None,
+        async_scheduling=False if args.sync_scheduling else None))
     weights = weight_bytes(engine.runner.model)
     floor_ms = 1000 * weights / bandwidth
     mode = engine_mode(engine)

@@ -47,7 +47,8 @@ def measure(model_dir: Path, batch: int, sampled: bool, steps: int, repeats: int
     from engine import EngineConfig, LLMEngine, SamplingParams
 
     config = EngineConfig(kv_cache_gib=0.5, max_num_seqs=batch, max_num_batched_tokens=max(4096, batch),
-                          device=device, cuda_graphs=None if device == "cuda" else False)
+                          device=device, cuda_graphs=None if device == "cuda" else False,
+                          async_scheduling=False)  # the host's own work, measured apart: what async steps overlap
     engine = LLMEngine(model_dir, config)
     max_tokens = 3 + repeats * steps + 1
     for index in range(batch):

@@ -273,8 +273,13 @@ class EngineConfig:
     # Decode steps replay captured CUDA graphs. None: on where the device is CUDA and the kernels are
     # Triton's, off elsewhere (graphs never run on a CPU); False: every step runs eagerly.
     cuda_graphs: bool | None = None
+    # Step N+1 is launched before step N's tokens are read back (`engine.overlap`). None: on where the
+    # device is CUDA; True on a CPU runs the same order, which changes no token (the tests rely on it).
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         # A string such as "false" would be truthy: only the three documented values are accepted.
-        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
-            raise EngineError("cuda_graphs must be true, false or unset (null: on where the device is CUDA)")
+        for name in ("cuda_graphs", "async_scheduling"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise EngineError(f"{name} must be true, false or unset (null: on where the device is CUDA)")

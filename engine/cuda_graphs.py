@@ -41,6 +41,7 @@ import kernels
 from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.models.layers import AttentionMetadata
+from engine.overlap import fill_placeholders
 
 if TYPE_CHECKING:
     from engine.model_runner import StepLists
@@ -237,10 +238,15 @@ class DecodeGraphs:
             return None
         return bucket_for(lists.num_seqs, self.batch_sizes)
 
-    def replay(self, lists: StepLists, batch_size: int) -> Tensor:
-        """Runs the step through the graph of batch_size; returns the final hidden states of its rows."""
+    def replay(self, lists: StepLists, batch_size: int, in_flight_ids: Tensor | None = None) -> Tensor:
+        """Runs the step through the graph of batch_size; returns the final hidden states of its rows.
+
+        in_flight_ids: the picked ids that replace the step's placeholders (`engine.overlap`), if any.
+        """
         check_decode_lists(lists, self.num_slots, self.block_size)
         self.buffers.load(lists, batch_size)
+        if in_flight_ids is not None:
+            fill_placeholders(self.buffers.input_ids[: lists.num_seqs], in_flight_ids)
         self.graphs[batch_size].replay()
         self.replays += 1
         return self.buffers.hidden[: lists.num_seqs]

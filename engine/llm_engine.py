@@ -18,7 +18,8 @@ from engine.errors import RequestRejected, UnknownRequestError
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestMetrics, RequestOutput, StreamDelta
-from engine.sampler import SampleRequest, Sampler
+from engine.overlap import async_scheduling_enabled
+from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.sampling_params import SamplingParams, is_integer
 from engine.scheduler import Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -39,6 +40,14 @@ class Request:
     emitted_final: set[int] = field(default_factory=set)  # samples whose last delta has gone out
 
 
+@dataclass(eq=False, slots=True)
+class LaunchedStep:
+    """A step whose forward and picks are queued: which sample each pick is for, and the picks."""
+
+    samples: list[Sequence]  # in pick order
+    picked: PickedTokens
+
+
 class LLMEngine:
     def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
@@ -53,6 +62,8 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.sampler = Sampler()
+        self.async_scheduling = async_scheduling_enabled(self.config, self.runner.device)
+        self._in_flight: LaunchedStep | None = None  # async: launched, its picks not read yet
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
         self._requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
@@ -91,31 +102,66 @@ class LLMEngine:
         self._pending += self._deltas(request.sequences)
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests) or bool(self._pending)
+        return bool(self._requests) or bool(self._pending) or self._in_flight is not None
 
     def _clear_if_idle(self) -> None:
         # With nothing left to run, no token of a finished request may stay in the decode graphs' buffers.
+        # A step still in flight needs them no more: the clear is queued after it on the same stream.
         if not self.scheduler.has_work():
             self.runner.clear_step_buffers()
 
     # ----- stepping -------------------------------------------------------------------------
 
     def step(self) -> list[StreamDelta]:
-        """Runs one batch and returns what every touched sample produced."""
+        """Runs one batch and returns what every touched sample produced.
+
+        With async scheduling the batch is launched before the previous one's picks are read, and the
+        deltas returned are that previous batch's (`engine.overlap`); `has_unfinished` stays true until
+        the last launched batch has been read.
+        """
         deltas, self._pending = self._pending, []
-        chunks = self.scheduler.schedule() if self.scheduler.has_work() else []
-        if chunks:
-            sampling = [chunk.seq for chunk in chunks if chunk.samples]
-            logits = self.runner.run(chunks)
-            self.num_tokens_computed += sum(chunk.num_tokens for chunk in chunks)
-            for chunk in chunks:
-                chunk.seq.num_computed_tokens += chunk.num_tokens
-            touched = self._sample(sampling, logits)
-            deltas += self._deltas(touched)
+        launched = self._launch()
+        previous, self._in_flight = self._in_flight, None  # dropped even if reading it fails
+        if previous is not None:
+            deltas += self._read(previous)
+        if launched is not None:
+            if self.async_scheduling:
+                self._hold(launched)
+            else:
+                deltas += self._read(launched)
         # One batched zeroing call per step for everything freed in it.
         self.block_manager.scrub_freed()
         self._clear_if_idle()
         return deltas
+
+    def _launch(self) -> LaunchedStep | None:
+        """Schedules and queues one batch and its picks; None when nothing ran or nothing samples."""
+        chunks = self.scheduler.schedule() if self.scheduler.has_work() else []
+        if not chunks:
+            return None
+        sampling = [chunk.seq for chunk in chunks if chunk.samples]
+        pending = any(chunk.seq.pending_row is not None for chunk in chunks)
+        logits = self.runner.run(chunks, self._in_flight.picked.tokens if pending else None)
+        self.num_tokens_computed += sum(chunk.num_tokens for chunk in chunks)
+        for chunk in chunks:
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+        return self._pick(sampling, logits)
+
+    def _hold(self, launched: LaunchedStep) -> None:
+        """Keeps the launched batch in flight: its samples' next tokens are pending until it is read."""
+        for seq, row in zip(launched.samples, launched.picked.row_of):
+            if not seq.is_finished:
+                seq.pending_row = row
+        self._in_flight = launched
+
+    def _read(self, launched: LaunchedStep) -> list[StreamDelta]:
+        """Reads a launched batch's picks (waiting for the device) and applies them to their samples."""
+        now = time.monotonic()
+        for seq, (token, logprob) in zip(launched.samples, launched.picked.results()):
+            seq.pending_row = None
+            if not seq.is_finished:  # one that stopped while this batch was in flight: its pick is dropped
+                self._accept(seq, token, logprob, now)
+        return self._deltas(launched.samples)
 
     def stream(self) -> Iterator[StreamDelta]:
         """Steps until every queued request has finished, yielding deltas as they come."""
@@ -223,19 +269,17 @@ class LLMEngine:
         # Distinct, reproducible noise for the samples of one seeded request.
         return (seed * 1_000_003 + index) % (1 << 63)
 
-    def _sample(self, sampling: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
+    def _pick(self, sampling: list[Sequence], logits: torch.Tensor) -> LaunchedStep | None:
+        """Queues the picks of every sample whose chunk ended its tokens, forking new samples first."""
         requests: list[SampleRequest] = []
         samplers: list[Sequence] = []
         for row, seq in enumerate(sampling):
             for sample in [seq, *self._fork(seq)]:
-                requests.append(SampleRequest(row, sample.params, sample.seed, len(sample.output_token_ids)))
+                requests.append(SampleRequest(row, sample.params, sample.seed, sample.num_output_tokens))
                 samplers.append(sample)
         if not requests:
-            return []
-        now = time.monotonic()
-        for seq, (token, logprob) in zip(samplers, self.sampler(logits, requests)):
-            self._accept(seq, token, logprob, now)
-        return samplers
+            return None
+        return LaunchedStep(samplers, self.sampler.launch(logits, requests))
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         """Creates the other samples of a request once its prompt is computed: they share its blocks."""
@@ -276,6 +320,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: FinishReason, text_complete: bool = False) -> None:
         """`text_complete`: the text was cut at a stop string, so the bytes held back are not part of it."""
+        seq.pending_row = None  # a token still in flight is no part of a finished sample
         self.output.finish_text(seq, cut_at_stop=text_complete)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -19,6 +19,7 @@ from engine.cuda_graphs import (
 from engine.errors import EngineError
 from engine.loader import load_model
 from engine.models.layers import AttentionMetadata
+from engine.overlap import fill_placeholders
 from engine.scheduler import ScheduledChunk
 
 _GIB = 1 << 30
@@ -104,19 +105,22 @@ class ModelRunner:
         return graphs
 
     @torch.inference_mode()
-    def run(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+    def run(self, chunks: list[ScheduledChunk], in_flight_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Runs one step and returns the logits of the rows that sample, in chunk order.
 
         A step in which every sequence adds one token replays a CUDA graph when graphs are on; any other
-        step runs eagerly.
+        step runs eagerly. `in_flight_ids`: the picked ids of the step still in flight, which supply the
+        pending tokens' ids on the device (`engine.overlap`); given whenever a chunk has a pending token.
         """
         lists = step_lists(chunks, self.block_size)
         batch_size = None if self.graphs is None else self.graphs.batch_size_for(lists)
         if batch_size is None:
             inputs = self._to_device(lists)
+            if in_flight_ids is not None:
+                fill_placeholders(inputs.input_ids, in_flight_ids)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
             return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
-        hidden = self.graphs.replay(lists, batch_size)
+        hidden = self.graphs.replay(lists, batch_size, in_flight_ids)
         return self.model.compute_logits(hidden.index_select(0, self._tensor(lists.sample_rows, torch.int64)))
 
     @torch.inference_mode()

@@ -1,7 +1,10 @@
 """Turns logits into tokens for a whole batch at once: greedy, temperature, top-k, top-p, min-p, seeded draws.
 
 One step is a fixed handful of batched tensor ops, whatever mix of settings its rows carry, and one
-copy to the host (`_to_host`): the picked ids, with any requested logprobs packed into the same copy.
+copy to the host: the picked ids, with any requested logprobs packed into the same copy. The copy is
+started with the picks (`launch`) and waited for only when the values are read (`_to_host`), so an
+engine that schedules asynchronously launches the next step in between; the picked ids stay on the
+device for that step's inputs.
 Draws race counter-based noise (`engine.sampling_noise`) that is a pure function of the sample's seed,
 its output position and the token id, so a seeded request picks the same tokens whatever else shares
 its batch, on CPU and CUDA alike.
@@ -82,22 +85,51 @@ class StepSettings:
         )
 
 
+@dataclass(slots=True)
+class HostCopy:
+    """The step's packed picks on their way to the host: an asynchronous copy and the event that ends it."""
+
+    values: torch.Tensor  # on the host (pinned when the picks are on CUDA)
+    done: torch.cuda.Event | None  # None: the copy has completed already
+
+
+@dataclass(slots=True)
+class PickedTokens:
+    """One step's picks once launched: the ids on the device now, their values on the host after `results`.
+
+    `tokens` is in the sampler's row order (drawn rows first); `row_of[i]` is request i's row there.
+    """
+
+    tokens: torch.Tensor  # [requests] int64, on the logits' device
+    row_of: list[int]
+    step: StepSettings
+    copy: HostCopy
+
+    def results(self) -> list[tuple[int, TokenLogprob | None]]:
+        """The token (and logprob, if asked) of each request, in request order; waits for the copy."""
+        results = _unpack(_to_host(self.copy), self.step)
+        return [results[row] for row in self.row_of]
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[tuple[int, TokenLogprob | None]]:
         """The token (and logprob, if asked) of each request, in request order."""
         if not requests:
             return []
+        return self.launch(logits, requests).results()
+
+    def launch(self, logits: torch.Tensor, requests: list[SampleRequest]) -> PickedTokens:
+        """Queues the picks of a non-empty batch and the copy of their ids to the host; waits for nothing."""
         step = StepSettings.build(requests, logits.shape[-1], logits.device)
         picked = logits.index_select(0, step.rows).float()
         tokens = _most_likely(picked)
         if step.drawn:
             drawn = _draw(picked[: step.drawn], step, fallback=tokens[: step.drawn])
             tokens = torch.cat([drawn, tokens[step.drawn :]])
-        results = _unpack(_to_host(_pack(picked, tokens, step)), step)
-        ordered: list[tuple[int, TokenLogprob | None]] = [(0, None)] * len(requests)
-        for index, result in zip(step.order, results):
-            ordered[index] = result
-        return ordered
+        row_of = [0] * len(requests)
+        for row, index in enumerate(step.order):
+            row_of[index] = row
+        return PickedTokens(tokens, row_of, step, _start_copy(_pack(picked, tokens, step)))
 
 
 def _draw(logits: torch.Tensor, step: StepSettings, fallback: torch.Tensor) -> torch.Tensor:
@@ -210,6 +242,19 @@ def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.
     return tensor
 
 
-def _to_host(packed: torch.Tensor) -> list:
-    """The step's one device-to-host copy."""
-    return packed.tolist()
+def _start_copy(packed: torch.Tensor) -> HostCopy:
+    """Starts the step's one device-to-host copy without waiting for it (on a CPU there is nothing to copy)."""
+    if packed.device.type != "cuda":
+        return HostCopy(packed, None)
+    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+    host.copy_(packed, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return HostCopy(host, done)
+
+
+def _to_host(copy: HostCopy) -> list:
+    """The step's picks as host values: the one place a step waits for the device."""
+    if copy.done is not None:
+        copy.done.synchronize()
+    return copy.values.tolist()

@@ -61,6 +61,9 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
+            if not seq.can_grow:  # its pending token is its last: it ends when that is read
+                index += 1
+                continue
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if not self._make_room(seq, num_tokens):
                 break  # seq was the latest arrival and had to be preempted itself
@@ -83,6 +86,8 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.pending_row is not None:
+                break  # preempted while its token was in flight: recomputed once that token is read
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_reserve(seq, num_tokens):
                 break

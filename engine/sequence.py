@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.overlap import placeholder
 from engine.sampling_params import SamplingParams
 
 
@@ -50,10 +51,23 @@ class Sequence:
     emitted_text_len: int = 0
     emitted_token_count: int = 0
     forks_pending: int = 0  # samples still to be forked from this one once its prompt is computed
+    # Async scheduling: the row of the in-flight step's picked ids that holds this sample's next token,
+    # whose position counts already but whose id the host has not read yet (`engine.overlap`).
+    pending_row: int | None = None
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Output tokens including a pending one: the position the next pick is for."""
+        return len(self.output_token_ids) + (self.pending_row is not None)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.prompt_token_ids) + self.num_output_tokens
+
+    @property
+    def can_grow(self) -> bool:
+        """Whether another token may follow; False once a pending token is its last one."""
+        return self.num_output_tokens < self.max_tokens
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -68,6 +82,13 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def tokens_between(self, start: int, end: int) -> list[int]:
+        """Token ids at positions [start, end); a pending token's is its placeholder."""
+        known = len(self.prompt_token_ids) + len(self.output_token_ids)
+        if end > known:  # only the pending token lies past what the host has read
+            return self._known_tokens(start, known) + [placeholder(self.pending_row)]
+        return self._known_tokens(start, end)
+
+    def _known_tokens(self, start: int, end: int) -> list[int]:
         prompt_len = len(self.prompt_token_ids)
         if end <= prompt_len:
             return self.prompt_token_ids[start:end]

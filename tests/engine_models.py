@@ -147,9 +147,13 @@ def random_lengths(count: int, shortest: int, longest: int, seed: int) -> list[i
 
 @torch.no_grad()
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """What `transformers.generate` picks greedily for one prompt, exactly `max_new_tokens` tokens."""
+    """What `transformers.generate` picks greedily for one prompt, exactly `max_new_tokens` tokens.
+
+    The attention mask is given: inferred, it would mask every prompt token equal to the pad id.
+    """
     generated = model.generate(
         torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
         max_new_tokens=max_new_tokens,
         min_new_tokens=max_new_tokens,
         do_sample=False,

@@ -68,12 +68,15 @@ def record_runs(engine: LLMEngine) -> list[RunRecord]:
     def replays() -> int:
         return 0 if runner.graphs is None else runner.graphs.replays
 
-    def recording_run(chunks):
+    def recording_run(chunks, in_flight_ids=None):
         before = replays()
-        fed = tuple(t for c in chunks for t in c.seq.tokens_between(c.seq.num_computed_tokens,
-                                                                    c.seq.num_computed_tokens + c.num_tokens))
-        logits = run(chunks)
-        runs.append(RunRecord(tuple(c.num_tokens for c in chunks), fed, replays() > before))
+        fed = [t for c in chunks for t in c.seq.tokens_between(c.seq.num_computed_tokens,
+                                                              c.seq.num_computed_tokens + c.num_tokens)]
+        if in_flight_ids is not None:  # async steps: a pending token's id is the in-flight pick it names
+            picks = in_flight_ids.tolist()
+            fed = [picks[-1 - t] if t < 0 else t for t in fed]
+        logits = run(chunks, in_flight_ids)
+        runs.append(RunRecord(tuple(c.num_tokens for c in chunks), tuple(fed), replays() > before))
         return logits
 
     runner.run = recording_run
@@ -81,6 +84,7 @@ def record_runs(engine: LLMEngine) -> list[RunRecord]:
 
 
 def gpu_engine(folder, cuda_graphs: bool | None, **config) -> LLMEngine:
+    """On CUDA steps are async (launched before the previous one is read) unless config says otherwise."""
     return LLMEngine(folder, EngineConfig(device="cuda", cuda_graphs=cuda_graphs, **config))
 
 
@@ -126,9 +130,11 @@ def prompt_of(length: int, seed: int) -> list[int]:
 
 @pytest.mark.gpu
 @NEEDS_CUDA
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("cuda_graphs", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("name", REFERENCE_NAMES)
-def test_greedy_tokens_match_transformers_with_graphs_and_eagerly(name, cuda_graphs, reference_models):
+def test_greedy_tokens_match_transformers_with_graphs_and_eagerly(name, cuda_graphs, async_scheduling,
+                                                                  reference_models):
     prompts = random_prompts(NUM_REQUESTS, 3, 45, seed=31)
     prompts[0] = prompt_of(BUDGET + 9, seed=32)  # longer than a step's budget: prefilled in chunks
     max_tokens = random_lengths(NUM_REQUESTS, 1, 30, seed=33)
@@ -137,7 +143,7 @@ def test_greedy_tokens_match_transformers_with_graphs_and_eagerly(name, cuda_gra
 
     # 20 blocks of 4 tokens: far fewer than the batch needs at once, so it must preempt.
     engine = gpu_engine(reference.folder, cuda_graphs, num_blocks=20, block_size=4,
-                        max_num_batched_tokens=BUDGET, max_num_seqs=8)
+                        max_num_batched_tokens=BUDGET, max_num_seqs=8, async_scheduling=async_scheduling)
     runs = record_runs(engine)
     produced = generate_with_arrivals(engine, prompts, max_tokens, first=6, every=3)
 
@@ -154,6 +160,7 @@ def test_greedy_tokens_match_transformers_with_graphs_and_eagerly(name, cuda_gra
     else:
         assert engine.runner.graphs is None
         assert not any(run.replayed for run in runs)
+    assert engine.async_scheduling == async_scheduling
     assert engine.residue_check() == []
 
 

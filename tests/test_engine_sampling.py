@@ -523,7 +523,8 @@ def test_a_step_is_the_same_few_tensor_ops_however_many_rows_sample():
 
 def test_a_step_reads_back_to_the_host_once(monkeypatch):
     copies = []
-    monkeypatch.setattr(sampler_module, "_to_host", lambda packed: copies.append(packed) or packed.tolist())
+    real_to_host = sampler_module._to_host
+    monkeypatch.setattr(sampler_module, "_to_host", lambda copy: copies.append(copy) or real_to_host(copy))
     logits = mixed_logits(8)
     for batch in (every_kind(40), [r for r in every_kind(40) if r.params.logprobs is None], every_kind(1)):
         copies.clear()
@@ -567,11 +568,11 @@ def test_cuda_picks_the_cpu_tokens_for_the_same_seeds_with_one_sync(monkeypatch)
     copies = []
     real_to_host = sampler_module._to_host
 
-    def to_host(packed: torch.Tensor) -> list:
-        copies.append(packed.device.type)
+    def to_host(copy: sampler_module.HostCopy) -> list:
+        copies.append((copy.values.device.type, copy.values.is_pinned(), copy.done is not None))
         torch.cuda.set_sync_debug_mode("default")
         try:
-            return real_to_host(packed)
+            return real_to_host(copy)
         finally:
             torch.cuda.set_sync_debug_mode("error")
 
@@ -581,7 +582,7 @@ def test_cuda_picks_the_cpu_tokens_for_the_same_seeds_with_one_sync(monkeypatch)
         on_cuda = Sampler()(on_device, batch)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert copies == ["cuda"]
+    assert copies == [("cpu", True, True)]  # one asynchronous copy into pinned memory, waited for once
     assert [token for token, _ in on_cuda] == [token for token, _ in on_cpu]
     for (_, cuda_logprob), (_, cpu_logprob) in zip(on_cuda, on_cpu):
         assert (cuda_logprob is None) == (cpu_logprob is None)
