@@ -14,14 +14,14 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.errors import RequestRejected, UnknownRequestError
+from engine.errors import EngineError, RequestRejected, UnknownRequestError
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestMetrics, RequestOutput, StreamDelta
 from engine.overlap import async_scheduling_enabled
 from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.sampling_params import SamplingParams, is_integer
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceStatus
 from engine.tokenizer import Tokenizer
 
@@ -117,7 +117,8 @@ class LLMEngine:
 
         With async scheduling the batch is launched before the previous one's picks are read, and the
         deltas returned are that previous batch's (`engine.overlap`); `has_unfinished` stays true until
-        the last launched batch has been read.
+        the last launched batch has been read. If a step raises, the caller aborts every request (the
+        engine core does): what was in flight is dropped.
         """
         deltas, self._pending = self._pending, []
         launched = self._launch()
@@ -140,12 +141,19 @@ class LLMEngine:
         if not chunks:
             return None
         sampling = [chunk.seq for chunk in chunks if chunk.samples]
-        pending = any(chunk.seq.pending_row is not None for chunk in chunks)
-        logits = self.runner.run(chunks, self._in_flight.picked.tokens if pending else None)
+        logits = self.runner.run(chunks, self._in_flight_ids(chunks))
         self.num_tokens_computed += sum(chunk.num_tokens for chunk in chunks)
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
         return self._pick(sampling, logits)
+
+    def _in_flight_ids(self, chunks: list[ScheduledChunk]) -> torch.Tensor | None:
+        """The in-flight step's picked ids when a chunk's input is a pending token of it, else None."""
+        if all(chunk.seq.pending_row is None for chunk in chunks):
+            return None
+        if self._in_flight is None:  # only after a step failed and its requests were not aborted
+            raise EngineError("a sample waits for a token no step in flight will supply; abort its request")
+        return self._in_flight.picked.tokens
 
     def _hold(self, launched: LaunchedStep) -> None:
         """Keeps the launched batch in flight: its samples' next tokens are pending until it is read."""

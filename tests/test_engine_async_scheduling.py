@@ -8,11 +8,14 @@ engine, to `transformers`, and to the zero-on-free guarantees.
 
 from __future__ import annotations
 
+from multiprocessing import Pipe
+
 import pytest
 import torch
 
 import engine.sampler as sampler_module
 from engine import EngineConfig, EngineError, LLMEngine, SamplingParams
+from engine.core import AddRequest, EngineCore, Refused
 from engine.core_client import EngineCoreClient
 from engine.overlap import async_scheduling_enabled, fill_placeholders, placeholder
 from engine.sequence import FinishReason, Sequence
@@ -259,3 +262,46 @@ def test_the_engine_core_process_serves_overlapped_steps():
         assert client.in_flight == 0 and client.residue_check() == []
     finally:
         client.stop()
+
+
+def test_a_step_that_fails_while_another_is_in_flight_fails_its_requests_and_the_core_serves_on(monkeypatch):
+    llm = engine(overlapped=True, block_size=4)
+    ours, theirs = Pipe()
+    core = EngineCore(llm, ours)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    for index in range(3):
+        core._handle(AddRequest(f"doomed-{index}", [5, 6, 7, 8 + index], params))
+    core._step()
+    core._step()  # the second step is launched, the first one read
+    assert llm._in_flight is not None
+    real_to_host = sampler_module._to_host
+
+    def failing_read(copy):
+        monkeypatch.setattr(sampler_module, "_to_host", real_to_host)  # fails once
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(sampler_module, "_to_host", failing_read)
+    core._step()
+
+    messages = []
+    while theirs.poll():
+        messages.append(theirs.recv())
+    refused = sorted(m.request_id for m in messages if isinstance(m, Refused))
+    assert refused == ["doomed-0", "doomed-1", "doomed-2"]
+    assert all("failed while serving" in str(m.error) for m in messages if isinstance(m, Refused))
+    assert llm._in_flight is None and not llm.scheduler.has_work()
+    list(llm.stream())  # the aborts' last deltas, which the core drops
+    assert_clean(llm)
+    expected = engine(overlapped=False).generate([[9, 9, 9]], params)[0].outputs[0].token_ids
+    assert llm.generate([[9, 9, 9]], params)[0].outputs[0].token_ids == expected
+
+
+def test_a_pending_token_with_no_step_in_flight_is_refused_before_anything_runs():
+    llm = engine(overlapped=True)
+    llm.add_request([5, 6, 7], greedy(5))
+    llm.step()
+    llm._in_flight = None  # what a failed step leaves if its requests are not aborted
+    computed = llm.num_tokens_computed
+    with pytest.raises(EngineError, match="no step in flight"):
+        llm.step()
+    assert llm.num_tokens_computed == computed
