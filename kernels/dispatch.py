@@ -135,7 +135,7 @@ def zero_blocks(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> None:
     validation.check_block_ids(kv_cache, ids)
     if ids.numel() == 0:
         return
-    ids = ids.to(kv_cache.device)
+    ids = _upload(ids, kv_cache.device)
     if selected_backend(kv_cache.device) == "triton":
         _triton_module("zero_blocks", kv_cache.device).zero_blocks(kv_cache, ids)
     else:
@@ -166,7 +166,15 @@ def residue_flags(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> Tensor
     """int32 [num_blocks] on the cache's device: 1 for each listed block with a non-zero byte (raw bits, so
     -0.0 counts) in any cache, 0 elsewhere. Computed where the blocks lie, never copying the listed set at
     once; on CUDA by a Triton kernel written apart from the zeroing kernel it checks."""
-    return _residue_flags(kv_cache, _checked_block_ids(kv_cache, block_ids).to(kv_cache.device))
+    return _residue_flags(kv_cache, _upload(_checked_block_ids(kv_cache, block_ids), kv_cache.device))
+
+
+def _upload(ids: Tensor, device: torch.device) -> Tensor:
+    """Host ids on device without waiting: a pageable copy to CUDA would wait for everything queued
+    before it, and the engine queues a step ahead (async scheduling) while it zeroes and checks blocks."""
+    if device.type == "cuda" and ids.device.type == "cpu":
+        return ids.pin_memory().to(device, non_blocking=True)
+    return ids.to(device)
 
 
 def _residue_flags(kv_cache: Tensor, block_ids: Tensor) -> Tensor:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import engine.sampler as sampler_module
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.scheduler import ScheduledChunk
 from engine.sequence import Sequence
@@ -240,3 +243,27 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@contextmanager
+def only_the_read_may_wait(monkeypatch) -> Iterator[list]:
+    """Runs the block with CUDA's sync debug mode at "error", so that any wait on the device raises,
+    except inside the sampler's `_to_host`: the one read of a step's picks that may wait. Yields the
+    list of what each such read was given (`sampler.HostCopy`)."""
+    reads: list = []
+    real_to_host = sampler_module._to_host
+
+    def read(copy):
+        reads.append(copy)
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            return real_to_host(copy)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(sampler_module, "_to_host", read)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield reads
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -15,6 +15,7 @@ import torch
 
 import engine.sampler as sampler_module
 from engine import EngineConfig, EngineError, LLMEngine, SamplingParams
+from engine.accounting import ZeroingAccount
 from engine.core import AddRequest, EngineCore, Refused
 from engine.core_client import EngineCoreClient
 from engine.overlap import async_scheduling_enabled, fill_placeholders, placeholder
@@ -23,6 +24,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     greedy,
     hf_greedy,
     one_torch_thread,
+    only_the_read_may_wait,
     random_lengths,
     random_prompts,
     reference_model,
@@ -305,3 +307,33 @@ def test_a_pending_token_with_no_step_in_flight_is_refused_before_anything_runs(
     with pytest.raises(EngineError, match="no step in flight"):
         llm.step()
     assert llm.num_tokens_computed == computed
+
+
+# ----- on a CUDA device ---------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_step_waits_for_the_device_only_to_read_the_previous_picks(monkeypatch):
+    """Launching, zeroing, copy on write and the residue tally queue work and never wait; the one wait
+    is the read of the previous step's picks, so the host's work overlaps the device's."""
+    reference = reference_model("llama")
+    llm = LLMEngine(reference.folder, EngineConfig(device="cuda", async_scheduling=True, num_blocks=64, block_size=4,
+                                                    max_num_seqs=8))
+    account = ZeroingAccount(llm.block_manager, llm.runner.kv_cache)
+    prompts = random_prompts(6, 5, 20, seed=61)
+    lengths = [3, 5, 8, 13, 21, 30]  # samples end at different steps: blocks are freed between launches
+    ids = [llm.add_request(p, greedy(n)) for p, n in zip(prompts, lengths)]
+    sampled = llm.add_request(prompts[0], SamplingParams(max_tokens=9, temperature=0.8, seed=3, n=2, ignore_eos=True))
+    tokens: dict[str, list[int]] = {}
+    assert llm.step() == []  # the first launch (it compiles and allocates) reads nothing yet
+    with only_the_read_may_wait(monkeypatch) as reads:
+        while llm.has_unfinished():
+            for delta in llm.step():
+                tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
+            account.check()
+
+    assert reads and all(copy.values.is_pinned() for copy in reads)
+    assert [tokens[i] for i in ids] == [hf_greedy(reference.model, p, n) for p, n in zip(prompts, lengths)]
+    assert len(tokens[sampled]) == 18 and llm.block_manager.blocks_scrubbed > 0
+    assert account.take(0).residue == 0 and llm.residue_check() == []

@@ -21,6 +21,7 @@ from engine.sampling_params import MIN_TEMPERATURE
 from tests.engine_models import (  # noqa: F401 (fixtures)
     greedy,
     one_torch_thread,
+    only_the_read_may_wait,
     prefill_logits,
     random_prompts,
     tiny_engine,
@@ -565,23 +566,9 @@ def test_cuda_picks_the_cpu_tokens_for_the_same_seeds_with_one_sync(monkeypatch)
     on_cpu = Sampler()(logits, batch)
     on_device = logits.cuda()  # copied before the check: a pageable copy to the device waits for it
     Sampler()(on_device, batch)  # warm-up: kernels and the pinned-memory pool
-    copies = []
-    real_to_host = sampler_module._to_host
-
-    def to_host(copy: sampler_module.HostCopy) -> list:
-        copies.append((copy.values.device.type, copy.values.is_pinned(), copy.done is not None))
-        torch.cuda.set_sync_debug_mode("default")
-        try:
-            return real_to_host(copy)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    monkeypatch.setattr(sampler_module, "_to_host", to_host)
-    torch.cuda.set_sync_debug_mode("error")  # any other device sync in the step raises
-    try:
+    with only_the_read_may_wait(monkeypatch) as reads:
         on_cuda = Sampler()(on_device, batch)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    copies = [(copy.values.device.type, copy.values.is_pinned(), copy.done is not None) for copy in reads]
     assert copies == [("cpu", True, True)]  # one asynchronous copy into pinned memory, waited for once
     assert [token for token, _ in on_cuda] == [token for token, _ in on_cpu]
     for (_, cuda_logprob), (_, cpu_logprob) in zip(on_cuda, on_cpu):
