@@ -1,5 +1,6 @@
-"""The engine on one CUDA GPU: decode step time against the weights-only floor, and offline throughput
-against `transformers` with a static cache and `torch.compile`, on a random Llama-shaped model.
+"""The engine on one CUDA GPU: decode step time against the weights-only floor, offline throughput against
+`transformers` with a static cache and `torch.compile`, and the cost of zero-on-free, on a random
+Llama-shaped model.
 
 Model (random bf16 weights written to a temporary folder, nothing downloaded):
   --preset 1b  Llama-3.2-1B shape: hidden 2048, 16 layers, 32 query / 8 KV heads of 64, intermediate 8192,
@@ -13,7 +14,9 @@ Measured in one run:
      line says which way the engine ran);
   2. offline output tokens/s of the engine on --requests requests (prompts 64-1,024 tokens, outputs 32-512,
      seeded, greedy, ignore_eos);
-  3. the same requests through `transformers.generate` in static left-padded batches of --hf-batch-size
+  3. the same requests through the engine with zeroing skipped (a fresh engine, warmed up first), to price
+     zero-on-free;
+  4. the same requests through `transformers.generate` in static left-padded batches of --hf-batch-size
      with a static cache and `torch.compile` (each batch runs to its longest output; the workload runs
      twice and the second pass is timed, so compilation is not).
 The targets are printed next to each figure (set for the 1b preset). Progress goes to stderr.
@@ -45,6 +48,7 @@ from benchmarks.common import Workload, progress  # noqa: E402
 DECODE_TARGET_MS = {1: 2.0, 64: 4.0, 256: 8.0}
 OFFLINE_TARGET_TOKENS_PER_S = 25_000
 OFFLINE_TARGET_RATIO = 3.0
+ZEROING_TARGET_PERCENT = 2.0
 PROMPT_RANGE, OUTPUT_RANGE = (64, 1024), (32, 512)
 SHARD_BYTES = 4 << 30
 
@@ -317,15 +321,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device: torch.device) -> list[str]:
-    from engine import EngineConfig, LLMEngine
+    from engine import LLMEngine
 
     targets = args.preset == "1b"
     bandwidth = copy_bandwidth(device)
     progress("loading the engine ...")
-    engine = LLMEngine(model_dir, EngineConfig(
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization, cuda_graphs=False if args.eager else None,
-        async_scheduling=False if args.sync_scheduling else None))
+    engine = LLMEngine(model_dir, engine_config(args))
     weights = weight_bytes(engine.runner.model)
     floor_ms = 1000 * weights / bandwidth
     mode = engine_mode(engine)
@@ -343,8 +344,8 @@ def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device:
     target = f"  [target >= {OFFLINE_TARGET_TOKENS_PER_S:,} tok/s: {verdict(engine_rate >= OFFLINE_TARGET_TOKENS_PER_S)}]"
     lines.append(f"offline, veil engine ({mode}): {engine_rate:10.1f} output tok/s" + (target if targets else ""))
     del engine
-    gc.collect()
-    torch.cuda.empty_cache()
+    free_device_memory()
+    lines += price_zeroing(args, model_dir, workload, engine_rate)
     if not args.skip_transformers:
         hf_rate = workload.output_tokens / run_transformers_compiled(model_dir, workload, args.hf_batch_size)
         ratio = engine_rate / hf_rate
@@ -353,6 +354,37 @@ def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device:
         lines.append(f"ratio veil / transformers compiled: {ratio:.2f}x"
                      + (f"  [target >= {OFFLINE_TARGET_RATIO:.0f}x: {verdict(ratio >= OFFLINE_TARGET_RATIO)}]" if targets else ""))
     return lines
+
+
+def engine_config(args: argparse.Namespace, skip_zeroing: bool = False):
+    from engine import EngineConfig
+
+    return EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization, cuda_graphs=False if args.eager else None,
+        async_scheduling=False if args.sync_scheduling else None, unsafe_skip_zeroing=skip_zeroing)
+
+
+def price_zeroing(args: argparse.Namespace, model_dir: str, workload: Workload, engine_rate: float) -> list[str]:
+    """The offline workload again with zeroing skipped: what zero-on-free costs in throughput."""
+    from engine import LLMEngine, SamplingParams
+
+    progress("engine offline with zeroing skipped, to price zero-on-free ...")
+    engine = LLMEngine(model_dir, engine_config(args, skip_zeroing=True))
+    engine.generate([workload.prompts[0]], SamplingParams(max_tokens=8, temperature=0.0))  # compiles, as the first did
+    unsafe_rate = workload.output_tokens / run_engine_offline(engine, workload)
+    del engine
+    free_device_memory()
+    cost = 100 * (1 - engine_rate / unsafe_rate)
+    return [f"offline, veil engine, zeroing skipped: {unsafe_rate:10.1f} output tok/s",
+            f"cost of zero-on-free: {cost:+.2f}% of throughput  [target < {ZEROING_TARGET_PERCENT:.0f}%: "
+            f"{verdict(cost < ZEROING_TARGET_PERCENT)}]"]
+
+
+def free_device_memory() -> None:
+    """Gives a deleted engine's device memory back before the next model loads."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def memory_line(engine) -> str:

@@ -7,6 +7,10 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from enclave.settings import NodeSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +30,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     node.add_argument("--key-grace-s", type=float, default=300.0, help="how long the previous key still opens requests")
     node.add_argument("--model-name", default=None, help="the model id clients ask for (default: the folder name)")
     node.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size on CPU (default: the policy's budget)")
+    node.add_argument("--eager", action="store_true",
+                      help="CUDA: run every engine step eagerly, no decode graphs (default: graphs on CUDA)")
+    node.add_argument("--sync-scheduling", action="store_true",
+                      help="CUDA: read each step's tokens before launching the next (default: async steps on CUDA)")
     node.set_defaults(handler=_run_node)
+
+
+def node_settings(args: argparse.Namespace) -> NodeSettings:
+    from enclave.settings import NodeSettings
+
+    return NodeSettings(
+        model=args.model, policy=args.policy, attestation=args.attestation, listen=args.listen,
+        port_file=args.port_file, capacity=args.capacity, audit=args.audit, key_rotation_s=args.key_rotation_s,
+        key_grace_s=args.key_grace_s, model_name=args.model_name, kv_cache_gib=args.kv_cache_gib,
+        cuda_graphs=not args.eager, async_scheduling=not args.sync_scheduling,
+    )
 
 
 def _run_node(args: argparse.Namespace) -> int:
@@ -34,15 +53,10 @@ def _run_node(args: argparse.Namespace) -> int:
     from audit.errors import AuditError
     from enclave.errors import NodeError
     from enclave.node import NodeServer
-    from enclave.settings import NodeSettings
     from engine import EngineError
     from policy import PolicyError
 
-    settings = NodeSettings(
-        model=args.model, policy=args.policy, attestation=args.attestation, listen=args.listen,
-        port_file=args.port_file, capacity=args.capacity, audit=args.audit, key_rotation_s=args.key_rotation_s,
-        key_grace_s=args.key_grace_s, model_name=args.model_name, kv_cache_gib=args.kv_cache_gib,
-    )
+    settings = node_settings(args)
     try:
         node = NodeServer(settings)
         port = node.start()

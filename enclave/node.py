@@ -31,7 +31,7 @@ from audit.events import (
 from audit.sink import open_sink
 from enclave.api import InnerApi
 from enclave.keys import NodeKeys
-from enclave.selfcheck import check_node_settings
+from enclave.selfcheck import EngineLimits, check_node_settings
 from enclave.service import NodeService, Outcome
 from enclave.settings import NodeSettings
 from engine import EngineConfig, EngineCoreClient, Tokenizer, ZeroingReport
@@ -73,6 +73,15 @@ class ZeroingTally:
         return age >= ZEROED_REPORT_INTERVAL_S and self.requests >= ZEROED_REPORT_MIN_REQUESTS
 
 
+def engine_config(settings: NodeSettings, limits: EngineLimits) -> EngineConfig:
+    """The node's engine: the policy's limits; graphs and async steps where CUDA has them unless turned off."""
+    return EngineConfig(
+        kv_cache_gib=limits.kv_cache_gib, max_model_len=limits.max_model_len, max_num_seqs=max(64, settings.capacity),
+        cuda_graphs=None if settings.cuda_graphs else False,
+        async_scheduling=None if settings.async_scheduling else False,
+    )
+
+
 class NodeServer:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
@@ -84,12 +93,7 @@ class NodeServer:
         # The operator's --audit overrides the sink the measured policy names.
         self.audit = open_sink(settings.audit if settings.audit is not None else self.policy.audit.sink)
         # The engine core runs in a process of its own: the serving threads below never stall its steps.
-        self.engine = EngineCoreClient(
-            settings.model,
-            EngineConfig(kv_cache_gib=limits.kv_cache_gib, max_model_len=limits.max_model_len,
-                         max_num_seqs=max(64, settings.capacity)),
-            on_zeroing=self._tally_zeroed,
-        )
+        self.engine = EngineCoreClient(settings.model, engine_config(settings, limits), on_zeroing=self._tally_zeroed)
         self._zeroed = ZeroingTally()
         self._zeroed_lock = threading.Lock()
         self.engine.on_exit(self._engine_lost)

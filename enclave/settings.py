@@ -19,3 +19,7 @@ class NodeSettings:
     key_grace_s: float = 300.0
     model_name: str | None = None
     kv_cache_gib: float | None = None  # default: the policy's KV budget
+    # On CUDA the engine replays decode graphs and launches each step before reading the previous one.
+    # Turning either off is an operator's escape hatch; neither changes what is zeroed or audited.
+    cuda_graphs: bool = True
+    async_scheduling: bool = True

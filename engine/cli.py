@@ -40,13 +40,16 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="KV pool size on CPU")
     parser.add_argument("--eager", action="store_true",
                         help="run every step eagerly: no CUDA graphs for decode steps (graphs never run on a CPU)")
+    parser.add_argument("--sync-scheduling", action="store_true",
+                        help="read each step's tokens before launching the next (default: async steps on CUDA only)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The engine settings `veil generate` asks for; cuda_graphs unset means on where the device is CUDA."""
+    """The engine settings `veil generate` asks for; graphs and async steps unset mean on where the device is CUDA."""
     from engine import EngineConfig
 
-    return EngineConfig(dtype=args.dtype, kv_cache_gib=args.kv_cache_gib, cuda_graphs=False if args.eager else None)
+    return EngineConfig(dtype=args.dtype, kv_cache_gib=args.kv_cache_gib, cuda_graphs=False if args.eager else None,
+                        async_scheduling=False if args.sync_scheduling else None)
 
 
 def _init_tiny(args: argparse.Namespace) -> int:

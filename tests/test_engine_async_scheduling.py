@@ -15,7 +15,11 @@ import torch
 
 import engine.sampler as sampler_module
 from engine import EngineConfig, EngineError, LLMEngine, SamplingParams
+from enclave.cli import node_settings
+from enclave.node import engine_config as node_engine_config
+from enclave.selfcheck import EngineLimits
 from engine.accounting import ZeroingAccount
+from engine.cli import engine_config as generate_config
 from engine.core import AddRequest, EngineCore, Refused
 from engine.core_client import EngineCoreClient
 from engine.overlap import async_scheduling_enabled, fill_placeholders, placeholder
@@ -30,6 +34,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     reference_model,
     tiny_model_dir,
 )
+from veil.cli import build_parser
 
 # 24 blocks of 4 tokens and 32 tokens a step: prompts are prefilled in chunks and the batch preempts.
 TIGHT = {"num_blocks": 24, "block_size": 4, "max_num_batched_tokens": 32}
@@ -337,3 +342,18 @@ def test_on_cuda_a_step_waits_for_the_device_only_to_read_the_previous_picks(mon
     assert [tokens[i] for i in ids] == [hf_greedy(reference.model, p, n) for p, n in zip(prompts, lengths)]
     assert len(tokens[sampled]) == 18 and llm.block_manager.blocks_scrubbed > 0
     assert account.take(0).residue == 0 and llm.residue_check() == []
+
+
+def test_generate_and_node_commands_can_turn_graphs_and_async_steps_off():
+    parser = build_parser()
+    generate = ["generate", "--model", str(tiny_model_dir()), "Hello"]
+    assert generate_config(parser.parse_args(generate)).async_scheduling is None
+    assert generate_config(parser.parse_args([*generate, "--sync-scheduling"])).async_scheduling is False
+
+    limits = EngineLimits(max_model_len=512, kv_cache_gib=0.05)
+    node = ["node", "--model", str(tiny_model_dir())]
+    default = node_engine_config(node_settings(parser.parse_args(node)), limits)
+    turned_off = node_engine_config(node_settings(parser.parse_args([*node, "--eager", "--sync-scheduling"])), limits)
+    assert (default.cuda_graphs, default.async_scheduling) == (None, None)
+    assert (turned_off.cuda_graphs, turned_off.async_scheduling) == (False, False)
+    assert (turned_off.max_model_len, turned_off.kv_cache_gib) == (512, 0.05)
