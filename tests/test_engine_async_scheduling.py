@@ -8,13 +8,16 @@ engine, to `transformers`, and to the zero-on-free guarantees.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from multiprocessing import Pipe
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import engine.sampler as sampler_module
-from engine import EngineConfig, EngineError, LLMEngine, SamplingParams
+from engine import EngineConfig, EngineError, LLMEngine, SamplingParams, UnknownRequestError
 from enclave.cli import node_settings
 from enclave.node import engine_config as node_engine_config
 from enclave.selfcheck import EngineLimits
@@ -25,6 +28,7 @@ from engine.core_client import EngineCoreClient
 from engine.overlap import async_scheduling_enabled, fill_placeholders, placeholder
 from engine.sequence import FinishReason, Sequence
 from tests.engine_models import (  # noqa: F401 (fixtures)
+    VOCAB_SIZE,
     greedy,
     hf_greedy,
     one_torch_thread,
@@ -357,3 +361,78 @@ def test_generate_and_node_commands_can_turn_graphs_and_async_steps_off():
     assert (default.cuda_graphs, default.async_scheduling) == (None, None)
     assert (turned_off.cuda_graphs, turned_off.async_scheduling) == (False, False)
     assert (turned_off.max_model_len, turned_off.kv_cache_gib) == (512, 0.05)
+
+
+# ----- random workloads ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    prompt: list[int]
+    params: SamplingParams
+    arrives_at: int  # the step before which it is added
+    aborted_at: int | None  # the step before which it is aborted, if it is
+
+
+def arrivals() -> st.SearchStrategy[list[Arrival]]:
+    stop_ids = st.lists(st.integers(0, VOCAB_SIZE - 1), max_size=40).map(tuple)
+    params = st.builds(
+        SamplingParams, max_tokens=st.integers(1, 14), temperature=st.sampled_from([0.0, 0.8]),
+        seed=st.integers(0, 1000), n=st.integers(1, 2), stop_token_ids=stop_ids, ignore_eos=st.booleans(),
+    )
+    arrival = st.builds(
+        Arrival, prompt=st.lists(st.integers(1, VOCAB_SIZE - 1), min_size=1, max_size=30),
+        params=params, arrives_at=st.integers(0, 6), aborted_at=st.none() | st.integers(0, 12),
+    )
+    return st.lists(arrival, min_size=1, max_size=6)
+
+
+def run_arrivals(llm: LLMEngine, workload: list[Arrival]) -> dict[int, dict[int, list[int]]]:
+    """Adds and aborts requests at their steps; returns per arrival, per sample, the tokens streamed."""
+    ids: dict[int, str] = {}
+    streamed: dict[str, dict[int, list[int]]] = {}
+    step = 0
+    while step <= 12 or llm.has_unfinished():
+        for index, arrival in enumerate(workload):
+            if arrival.arrives_at == step:
+                ids[index] = llm.add_request(arrival.prompt, arrival.params)
+            if arrival.aborted_at == step and index in ids:
+                try:
+                    llm.abort(ids[index])
+                except UnknownRequestError:
+                    pass  # it had finished
+        for delta in llm.step():
+            streamed.setdefault(delta.request_id, {}).setdefault(delta.index, []).extend(delta.token_ids)
+        step += 1
+    return {index: streamed.get(request_id, {}) for index, request_id in ids.items()}
+
+
+# One long-lived engine per mode and pool, as on a node: every example must leave it clean for the next.
+ENGINES: dict[tuple[bool, bool], LLMEngine] = {}
+
+
+def long_lived(overlapped: bool, tight: bool, config: dict) -> LLMEngine:
+    if (overlapped, tight) not in ENGINES:
+        ENGINES[overlapped, tight] = engine(overlapped=overlapped, **config)
+    return ENGINES[overlapped, tight]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=arrivals(), tight=st.booleans())
+def test_random_arrivals_stops_and_aborts_never_change_what_an_overlapped_engine_streams(workload, tight):
+    """Unaborted requests stream what the synchronous engine gives them alone; aborted ones a prefix of it;
+    and the engine ends with nothing held."""
+    config = {"num_blocks": 24, "block_size": 4, "max_num_batched_tokens": 32} if tight else {"block_size": 4}
+    llm, alone = long_lived(True, tight, config), long_lived(False, tight, config)
+
+    streamed = run_arrivals(llm, workload)
+
+    for index, arrival in enumerate(workload):
+        expected = {s.index: s.token_ids for s in alone.generate([arrival.prompt], arrival.params)[0].outputs}
+        got = streamed[index]
+        if arrival.aborted_at is None or arrival.aborted_at < arrival.arrives_at:
+            assert got == expected
+        else:
+            assert all(tokens == expected[sample][: len(tokens)] for sample, tokens in got.items())
+    assert_clean(llm)
+
