@@ -1,0 +1,409 @@
+"""The bridge between host and device: every transfer of the engine and its kernels goes through here.
+
+On a confidential-computing GPU the GPU runs at native speed; what costs is the bridge. Every copy
+between the confidential VM and the GPU passes an encrypted bounce buffer: copies are serialized,
+`non_blocking` copies block the calling thread at the runtime boundary, and each crossing pays a fixed
+toll (~0.3 ms) whatever its size. So the engine crosses once each way per step:
+
+- Host to device: a step's metadata (inputs, sampling settings, block ids to zero or check) is written
+  into one persistent staging buffer (pinned on CUDA) as named segments (`Upload.add`), sent in one copy
+  (`Bridge.send`) into one persistent device buffer, and read there as views, one per segment.
+- Device to host: what a step reads back (picks, logprobs, residue counts) is packed on the device
+  into one persistent buffer as named segments (`Bridge.fetch`), copied in one go, and turned into
+  host values by a worker thread (`drain_on_worker`), so the scheduling thread never waits at the
+  runtime boundary for it; it waits only when it reads the values (`Download.values`).
+
+Other code adds its own data to a step's crossings without a crossing of its own: given the step's
+`Upload`, it adds a segment (`upload.add("my_mask", values, torch.bool)`) and, after the send, reads
+its device view (`views["my_mask"]`); given the step's `DownloadPlan`, it adds a device tensor
+(`plan.add("my_counts", tensor)`) and finds its host values under the same name in `Download.values()`.
+A segment name is used once per crossing. State that lasts across steps (per-slot settings, counters)
+belongs in device tensors of its owner, updated from a segment carrying the diff, not re-sent whole.
+
+A view of the device buffer is valid until the next send: the next step's upload overwrites it (on
+CUDA, ordered after every kernel already queued on the stream, so queued work reads what it was given).
+Keep a copy (on the device) of anything needed longer.
+
+Counting: every crossing is counted with its bytes (`CrossingCount`), in total and per step, whatever
+the device: on a CPU the copies cost nothing, but the count is what a CUDA run makes. A simulated toll
+(`toll_us`) makes every crossing wait that long, serialized across threads by one lock, to model a
+bounce buffer on any device (benchmarks and tests; 0 in production).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.errors import EngineError
+
+_ALIGN = 8  # every segment starts at a multiple of the widest element, so its bytes view as its dtype
+_INITIAL_BYTES = 64 << 10
+LOAD_CHUNK_BYTES = 256 << 20  # weights cross in pinned chunks of this size: few crossings for gigabytes
+
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32,
+          torch.float64: np.float64, torch.bool: np.bool_, torch.uint8: np.uint8}
+
+
+@dataclass(slots=True)
+class CrossingCount:
+    """Crossings each way and the bytes they carried."""
+
+    h2d: int = 0
+    d2h: int = 0
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+
+    def add(self, other: CrossingCount) -> None:
+        self.h2d += other.h2d
+        self.d2h += other.d2h
+        self.h2d_bytes += other.h2d_bytes
+        self.d2h_bytes += other.d2h_bytes
+
+    def copy(self) -> CrossingCount:
+        return CrossingCount(self.h2d, self.d2h, self.h2d_bytes, self.d2h_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    offset: int  # bytes into the buffer
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * _itemsize(self.dtype)
+
+
+class Toll:
+    """The simulated bounce buffer: each crossing holds one lock for `toll_us`, so crossings serialize."""
+
+    def __init__(self, toll_us: float) -> None:
+        if not toll_us >= 0:
+            raise EngineError("bridge_toll_us must be a number >= 0")
+        self.seconds = toll_us / 1e6
+        self._lock = threading.Lock()
+
+    def pay(self) -> None:
+        if self.seconds:
+            with self._lock:
+                time.sleep(self.seconds)
+
+
+class Staging:
+    """A byte buffer that grows when a crossing needs more (rarely: it keeps its largest size), pinned on CUDA."""
+
+    def __init__(self, device: torch.device, pinned: bool) -> None:
+        self.device = device
+        self.pinned = pinned
+        self.tensor = torch.empty(0, dtype=torch.uint8)
+        self.array = self.tensor.numpy() if device.type == "cpu" else None
+
+    def reserve(self, nbytes: int) -> None:
+        if nbytes <= self.tensor.numel():
+            return
+        size = max(_INITIAL_BYTES, 1 << (nbytes - 1).bit_length())
+        self.tensor = torch.empty(size, dtype=torch.uint8, device=self.device, pin_memory=self.pinned)
+        self.array = self.tensor.numpy() if self.device.type == "cpu" else None
+
+    def view(self, segment: Segment) -> torch.Tensor:
+        raw = self.tensor[segment.offset : segment.offset + segment.nbytes]
+        return raw.view(segment.dtype).view(segment.shape)
+
+
+class Upload:
+    """One host-to-device crossing being packed: named segments written into the staging buffer."""
+
+    def __init__(self, staging: Staging) -> None:
+        self._staging = staging
+        self.segments: dict[str, Segment] = {}
+        self.nbytes = 0
+
+    def add(self, name: str, values: Sequence[int] | Sequence[float] | torch.Tensor, dtype: torch.dtype,
+            shape: tuple[int, ...] | None = None) -> None:
+        """Packs host values (a list, or a host tensor) as `dtype`, viewed on the device with `shape`."""
+        if name in self.segments:
+            raise EngineError(f"the step's upload already has a segment {name!r}")
+        count = values.numel() if isinstance(values, torch.Tensor) else len(values)
+        shape = (count,) if shape is None else shape
+        if _numel(shape) != count:
+            raise EngineError(f"segment {name!r} holds {count} values, not the {shape} it is to be viewed as")
+        segment = Segment(_aligned(self.nbytes), dtype, shape)
+        self._staging.reserve(segment.offset + segment.nbytes)
+        self._write(segment, values)
+        self.segments[name] = segment
+        self.nbytes = segment.offset + segment.nbytes
+
+    def _write(self, segment: Segment, values: Sequence | torch.Tensor) -> None:
+        if not segment.nbytes:
+            return
+        if isinstance(values, torch.Tensor):
+            self._staging.view(segment).copy_(values.reshape(segment.shape))
+            return
+        raw = self._staging.array[segment.offset : segment.offset + segment.nbytes]
+        raw.view(_NUMPY[segment.dtype])[:] = values  # numpy converts a list in one C loop
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.segments
+
+
+class DownloadPlan:
+    """One device-to-host crossing being planned: named device tensors, packed when it is fetched."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self.tensors:
+            raise EngineError(f"the step's download already has a segment {name!r}")
+        if tensor.dtype not in _NUMPY:
+            raise EngineError(f"segment {name!r} has dtype {tensor.dtype}, which the bridge does not carry")
+        self.tensors[name] = tensor
+
+
+@dataclass(slots=True)
+class Download:
+    """A device-to-host crossing on its way: host values by segment name once `values()` returns."""
+
+    _future: Future | None
+    _drain: Callable[[], dict[str, list]] | None
+    _values: dict[str, list] | None = None
+
+    def values(self) -> dict[str, list]:
+        """Waits (if it must) for the copy and returns each segment's values as a flat host list."""
+        if self._values is None:
+            self._values = self._future.result() if self._future is not None else self._drain()
+            self._future = self._drain = None
+        return self._values
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One pinned host buffer for downloads and the event that says its last copy has landed."""
+
+    staging: Staging
+    done: torch.cuda.Event | None = None
+    reader: Download | None = None  # the download whose values it holds until they are read
+
+
+@dataclass(slots=True)
+class _Uploads:
+    """Staging buffers used in turn, so a step packs while the previous step's copy may still be queued."""
+
+    staging: list[Staging]
+    done: list[torch.cuda.Event | None] = field(default_factory=list)
+    turn: int = 0
+
+
+class Bridge:
+    """Counts, tolls and performs every host<->device transfer; one per engine (per model runner)."""
+
+    def __init__(self, device: torch.device, toll_us: float = 0.0, drain_on_worker: bool = False) -> None:
+        self.device = device
+        self.toll = Toll(toll_us)
+        self.drain_on_worker = drain_on_worker
+        cuda = device.type == "cuda"
+        self.total = CrossingCount()
+        self.step = CrossingCount()  # since `begin_step`
+        self.last_step = CrossingCount()  # the previous step's, once `begin_step` starts the next
+        self.steps = 0
+        self._uploads = _Uploads([Staging(torch.device("cpu"), cuda) for _ in range(2)], [None, None])
+        self._device_in = Staging(device, False)
+        self._device_out = Staging(device, False)
+        self._slots = [_Slot(Staging(torch.device("cpu"), cuda)) for _ in range(2)]
+        self._next_slot = 0
+        self._worker: ThreadPoolExecutor | None = None
+        self._upload: Upload | None = None
+
+    # ----- steps ------------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """Starts a new step's count; what the previous step crossed stays in `last_step`."""
+        if self.steps:
+            self.last_step = self.step.copy()
+        self.step = CrossingCount()
+        self.steps += 1
+
+    # ----- host to device ---------------------------------------------------------------------
+
+    def upload(self) -> Upload:
+        """A new upload, packed into the staging buffer whose previous copy has surely landed."""
+        turn = self._uploads.turn
+        done = self._uploads.done[turn]
+        if done is not None:
+            done.synchronize()  # a step ago: long landed, the wait returns at once
+        self._upload = Upload(self._uploads.staging[turn])
+        return self._upload
+
+    def send(self, upload: Upload) -> dict[str, torch.Tensor]:
+        """The one host-to-device crossing of `upload`: its segments as device views."""
+        if upload is not self._upload:
+            raise EngineError("only the latest upload can be sent; pack each crossing from Bridge.upload()")
+        self._upload = None
+        if not upload.segments:
+            return {}
+        turn = self._uploads.turn
+        self._device_in.reserve(upload.nbytes)
+        host = self._uploads.staging[turn].tensor[: upload.nbytes]
+        self.toll.pay()
+        self._device_in.tensor[: upload.nbytes].copy_(host, non_blocking=True)
+        self._uploads.done[turn] = _recorded_event(self.device)
+        self._uploads.turn = 1 - turn
+        self._count(CrossingCount(h2d=1, h2d_bytes=upload.nbytes))
+        return {name: self._device_in.view(segment) for name, segment in upload.segments.items()}
+
+    # ----- device to host ---------------------------------------------------------------------
+
+    def fetch(self, plan: DownloadPlan) -> Download:
+        """The one device-to-host crossing of `plan`, started now; its values come from `Download.values()`."""
+        segments, nbytes = _layout(plan.tensors)
+        slot = self._take_slot()
+        self._device_out.reserve(nbytes)
+        slot.staging.reserve(nbytes)
+        for name, tensor in plan.tensors.items():
+            if tensor.numel():
+                self._device_out.view(segments[name]).copy_(tensor.reshape(segments[name].shape))
+        if nbytes:
+            slot.staging.tensor[:nbytes].copy_(self._device_out.tensor[:nbytes], non_blocking=True)
+        slot.done = _recorded_event(self.device)
+        self._count(CrossingCount(d2h=1, d2h_bytes=nbytes))
+        drain = _Drain(slot, segments, self.toll)
+        download = Download(self._start(drain) if self.drain_on_worker else None, drain)
+        slot.reader = download
+        return download
+
+    def read(self, plan: DownloadPlan) -> dict[str, list]:
+        """A crossing read at once (queries, idle paths): what `fetch` starts, waited for."""
+        return self.fetch(plan).values()
+
+    def _take_slot(self) -> _Slot:
+        slot = self._slots[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % len(self._slots)
+        reader, slot.reader = slot.reader, None
+        if reader is not None:
+            reader.values()  # read by now in every engine order; never let its values be overwritten unread
+        return slot
+
+    def _start(self, drain: _Drain) -> Future:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="veil-bridge-drain")
+            weakref.finalize(self, self._worker.shutdown, wait=False)
+        return self._worker.submit(drain)
+
+    # ----- weights ----------------------------------------------------------------------------
+
+    def load(self, tensors: Iterator[tuple[str, torch.Tensor]], chunk_bytes: int = LOAD_CHUNK_BYTES
+             ) -> dict[str, torch.Tensor]:
+        """Host tensors moved to the device in chunks of up to `chunk_bytes`: one crossing per chunk.
+
+        Each chunk is packed into one pinned buffer, copied in one go, and cut into per-tensor device
+        copies there. On a CPU nothing moves; the chunks are counted as CUDA would cross them.
+        """
+        loaded: dict[str, torch.Tensor] = {}
+        chunk: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in tensors:
+            nbytes = _aligned(tensor.numel() * tensor.element_size())
+            if chunk and size + nbytes > chunk_bytes:
+                loaded |= self._load_chunk(chunk, size)
+                chunk, size = [], 0
+            chunk.append((name, tensor))
+            size += nbytes
+        if chunk:
+            loaded |= self._load_chunk(chunk, size)
+        return loaded
+
+    def _load_chunk(self, chunk: list[tuple[str, torch.Tensor]], nbytes: int) -> dict[str, torch.Tensor]:
+        self.toll.pay()
+        self._count(CrossingCount(h2d=1, h2d_bytes=nbytes))
+        if self.device.type != "cuda":
+            return dict(chunk)
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        offsets, offset = [], 0
+        for _, tensor in chunk:
+            flat = tensor.contiguous().view(-1).view(torch.uint8)
+            host[offset : offset + flat.numel()].copy_(flat)
+            offsets.append(offset)
+            offset = _aligned(offset + flat.numel())
+        device = host.to(self.device)
+        return {name: _cut(device, start, tensor) for (name, tensor), start in zip(chunk, offsets)}
+
+    # ----- counting ---------------------------------------------------------------------------
+
+    def _count(self, crossing: CrossingCount) -> None:
+        self.step.add(crossing)
+        self.total.add(crossing)
+
+    @contextmanager
+    def counting(self) -> Iterator[CrossingCount]:
+        """Counts the crossings made inside the block (tests and benchmarks)."""
+        before = self.total.copy()
+        counted = CrossingCount()
+        try:
+            yield counted
+        finally:
+            after = self.total
+            counted.add(CrossingCount(after.h2d - before.h2d, after.d2h - before.d2h,
+                                      after.h2d_bytes - before.h2d_bytes, after.d2h_bytes - before.d2h_bytes))
+
+
+@dataclass(slots=True)
+class _Drain:
+    """Waits for a download's copy and turns its bytes into host lists: on the worker thread or inline."""
+
+    slot: _Slot
+    segments: dict[str, Segment]
+    toll: Toll
+
+    def __call__(self) -> dict[str, list]:
+        if self.slot.done is not None:
+            self.slot.done.synchronize()
+        self.toll.pay()
+        return {name: self.slot.staging.view(segment).reshape(-1).tolist() for name, segment in self.segments.items()}
+
+
+def _layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Segment], int]:
+    segments: dict[str, Segment] = {}
+    nbytes = 0
+    for name, tensor in tensors.items():
+        segment = Segment(_aligned(nbytes), tensor.dtype, tuple(tensor.shape))
+        segments[name] = segment
+        nbytes = segment.offset + segment.nbytes
+    return segments, nbytes
+
+
+def _cut(device_bytes: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """A device tensor of its own holding like's bytes from device_bytes[offset:] (a copy on the device)."""
+    nbytes = like.numel() * like.element_size()
+    return device_bytes[offset : offset + nbytes].view(like.dtype).view(like.shape).clone()
+
+
+def _recorded_event(device: torch.device) -> torch.cuda.Event | None:
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // _ALIGN) * _ALIGN
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return dtype.itemsize

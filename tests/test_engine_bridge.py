@@ -1,0 +1,149 @@
+"""The bridge's own contract: named segments cross in one copy each way, counted, tolled, drained off-thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from engine.bridge import Bridge, CrossingCount, DownloadPlan, Toll
+from engine.errors import EngineError
+
+CPU = torch.device("cpu")
+
+
+def test_an_upload_of_many_segments_is_one_crossing_and_each_segment_reads_back_as_written() -> None:
+    bridge = Bridge(CPU)
+    upload = bridge.upload()
+    upload.add("ids", [3, -1, 7], torch.int64)
+    upload.add("temperatures", [0.5, 1.25], torch.float32)
+    upload.add("mask", [True, False, False, True], torch.bool, (2, 2))
+    upload.add("table", torch.tensor([1, 2, 3, 4, 5, 6], dtype=torch.int32), torch.int32, (2, 3))
+    with bridge.counting() as counted:
+        views = bridge.send(upload)
+    assert counted == CrossingCount(h2d=1, h2d_bytes=upload.nbytes)
+    assert views["ids"].tolist() == [3, -1, 7]
+    assert views["temperatures"].tolist() == [0.5, 1.25]
+    assert views["mask"].tolist() == [[True, False], [False, True]]
+    assert views["table"].tolist() == [[1, 2, 3], [4, 5, 6]]
+
+
+def test_the_staging_buffer_is_reused_across_steps_and_grows_only_when_a_step_needs_more() -> None:
+    bridge = Bridge(CPU)
+    for _ in range(2):  # one staging buffer per turn
+        first = bridge.upload()
+        first.add("ids", list(range(10)), torch.int64)
+        bridge.send(first)
+    buffers = [staging.tensor.data_ptr() for staging in bridge._uploads.staging]
+    for step in range(4):
+        upload = bridge.upload()
+        upload.add("ids", [step] * 10, torch.int64)
+        assert bridge.send(upload)["ids"].tolist() == [step] * 10
+    assert [staging.tensor.data_ptr() for staging in bridge._uploads.staging] == buffers
+
+
+def test_a_segment_name_is_used_once_per_crossing_and_shapes_must_match() -> None:
+    upload = Bridge(CPU).upload()
+    upload.add("ids", [1], torch.int64)
+    with pytest.raises(EngineError, match="already has a segment 'ids'"):
+        upload.add("ids", [2], torch.int64)
+    with pytest.raises(EngineError, match="holds 3 values"):
+        upload.add("rows", [1, 2, 3], torch.int64, (2, 2))
+
+
+def test_only_the_latest_upload_can_be_sent() -> None:
+    bridge = Bridge(CPU)
+    stale = bridge.upload()
+    bridge.upload()
+    with pytest.raises(EngineError, match="only the latest upload"):
+        bridge.send(stale)
+
+
+@pytest.mark.parametrize("on_worker", [False, True])
+def test_a_download_of_many_tensors_is_one_crossing_and_its_values_come_back_by_name(on_worker: bool) -> None:
+    bridge = Bridge(CPU, drain_on_worker=on_worker)
+    plan = DownloadPlan()
+    plan.add("tokens", torch.tensor([5, 9], dtype=torch.int64))
+    plan.add("logprobs", torch.tensor([[-0.5, -1.5]], dtype=torch.float32))
+    plan.add("residue", torch.tensor(0, dtype=torch.int64))
+    with bridge.counting() as counted:
+        download = bridge.fetch(plan)
+        values = download.values()
+    assert (counted.h2d, counted.d2h) == (0, 1)
+    assert values == {"tokens": [5, 9], "logprobs": [-0.5, -1.5], "residue": [0]}
+
+
+def test_a_download_keeps_its_values_when_later_downloads_reuse_the_host_buffers() -> None:
+    bridge = Bridge(CPU, drain_on_worker=True)
+    downloads = []
+    for step in range(5):
+        plan = DownloadPlan()
+        plan.add("tokens", torch.full((3,), step, dtype=torch.int64))
+        downloads.append(bridge.fetch(plan))
+    assert [d.values()["tokens"] for d in downloads] == [[step] * 3 for step in range(5)]
+
+
+def test_the_worker_drains_a_download_while_the_scheduling_thread_goes_on() -> None:
+    bridge = Bridge(CPU, toll_us=20_000, drain_on_worker=True)
+    plan = DownloadPlan()
+    plan.add("tokens", torch.tensor([1]))
+    download = bridge.fetch(plan)
+    assert download._future is not None and not download._future.done()  # the toll is paid off this thread
+    assert download.values() == {"tokens": [1]}
+
+
+def test_tolls_serialize_across_threads() -> None:
+    toll = Toll(5_000)
+    inside, most_inside = [0], [0]
+    lock = threading.Lock()
+    real_sleep = time.sleep
+
+    def watched_sleep(seconds: float) -> None:
+        with lock:
+            inside[0] += 1
+            most_inside[0] = max(most_inside[0], inside[0])
+        real_sleep(seconds)
+        with lock:
+            inside[0] -= 1
+
+    time.sleep = watched_sleep
+    try:
+        threads = [threading.Thread(target=toll.pay) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        time.sleep = real_sleep
+    assert most_inside[0] == 1
+
+
+def test_a_negative_toll_is_refused() -> None:
+    with pytest.raises(EngineError, match="bridge_toll_us"):
+        Toll(-1)
+
+
+def test_weights_cross_in_chunks() -> None:
+    bridge = Bridge(CPU)
+    tensors = [(f"w{i}", torch.ones(256, dtype=torch.float32)) for i in range(10)]  # 1 KiB each
+    with bridge.counting() as counted:
+        loaded = bridge.load(iter(tensors), chunk_bytes=4096)
+    assert counted.h2d == 3 and counted.h2d_bytes == 10 * 1024
+    assert list(loaded) == [name for name, _ in tensors]
+
+
+def test_per_step_counts_start_again_at_each_step() -> None:
+    bridge = Bridge(CPU)
+    for _ in range(2):
+        bridge.begin_step()
+        upload = bridge.upload()
+        upload.add("ids", [1], torch.int64)
+        bridge.send(upload)
+        plan = DownloadPlan()
+        plan.add("tokens", torch.tensor([1]))
+        bridge.read(plan)
+    bridge.begin_step()
+    assert (bridge.last_step.h2d, bridge.last_step.d2h) == (1, 1)
+    assert (bridge.total.h2d, bridge.total.d2h) == (2, 2)
