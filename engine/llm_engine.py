@@ -344,7 +344,9 @@ class LLMEngine:
 
     def _delta(self, seq: Sequence) -> StreamDelta | None:
         request = self._requests.get(seq.request_id)
-        if request is None or seq.sample_index in request.emitted_final:
+        # Ids are reused once released: a sample of an ended request still listed in a step in flight
+        # finds a newer request under its id, and must not speak for it.
+        if request is None or seq not in request.sequences or seq.sample_index in request.emitted_final:
             return None
         new = self.output.take(seq)
         if new is None:

@@ -12,7 +12,8 @@ input list carries a placeholder that names the row of step N's picked-ids tenso
 fills the real ids in before the forward (`fill_placeholders`): the ids never travel through the host.
 
 What a finished sample costs: a sample that stops at step N (a stop token or stop string) was already
-scheduled into step N+1; that step's token for it is discarded when step N+1 is read. A sample that
+scheduled into step N+1; that step's token for it is discarded when step N+1 is read, and no delta
+goes out for it, even to a newer request that took the ended one's id in between. A sample that
 reaches max_tokens is never scheduled past it. Zero on free is unchanged: a block freed while a
 launched step still writes it is zeroed by a kernel queued after that step on the same stream, and
 only then handed to anyone else.

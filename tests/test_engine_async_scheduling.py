@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engine.sampler as sampler_module
-from engine import EngineConfig, EngineError, LLMEngine, SamplingParams, UnknownRequestError
+from engine import EngineConfig, EngineError, LLMEngine, RequestOutput, SamplingParams, UnknownRequestError
 from enclave.cli import node_settings
 from enclave.node import engine_config as node_engine_config
 from enclave.selfcheck import EngineLimits
@@ -244,6 +244,44 @@ def test_blocks_freed_while_a_step_is_in_flight_are_zero_after_every_step():
         steps += 1
         assert llm.residue_check() == []
     assert steps > 20 and llm.block_manager.blocks_scrubbed > 0
+    assert_clean(llm)
+
+
+def steps_until_it_ends(llm: LLMEngine, request_id: str, ending: str) -> None:
+    """Steps until `request_id` has ended by `ending` while the step after its last pick is in flight."""
+    if ending == "abort":
+        for _ in range(3):  # prefill, then two tokens: a step is in flight from the second on
+            llm.step()
+        llm.abort(request_id)
+        return
+    while not any(delta.request_finished for delta in llm.step()):
+        pass
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("ending", ["stop token", "abort"])
+def test_an_id_reused_while_the_ended_requests_pick_is_in_flight_gets_only_its_own_deltas(ending, n):
+    first, second = random_prompts(2, 6, 10, seed=71)
+    free_run = engine(overlapped=False).generate([first], greedy(8))[0].outputs[0].token_ids
+    ended = greedy(8, n=n, stop_token_ids=(free_run[3],) if ending == "stop token" else ())
+    expected = engine(overlapped=False).generate([second], greedy(6, n=n))[0]
+    llm = engine(overlapped=True)
+    llm.add_request(first, ended, request_id="reused")
+    steps_until_it_ends(llm, "reused", ending)
+    assert len([s for s in llm._in_flight.samples if s.is_finished]) == n  # the premise: the ended request's next picks are in flight
+
+    llm.add_request(second, greedy(6, n=n), request_id="reused")
+    deltas = list(llm.stream())
+
+    old_finals = deltas[:n] if ending == "abort" else []  # an abort's last deltas go out at the next step
+    assert all(d.finish_reason == FinishReason.ABORT for d in old_finals)
+    got = RequestOutput("reused", [])
+    for delta in deltas[len(old_finals):]:
+        got.add(delta)
+    assert [d.request_finished for d in deltas[len(old_finals):]].count(True) == 1 and deltas[-1].request_finished
+    assert [(s.token_ids, s.finish_reason) for s in got.outputs] == \
+        [(s.token_ids, s.finish_reason) for s in expected.outputs]
+    assert got.metrics.output_tokens == expected.metrics.output_tokens == 6 * n
     assert_clean(llm)
 
 
