@@ -13,7 +13,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine import EngineCoreClient, EngineError, RequestOutput, RequestRejected, StreamDelta, Tokenizer
 from enclave import request_fields
@@ -34,6 +34,7 @@ class InnerApi:
     model_name: str
     date_window_s: float = REQUEST_DATE_WINDOW_S
     clock: Callable[[], float] = time.time
+    created: int = field(default_factory=lambda: int(time.time()))  # OpenAI's `created`: when the node began serving
 
     @property
     def max_tokens_limit(self) -> int:
@@ -51,7 +52,7 @@ class InnerApi:
         except ApiError as error:
             return error_response(error)
         except RequestRejected as error:
-            return error_response(ApiError(400, error.reason, str(error)))
+            return error_response(ApiError(400, error.reason, str(error), param=_param_of(str(error))))
         except EngineError:
             return error_response(ApiError(500, "engine_error", "the engine failed this request"))
         except Exception:  # noqa: BLE001 - an unforeseen bug answers inside the encryption, saying nothing
@@ -72,7 +73,8 @@ class InnerApi:
         return handler(request)
 
     def _models(self, request: Request) -> InnerResponse:
-        body = {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "veil"}]}
+        model = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "veil"}
+        body = {"object": "list", "data": [model]}
         return InnerResponse(200, json.dumps(body).encode())
 
     def _chat(self, request: Request) -> InnerResponse:
@@ -83,14 +85,18 @@ class InnerApi:
 
     def _completions(self, request: Request) -> InnerResponse:
         body = self._json_body(request)
-        prompt = body.get("prompt")
+        prompt = request_fields.prompt(body)
+        echo = self._prompt_text(prompt) if request_fields.echo(body) else ""
+        return self._generate(body, prompt, chat=False, echo=echo)
+
+    def _prompt_text(self, prompt: str | list[int]) -> str:
+        """The text `echo` puts before each completion: the prompt as given, or its token ids decoded."""
         if isinstance(prompt, str):
-            request_fields.check_unicode(prompt)
-        elif not (
-            isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            raise ApiError(400, "invalid_request", "'prompt' must be a string or a list of token ids")
-        return self._generate(body, prompt, chat=False)
+            return prompt
+        if not all(0 <= token < self.tokenizer.vocab_size for token in prompt):
+            raise ApiError(400, "invalid_token", "the prompt contains token ids outside the model's vocabulary",
+                           param="prompt")
+        return self.tokenizer.decode(prompt, skip_special_tokens=False)
 
     def _json_body(self, request: Request) -> dict:
         if len(request.content) > MAX_INNER_BODY_BYTES:
@@ -102,16 +108,19 @@ class InnerApi:
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_request", "the request body must be a JSON object")
         model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ApiError(400, "invalid_request", "'model' must be a string", param="model")
         if model is not None and model != self.model_name:
-            raise ApiError(404, "model_not_found", "this node does not serve the requested model; see /v1/models")
+            raise ApiError(404, "model_not_found", "this node does not serve the requested model; see /v1/models",
+                           param="model")
         return body
 
-    def _generate(self, body: dict, prompt: str | list[int], chat: bool) -> InnerResponse:
+    def _generate(self, body: dict, prompt: str | list[int], chat: bool, echo: str = "") -> InnerResponse:
         params = request_fields.sampling_params(body, chat, self.max_tokens_limit)
         handle = self.engine.submit(prompt, params)
         completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         shape = ResponseShape(completion_id, self.model_name, chat, int(time.time()),
-                       logprobs=params.logprobs is not None, token_text=self._token_text)
+                       logprobs=params.logprobs is not None, token_text=self._token_text, echo=echo)
         include_usage = request_fields.include_usage(body)
         if body.get("stream") is True:
             batches = handle.delta_batches()
@@ -129,6 +138,19 @@ class InnerApi:
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+# The fields an engine refusal can name: its messages begin with the field's name.
+_SAMPLING_NAMES = frozenset({"max_tokens", "temperature", "top_k", "top_p", "min_p", "n", "seed", "stop",
+                             "stop_token_ids", "logprobs"})
+
+
+def _param_of(message: str) -> str | None:
+    first = message.split(" ", 1)[0]
+    if first in _SAMPLING_NAMES:
+        return first
+    return "stop" if "stop strings" in message else None
+
 
 def _first_batch(batches: Iterator[list[StreamDelta]], handle) -> list[StreamDelta]:
     try:

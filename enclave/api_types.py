@@ -7,14 +7,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from engine import RequestMetrics
+from protocol.errors import error_body
 
 
 class ApiError(Exception):
     """Becomes an HTTP error response inside the encryption."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+        self.param = param  # the request field that was wrong, as OpenAI's `error.param` names it
 
 
 @dataclass(slots=True)
@@ -32,5 +34,5 @@ class InnerResponse:
 
 
 def error_response(error: ApiError) -> InnerResponse:
-    body = {"error": {"code": error.code, "message": error.message, "type": "invalid_request_error"}}
+    body = error_body(error.status, error.code, error.message, error.param)
     return InnerResponse(error.status, json.dumps(body).encode())

@@ -21,6 +21,7 @@ class ResponseShape:
     created: int
     logprobs: bool = False  # whether the request asked for them
     token_text: Callable[[int], str] = str
+    echo: str = ""  # completions' `echo`: the prompt's text, put before each choice's text
 
     def whole(self, output: RequestOutput) -> dict:
         choices = [self._choice(o.index, o.text, _reason(o.finish_reason), o.logprobs) for o in output.outputs]
@@ -48,7 +49,8 @@ class ResponseShape:
         if self.chat:
             return {"index": index, "message": {"role": "assistant", "content": text},
                     "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
-        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs)}
+        return {"index": index, "text": self.echo + text, "finish_reason": finish_reason,
+                "logprobs": self._logprobs(logprobs)}
 
     def chunk(self, delta: StreamDelta, first_of_choice: bool) -> dict:
         finish = _reason(delta.finish_reason)
@@ -57,7 +59,8 @@ class ResponseShape:
             content = {"role": "assistant", "content": delta.text} if first_of_choice else {"content": delta.text}
             choice = {"index": delta.index, "delta": content, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": delta.index, "text": delta.text, "finish_reason": finish, "logprobs": logprobs}
+            text = self.echo + delta.text if first_of_choice else delta.text
+            choice = {"index": delta.index, "text": text, "finish_reason": finish, "logprobs": logprobs}
         return {
             "id": self.completion_id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",

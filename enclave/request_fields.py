@@ -1,35 +1,131 @@
-"""Reading an inner request's JSON body: chat messages, and the sampling settings as `SamplingParams`.
+"""Reading an inner request's JSON body: chat messages, the prompt, and the sampling settings as `SamplingParams`.
 
-Every check names the field that was wrong and never echoes what it held.
+Every field of OpenAI's references is applied here or refused by name (`openai_fields` lists which and
+why). Every check names the field that was wrong in the error's `param` and never echoes what it held.
 """
 
 from __future__ import annotations
 
 from engine import DEFAULT_MAX_TOKENS, ChatMessage, SamplingParams
 from enclave.api_types import ApiError
+from enclave.openai_fields import check_names
 
 MAX_MESSAGES = 256
 MAX_STOP_TOKEN_IDS = 64
+MAX_USER_CHARS = 512
+SERVICE_TIERS = ("auto", "default")  # one tier: asking for it, or for none in particular, changes nothing
 
 
 def sampling_params(body: dict, chat: bool, max_tokens_limit: int) -> SamplingParams:
     """Every sampling setting the engine implements, under OpenAI's names (and vLLM's for the rest)."""
+    check_names(body, chat)
+    _inert_fields(body, chat)
     fields = {
-        "max_tokens": _number(body, "max_tokens", int, DEFAULT_MAX_TOKENS),
+        "max_tokens": _max_tokens(body, max_tokens_limit),
         "temperature": _number(body, "temperature", float, 1.0),
         "top_p": _number(body, "top_p", float, 1.0),
         "top_k": _top_k(body),
         "min_p": _number(body, "min_p", float, 0.0),
-        "n": _number(body, "n", int, 1),
+        "n": _samples(body),
         "seed": _number(body, "seed", int, None),
         "stop": _stop_strings(body.get("stop")),
         "stop_token_ids": _token_ids(body.get("stop_token_ids")),
         "ignore_eos": _flag(body, "ignore_eos"),
         "logprobs": _chat_logprobs(body) if chat else _number(body, "logprobs", int, None),
+        **engine_fields(body),
     }
-    if fields["max_tokens"] > max_tokens_limit:
-        raise ApiError(400, "invalid_request", f"'max_tokens' may be at most {max_tokens_limit} on this node")
     return SamplingParams(**fields)
+
+
+def _max_tokens(body: dict, limit: int) -> int:
+    """`max_tokens`, or its newer name `max_completion_tokens` (chat); both given must agree."""
+    plain = _number(body, "max_tokens", int, None)
+    alias = _number(body, "max_completion_tokens", int, None)
+    if plain is not None and alias is not None and plain != alias:
+        raise ApiError(400, "invalid_request", "'max_tokens' and 'max_completion_tokens' are one setting; "
+                       "give one of them, or both equal", param="max_completion_tokens")
+    name, value = ("max_completion_tokens", alias) if alias is not None else ("max_tokens", plain)
+    if value is not None and value > limit:
+        raise ApiError(400, "invalid_request", f"'{name}' may be at most {limit} on this node", param=name)
+    return DEFAULT_MAX_TOKENS if value is None else value
+
+
+def _samples(body: dict) -> int:
+    """`n`; `best_of` only as the same number, since every sample drawn is returned and none ranked away."""
+    n = _number(body, "n", int, 1)
+    best_of = _number(body, "best_of", int, None)
+    if best_of is not None and best_of != n:
+        raise ApiError(400, "unsupported_parameter", "'best_of' must equal 'n' (or be left out): the node returns "
+                       "every sample it draws and ranks none away", param="best_of")
+    return n
+
+
+def _inert_fields(body: dict, chat: bool) -> None:
+    """Fields accepted because the answer is exactly as asked with them; checked, then dropped.
+
+    `user` and `safety_identifier` name the application's end user: never stored, logged or passed on."""
+    for name in ("user", "safety_identifier"):
+        value = body.get(name)
+        if value is not None and not (isinstance(value, str) and len(value) <= MAX_USER_CHARS):
+            raise ApiError(400, "invalid_request", f"'{name}' must be a string of at most {MAX_USER_CHARS} characters",
+                           param=name)
+    _flag(body, "stream")
+    if body.get("store") not in (None, False):
+        raise ApiError(400, "unsupported_parameter", "nodes never store completions; leave 'store' out or false",
+                       param="store")
+    if body.get("metadata") not in (None, {}):
+        raise ApiError(400, "unsupported_parameter", "nodes store nothing, so 'metadata' would tag nothing",
+                       param="metadata")
+    if body.get("service_tier") not in (None, *SERVICE_TIERS):
+        raise ApiError(400, "unsupported_parameter", "'service_tier' may only be 'auto' or 'default': nodes "
+                       "serve one tier", param="service_tier")
+    if chat and body.get("modalities") not in (None, ["text"]):
+        raise ApiError(400, "unsupported_parameter", "'modalities' may only be [\"text\"]: nodes generate text only",
+                       param="modalities")
+    if not chat and body.get("suffix") not in (None, ""):
+        raise ApiError(400, "unsupported_parameter", "'suffix' (fill in the middle) is not supported: the "
+                       "served model's template has no fill-in-the-middle form", param="suffix")
+
+
+# ===== Issue 20, engine part: the fields the engine applies. ===========================================
+# logit_bias, the penalties, structured outputs (response_format, structured_outputs, guided_*) and tools
+# are recognized in this one place, so that none is ever silently ignored. Types and ranges are checked
+# here; a value that changes nothing passes; any other is refused by name until the engine applies it:
+# replace a refusal with the SamplingParams keyword the engine takes.
+
+PENALTY_RANGE = (-2.0, 2.0)
+_NOT_YET = "is not applied by this node yet"
+
+
+def engine_fields(body: dict) -> dict:
+    """The SamplingParams keywords for the engine's fields (none yet: each one set is refused)."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _penalty(body, name) != 0.0:
+            raise ApiError(400, "unsupported_parameter", f"'{name}' {_NOT_YET}", param=name)
+    if not 0.0 < _number(body, "repetition_penalty", float, 1.0) <= 2.0:
+        raise ApiError(400, "invalid_request", "'repetition_penalty' must be in (0, 2]", param="repetition_penalty")
+    _flag(body, "parallel_tool_calls")  # means nothing without tools, which are refused below
+    for name, neutral in _NEUTRAL.items():
+        if body.get(name) is not None and body[name] != neutral:
+            raise ApiError(400, "unsupported_parameter", f"'{name}' {_NOT_YET}", param=name)
+    return {}
+
+
+# The value of each field that asks for nothing (None: no value does).
+_NEUTRAL = {"repetition_penalty": 1.0, "logit_bias": {}, "response_format": {"type": "text"}, "tools": [],
+            "tool_choice": "none", "structured_outputs": None, "guided_json": None, "guided_regex": None,
+            "guided_choice": None, "guided_grammar": None}
+
+
+def _penalty(body: dict, name: str) -> float:
+    value = _number(body, name, float, 0.0)
+    low, high = PENALTY_RANGE
+    if not low <= value <= high:
+        raise ApiError(400, "invalid_request", f"'{name}' must be between {low:g} and {high:g}", param=name)
+    return value
+
+
+# ===== End of the engine part. ==========================================================================
 
 
 def _top_k(body: dict) -> int:
@@ -41,7 +137,7 @@ def _top_k(body: dict) -> int:
 def _flag(body: dict, name: str) -> bool:
     value = body.get(name, False)
     if not isinstance(value, bool):
-        raise ApiError(400, "invalid_request", f"'{name}' must be true or false")
+        raise ApiError(400, "invalid_request", f"'{name}' must be true or false", param=name)
     return value
 
 
@@ -50,7 +146,8 @@ def _token_ids(raw: object) -> tuple[int, ...]:
         return ()
     if not (isinstance(raw, list) and len(raw) <= MAX_STOP_TOKEN_IDS
             and all(isinstance(t, int) and not isinstance(t, bool) for t in raw)):
-        raise ApiError(400, "invalid_request", f"'stop_token_ids' must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
+        raise ApiError(400, "invalid_request", f"'stop_token_ids' must be a list of at most {MAX_STOP_TOKEN_IDS} token ids",
+                       param="stop_token_ids")
     return tuple(raw)
 
 
@@ -59,7 +156,7 @@ def _chat_logprobs(body: dict) -> int | None:
     wanted = _flag(body, "logprobs")
     top = _number(body, "top_logprobs", int, None)
     if top is not None and not wanted:
-        raise ApiError(400, "invalid_request", "'top_logprobs' needs 'logprobs': true")
+        raise ApiError(400, "invalid_request", "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return (top or 0) if wanted else None
 
 
@@ -71,18 +168,18 @@ def _stop_strings(stop: object) -> tuple[str, ...]:
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         stops = tuple(stop)
     else:
-        raise ApiError(400, "invalid_request", "'stop' must be a string or a list of strings")
+        raise ApiError(400, "invalid_request", "'stop' must be a string or a list of strings", param="stop")
     for text in stops:
-        check_unicode(text)
+        check_unicode(text, "stop")
     return stops
 
 
-def check_unicode(text: str) -> str:
+def check_unicode(text: str, param: str | None = None) -> str:
     """JSON can carry lone surrogates, which are not text; the tokenizer must never see them."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ApiError(400, "invalid_request", "text must be valid Unicode (no lone surrogates)") from None
+        raise ApiError(400, "invalid_request", "text must be valid Unicode (no lone surrogates)", param=param) from None
     return text
 
 
@@ -91,18 +188,21 @@ def _number(body: dict, name: str, kind: type, default):
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise ApiError(400, "invalid_request", f"'{name}' must be {'an integer' if kind is int else 'a number'}")
+        raise ApiError(400, "invalid_request", f"'{name}' must be {'an integer' if kind is int else 'a number'}",
+                       param=name)
     return kind(value)
 
 
 def messages(raw: object) -> list[ChatMessage]:
     if not isinstance(raw, list) or not 0 < len(raw) <= MAX_MESSAGES:
-        raise ApiError(400, "invalid_request", f"'messages' must be a list of 1-{MAX_MESSAGES} messages")
+        raise ApiError(400, "invalid_request", f"'messages' must be a list of 1-{MAX_MESSAGES} messages",
+                       param="messages")
     messages = []
     for entry in raw:
         if not isinstance(entry, dict) or not isinstance(entry.get("role"), str):
-            raise ApiError(400, "invalid_request", "each message needs a 'role' and a 'content'")
-        messages.append(ChatMessage(check_unicode(entry["role"]), check_unicode(_text_content(entry.get("content")))))
+            raise ApiError(400, "invalid_request", "each message needs a 'role' and a 'content'", param="messages")
+        content = _text_content(entry.get("content"))
+        messages.append(ChatMessage(check_unicode(entry["role"], "messages"), check_unicode(content, "messages")))
     return messages
 
 
@@ -113,7 +213,8 @@ def _text_content(content: object) -> str:
         parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         if len(parts) == len(content) and all(isinstance(p, str) for p in parts):
             return "".join(parts)
-    raise ApiError(400, "invalid_request", "message content must be a string or a list of text parts")
+    raise ApiError(400, "invalid_request", "message content must be a string or a list of text parts",
+                   param="messages")
 
 
 def include_usage(body: dict) -> bool:
@@ -122,7 +223,35 @@ def include_usage(body: dict) -> bool:
     if options is None:
         return False
     if body.get("stream") is not True:
-        raise ApiError(400, "invalid_request", "'stream_options' is only allowed when 'stream' is true")
-    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-        raise ApiError(400, "invalid_request", "'stream_options' must be an object with a boolean 'include_usage'")
+        raise ApiError(400, "invalid_request", "'stream_options' is only allowed when 'stream' is true",
+                       param="stream_options")
+    if not (isinstance(options, dict) and set(options) <= {"include_usage"}
+            and isinstance(options.get("include_usage", False), bool)):
+        raise ApiError(400, "invalid_request", "'stream_options' must be an object with a boolean 'include_usage'",
+                       param="stream_options")
     return options.get("include_usage", False)
+
+
+def prompt(body: dict) -> str | list[int]:
+    """A completions prompt: text or token ids, alone or as a list of one; several prompts are refused."""
+    raw = body.get("prompt")
+    if isinstance(raw, list) and raw and all(isinstance(p, (str, list)) for p in raw):
+        if len(raw) > 1:
+            raise ApiError(400, "unsupported_parameter", "'prompt' holds several prompts; send one request per "
+                           "prompt", param="prompt")
+        raw = raw[0]
+    if isinstance(raw, str):
+        return check_unicode(raw, "prompt")
+    if isinstance(raw, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        return raw
+    raise ApiError(400, "invalid_request", "'prompt' must be a string or a list of token ids", param="prompt")
+
+
+def echo(body: dict) -> bool:
+    """Completions' `echo`: the prompt's text before each completion. Its logprobs would be the prompt's
+    too, which the engine does not compute, so the two together are refused."""
+    wanted = _flag(body, "echo")
+    if wanted and body.get("logprobs") is not None:
+        raise ApiError(400, "unsupported_parameter", "'echo' with 'logprobs' is not supported: the node does not "
+                       "compute the prompt's logprobs", param="echo")
+    return wanted
