@@ -92,14 +92,24 @@ class LLMEngine:
         request = self._requests.get(request_id)
         if request is None:
             raise UnknownRequestError("no such request in this engine")
+        request.sequences += self._unforked(request.sequences[0])
         for seq in request.sequences:
             if not seq.is_finished:
                 self.scheduler.remove(seq)
-                seq.forks_pending = 0
                 self._finish(seq, FinishReason.ABORT)
         self.block_manager.scrub_freed()
         self._clear_if_idle()
         self._pending += self._deltas(request.sequences)
+
+    def _unforked(self, parent: Sequence) -> list[Sequence]:
+        """Samples not forked yet (the prompt is still being prefilled), made without blocks so that an
+        abort ends each of them with its own last delta, as it does once they are forked."""
+        children = [
+            self._new_sequence(parent.request_id, index, parent.prompt_token_ids, parent.params, parent.max_tokens)
+            for index in range(1, parent.forks_pending + 1)
+        ]
+        parent.forks_pending = 0
+        return children
 
     def has_unfinished(self) -> bool:
         return bool(self._requests) or bool(self._pending) or self._in_flight is not None

@@ -169,6 +169,25 @@ def test_abort_of_a_request_still_waiting():
     assert not engine.has_unfinished()
 
 
+@pytest.mark.parametrize("steps", [0, 1], ids=["waiting", "prefilling"])
+def test_an_abort_before_the_samples_fork_ends_every_sample_as_an_abort_after_it_does(steps):
+    engine = tiny_engine(num_blocks=16, block_size=4, max_num_batched_tokens=4)
+    request = engine.add_request(random_prompts(1, 12, 12, seed=18)[0], SamplingParams(max_tokens=4, n=3, seed=2))
+    for _ in range(steps):
+        assert engine.step() == []  # one chunk of the prompt: nothing sampled yet
+    assert len(engine._requests[request].sequences) == 1  # the premise: samples 1 and 2 not forked yet
+
+    engine.abort(request)
+    deltas = list(engine.stream())
+
+    assert sorted((d.index, d.finish_reason, d.token_ids) for d in deltas) == [
+        (index, FinishReason.ABORT, ()) for index in range(3)]
+    assert [d.request_finished for d in deltas] == [False, False, True]
+    assert deltas[-1].metrics.output_tokens == 0
+    assert not engine.has_unfinished() and engine.residue_check() == []
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
 def test_abort_of_an_unknown_request_is_an_error_without_the_id():
     engine = tiny_engine(num_blocks=8, block_size=4)
     with pytest.raises(UnknownRequestError) as raised:
