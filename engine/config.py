@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import EngineError, ModelLoadError
+from engine.sampling_params import is_integer
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -278,8 +279,24 @@ class EngineConfig:
     async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
+        self._check_sizes()
         # A string such as "false" would be truthy: only the three documented values are accepted.
         for name in ("cuda_graphs", "async_scheduling"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise EngineError(f"{name} must be true, false or unset (null: on where the device is CUDA)")
+
+    def _check_sizes(self) -> None:
+        """Refuses sizes of zero or below by name: a zero batch or step budget admits requests that never
+        run, a zero block size divides by zero, and None, not 0, is how a size is left unset."""
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if not _is_count(getattr(self, name)):
+                raise EngineError(f"{name} must be an integer >= 1")
+        for name, unset in (("max_model_len", "the model's own context"), ("num_blocks", "sized from the memory budget")):
+            value = getattr(self, name)
+            if value is not None and not _is_count(value):
+                raise EngineError(f"{name} must be an integer >= 1, or unset (null: {unset})")
+
+
+def _is_count(value: object) -> bool:
+    return is_integer(value) and value >= 1

@@ -219,6 +219,24 @@ def test_finished_request_id_can_be_reused():
     assert [t for d in engine.stream() for t in d.token_ids] == first
 
 
+# ----- engine settings ----------------------------------------------------------------------
+
+SIZES = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_blocks")
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True], ids=["zero", "negative", "float", "bool"])
+@pytest.mark.parametrize("name", SIZES)
+def test_an_engine_size_below_one_is_refused_by_name_not_taken_for_unset(name, value):
+    with pytest.raises(EngineError) as raised:
+        EngineConfig(**{name: value})
+    assert str(raised.value).startswith(f"{name} must be an integer >= 1")
+
+
+def test_the_smallest_sizes_serve(expected_good_outputs):
+    smallest = EngineConfig(block_size=1, max_num_seqs=1, max_num_batched_tokens=1, num_blocks=32, max_model_len=32)
+    assert output_tokens(LLMEngine(tiny_model_dir(), smallest), GOOD_PROMPTS, GOOD_PARAMS) == expected_good_outputs
+
+
 # ----- model folders ------------------------------------------------------------------------
 
 
