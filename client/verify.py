@@ -5,6 +5,11 @@ Each candidate's evidence bundle is parsed and run through
 name the same node, key configuration and chip the directory listed, otherwise
 the directory lied. Verified records are cached (by the exact evidence text) until
 they expire, so a steady stream of requests does not re-verify every time.
+
+A candidate's evidence, whatever its bytes, can only get that candidate refused:
+anything verifying it raises, even an exception the verifier should have turned
+into an AttestationError, makes a failed record (its type named, its message,
+which could quote the evidence, dropped), and the request is sealed to the others.
 """
 
 from __future__ import annotations
@@ -42,25 +47,12 @@ class CandidateVerifier:
 
     def check(self, entry: DirectoryEntry) -> CandidateRecord:
         """The candidate's record: verified, or the check that failed and why."""
-        try:
-            node = self._verified(entry)
-        except AttestationError as error:
-            return CandidateRecord(entry.node_id, entry.capacity, None, error.check, str(error))
-        mismatch = _listing_mismatch(entry, node)
-        if mismatch is not None:
-            return CandidateRecord(entry.node_id, entry.capacity, None, "directory", mismatch)
-        return CandidateRecord(entry.node_id, entry.capacity, node)
+        return _record(entry, lambda: self._verified(entry))
 
     def check_fresh(self, entry: DirectoryEntry, evidence: str, nonce: bytes) -> CandidateRecord:
         """A record from evidence the node produced over the client's own `nonce` (never cached)."""
-        try:
-            node = verify(EvidenceBundle.from_json(evidence), self.policy, expected_nonce=nonce, now=self._clock())
-        except AttestationError as error:
-            return CandidateRecord(entry.node_id, entry.capacity, None, error.check, str(error))
-        mismatch = _listing_mismatch(entry, node)
-        if mismatch is not None:
-            return CandidateRecord(entry.node_id, entry.capacity, None, "directory", mismatch)
-        return CandidateRecord(entry.node_id, entry.capacity, node)
+        return _record(entry, lambda: verify(EvidenceBundle.from_json(evidence), self.policy, expected_nonce=nonce,
+                                             now=self._clock()))
 
     def _verified(self, entry: DirectoryEntry) -> VerifiedNode:
         key = hashlib.sha256(entry.evidence.encode("utf-8", "surrogatepass")).digest()
@@ -82,6 +74,21 @@ class CandidateVerifier:
                 if len(self._cache) >= MAX_CACHED:
                     self._cache.clear()
             self._cache[key] = _Cached(node)
+
+
+def _record(entry: DirectoryEntry, verified: Callable[[], VerifiedNode]) -> CandidateRecord:
+    """The record of `entry` whose evidence `verified()` verifies: the node, or what failed."""
+    try:
+        node = verified()
+    except AttestationError as error:
+        return CandidateRecord(entry.node_id, entry.capacity, None, error.check, str(error))
+    except Exception as error:  # the candidate's bytes made the verifier fail: that candidate is refused
+        return CandidateRecord(entry.node_id, entry.capacity, None, "format",
+                               f"the evidence could not be verified: the verifier raised {type(error).__name__} on it")
+    mismatch = _listing_mismatch(entry, node)
+    if mismatch is not None:
+        return CandidateRecord(entry.node_id, entry.capacity, None, "directory", mismatch)
+    return CandidateRecord(entry.node_id, entry.capacity, node)
 
 
 def one_per_chip(records: Sequence[CandidateRecord]) -> list[CandidateRecord]:

@@ -4,7 +4,15 @@ Runs in the gateway's event loop. Each round (every `health_s`) it evicts
 expired evidence, health-checks every admitted node (evicting the silent and
 the draining, re-attesting at once a node whose id changed because it rotated
 its key), re-attests nodes whose timer is due, and retries admission of every
-known node that is not in the pool. Evidence is verified off the event loop.
+known node that is not in the pool and reports itself serving: a node whose
+engine core died still answers Attest, so attesting alone would readmit it.
+Evidence is verified off the event loop.
+
+A node's answers can only get that node refused. Whatever verifying its
+evidence raises, even an exception the verifier should have turned into an
+AttestationError, refuses (or evicts) that node alone, with a fixed message:
+the gateway still starts, the round goes on for the other nodes, and a
+registration is refused, never a 500.
 """
 
 from __future__ import annotations
@@ -22,13 +30,15 @@ from gateway.errors import (
     NodeUnreachableError,
     RegistrationError,
 )
-from gateway.node_client import NodeClient
+from gateway.node_client import AttestAnswer, NodeClient
 from gateway.pool import Admission, Eviction, HealthVerdict, NodePool, eviction_reason
 from gateway.settings import GatewaySettings, parse_address
 
 _log = logging.getLogger("veil.gateway")
 MAX_KNOWN_NODES = 1024
 _VERDICT_REASONS = {HealthVerdict.UNREACHABLE: EvictionReason.UNREACHABLE, HealthVerdict.DRAINED: EvictionReason.DRAINED}
+NOT_SERVING = "the node reports that it is not serving; it is admitted once it serves again"
+_NOT_ADMITTED = "the node could not be attested and admitted; check its evidence and policy"
 
 
 class PoolKeeper:
@@ -68,15 +78,24 @@ class PoolKeeper:
         self._clients.clear()
 
     async def run_round(self) -> None:
-        """One upkeep round over every known node."""
+        """One upkeep round over every known node; one node's surprise never ends it for the others."""
         for eviction in self.pool.expire():
             self._record(eviction)
         due = set(self.pool.reattestation_due(self.settings.reattest_s, margin_s=2 * self.settings.health_s))
-        await asyncio.gather(*(self._upkeep(address, address in due) for address in list(self._known)))
+        addresses = list(self._known)
+        outcomes = await asyncio.gather(*(self._upkeep(address, address in due) for address in addresses),
+                                        return_exceptions=True)
+        for address, outcome in zip(addresses, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                # Its type only: a message could quote what the node sent.
+                _log.error("veil gateway: upkeep of the node at %s failed (%s); retrying next round",
+                           address, type(outcome).__name__)
 
     async def admit(self, address: str) -> Admission:
-        """Attest `address` with a fresh nonce and admit it, or raise (evicting it if it was admitted)."""
+        """Admit `address` if it serves and attests over a fresh nonce, or raise (evicting it if it was admitted)."""
         async with self._lock_for(address):
+            if self.pool.entry_at(address) is None:
+                return await self._join(address)
             return await self._attest(address)
 
     async def register(self, address: str) -> Admission:
@@ -89,8 +108,10 @@ class PoolKeeper:
             raise RegistrationError("this gateway knows as many nodes as it can keep; register later")
         try:
             admission = await self.admit(address)
-        except (AdmissionError, NodeUnreachableError):
-            raise RegistrationError("the node could not be attested and admitted; check its evidence and policy") from None
+        except AdmissionError as error:
+            raise RegistrationError(NOT_SERVING if error.check == "health" else _NOT_ADMITTED) from None
+        except NodeUnreachableError:
+            raise RegistrationError(_NOT_ADMITTED) from None
         if address not in self._known:
             self._known.append(address)
         return admission
@@ -113,7 +134,8 @@ class PoolKeeper:
             return  # an admission is already under way there
         async with lock:
             if self.pool.entry_at(address) is None:
-                await self._try_attest(address)
+                with contextlib.suppress(AdmissionError, NodeUnreachableError):
+                    await self._join(address)
                 return
             verdict = await self._health(address)
             if verdict in _VERDICT_REASONS:
@@ -128,6 +150,17 @@ class PoolKeeper:
             report = None
         return self.pool.judge_health(address, report)
 
+    async def _join(self, address: str) -> Admission:
+        """Admit a node that is not in the pool: only if its health check says it serves, then on its evidence."""
+        verdict = await self._health(address)
+        if verdict is HealthVerdict.UNREACHABLE:
+            raise NodeUnreachableError("the node did not answer the health check")
+        if verdict is HealthVerdict.DRAINED:
+            error = AdmissionError(NOT_SERVING, check="health")
+            self._refused(address, error, was_admitted=False)
+            raise error
+        return await self._attest(address)
+
     async def _try_attest(self, address: str) -> None:
         with contextlib.suppress(AdmissionError, NodeUnreachableError):
             await self._attest(address)
@@ -137,7 +170,7 @@ class PoolKeeper:
         nonce = self.pool.challenge(address)
         try:
             answer = await self.client(address).attest(nonce, self.settings.attest_timeout_s)
-            admission = await asyncio.to_thread(self.pool.admit, address, answer.evidence, answer.capacity)
+            admission = await asyncio.to_thread(self._verify_and_admit, address, answer)
         except AdmissionError as error:
             self._refused(address, error, was_admitted)
             raise
@@ -149,6 +182,18 @@ class PoolKeeper:
             self.auditor.admitted(admission)
             _log.info("veil gateway: admitted node %s… at %s", admission.entry.node_id[:12], address)
         return admission
+
+    def _verify_and_admit(self, address: str, answer: AttestAnswer) -> Admission:
+        """`pool.admit`, with anything else than AdmissionError it raises made that node's refusal."""
+        try:
+            return self.pool.admit(address, answer.evidence, answer.capacity)
+        except AdmissionError:
+            raise
+        except Exception as error:
+            # Only the node's bytes differ between this node and the others, so this refuses the node;
+            # the exception's type names the fault, its message (which could quote them) is dropped.
+            raise AdmissionError(f"the node's evidence could not be verified: the verifier raised "
+                                 f"{type(error).__name__} on it", check="format") from None
 
     def _refused(self, address: str, error: AdmissionError, was_admitted: bool) -> None:
         if was_admitted:

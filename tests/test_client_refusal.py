@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,11 +18,13 @@ from attestation.backends.sim import SimBackend
 from attestation.measurement import Measurement
 from attestation.sim_root import ROOT_DIR_ENV
 from attestation.verifier import node_id_for
+from client.directory import DirectoryEntry
 from client.errors import GatewayError, NoVerifiedNodeError
 from client.sdk import Client
 from ohttp import generate_key_pair
 from policy import shipped_policy
 from tests.http_stand_in import environment, served
+from tests.test_gateway_support import with_broken_certificate
 
 
 @dataclass
@@ -133,3 +136,58 @@ def test_a_retry_after_longer_than_the_sdk_waits_is_left_to_the_caller(stand_in:
         assert caught.value.retry_after == 3600.0 and len(stand_in.infer_bodies) - before == 1
     finally:
         stand_in.retry_after = "2"
+
+
+# ----- evidence that breaks the verifier gets only its candidate refused --------------------------
+
+
+def _broken_node() -> dict:
+    """A node under the trusted root whose GPU leaf certificate declares an X.509 version that does not exist."""
+    node = _node(Path(os.environ[ROOT_DIR_ENV]))
+    return {**node, "evidence": with_broken_certificate(node["evidence"], "gpu")}
+
+
+def _entry(node: dict) -> DirectoryEntry:
+    return DirectoryEntry(node["node_id"], base64.b64decode(node["key_config"]), node["evidence"], node["capacity"])
+
+
+def test_a_candidate_whose_evidence_breaks_the_verifier_is_skipped_and_the_others_sealed_to(stand_in: StandIn) -> None:
+    original = stand_in.directory
+    trusted, broken = original["nodes"][0], _broken_node()
+    stand_in.directory = {**original, "nodes": [broken, trusted]}
+    before = len(stand_in.infer_bodies)
+    try:
+        with Client(stand_in.url, policy="dev", max_retries=0) as client, pytest.raises(GatewayError) as caught:
+            _ask(client)
+    finally:
+        stand_in.directory = original
+    assert caught.value.code == "overloaded"  # the stand-in's answer: the request was sent
+    [body] = stand_in.infer_bodies[before:]
+    assert [c["node_id"] for c in json.loads(body)["candidates"]] == [trusted["node_id"]]
+
+
+def test_fresh_evidence_that_breaks_the_verifier_is_a_failed_check(stand_in: StandIn) -> None:
+    from client.verify import CandidateVerifier
+
+    broken = _broken_node()
+    record = CandidateVerifier(shipped_policy("dev")).check_fresh(_entry(broken), broken["evidence"], secrets.token_bytes(32))
+    assert not record.ok and record.failed_check and record.failure
+
+
+def test_whatever_the_verifier_raises_the_sdk_refuses_that_candidate_without_its_message(
+        stand_in: StandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The verifier is meant to end every parse in an AttestationError; the SDK must not rely on it.
+    # Only a verifier that raises something else, carrying the bytes it choked on, shows that.
+    import client.verify
+
+    canary = "CANARY-93b1-EVIDENCE-BYTES"
+
+    def choking(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(f"unexpected bytes {canary}")
+
+    monkeypatch.setattr(client.verify, "verify", choking)
+    entry = _entry(stand_in.directory["nodes"][0])
+    verifier = client.verify.CandidateVerifier(shipped_policy("dev"))
+    for record in (verifier.check(entry), verifier.check_fresh(entry, entry.evidence, secrets.token_bytes(32))):
+        assert not record.ok and record.failed_check == "format"
+        assert "RuntimeError" in record.failure and canary not in record.failure

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 from pathlib import Path
 
 import httpx
@@ -11,7 +13,7 @@ import pytest
 
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import verify
-from audit.events import NodeEvicted
+from audit.events import EvictionReason, NodeAdmitted, NodeEvicted
 from client.sdk import Client
 from enclave.node import NodeServer
 from enclave.settings import NodeSettings
@@ -194,6 +196,23 @@ def test_a_dead_node_is_evicted_and_traffic_fails_over(gateway, nodes) -> None:
     assert gateway.runtime.pool.lookup(dead_id) is None
     assert [node.node_id for node in gateway.runtime.pool.entries()] == [alive.node_id]
     assert any(isinstance(event, NodeEvicted) and event.node_id == dead_id for event in gateway.audit.events)
+
+
+def test_a_node_whose_engine_core_died_is_evicted_and_stays_out(sim_root, model_dir) -> None:
+    node = start_node(model_dir)
+    try:
+        with LiveGateway(gateway_settings([f"127.0.0.1:{node.port}"])) as gateway:
+            assert [entry.node_id for entry in gateway.runtime.pool.entries()] == [node.node_id]
+            os.kill(node.engine._process.pid, signal.SIGKILL)
+            gateway.wait_for(lambda: not node.service.serving)
+            for _ in range(4):  # it still answers Attest: only its health keeps it out
+                gateway.run_round()
+            assert gateway.runtime.pool.entries() == ()
+            events = gateway.audit.events
+            assert [event.reason for event in events if isinstance(event, NodeEvicted)] == [EvictionReason.DRAINED]
+            assert sum(isinstance(event, NodeAdmitted) for event in events) == 1
+    finally:
+        node.stop(grace=0)
 
 
 def test_attestation_results_verify_under_the_gateways_published_key(gateway, nodes) -> None:

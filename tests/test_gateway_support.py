@@ -9,6 +9,7 @@ node. The gateway runs on a real uvicorn server in a thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import threading
@@ -74,6 +75,23 @@ class SimEvidence:
     def rotate(self) -> None:
         self.previous_keys = self.keys
         self.keys = generate_key_pair((self.keys.key_id + 1) % 256)
+
+
+_X509_V3 = bytes.fromhex("a003020102")  # [0] EXPLICIT INTEGER 2: a certificate's version field, v3
+_X509_UNDEFINED = bytes.fromhex("a003020103")  # version 4, which X.509 does not define
+
+
+def with_broken_certificate(evidence_json: str, part: str = "cpu") -> str:
+    """The evidence with its `part` ("cpu" or "gpu") leaf certificate declaring an X.509 version that
+    does not exist. It can never verify; before the verifier's parsing was hardened, reading such a
+    certificate raised cryptography's own InvalidVersion, not an AttestationError."""
+    bundle = EvidenceBundle.from_json(evidence_json)
+    evidence = getattr(bundle, part)
+    leaf = evidence.cert_chain[0]
+    assert leaf.startswith(_X509_V3, 8), "the leaf certificate's version field is not where DER puts it"
+    broken = leaf.replace(_X509_V3, _X509_UNDEFINED, 1)
+    chain = (broken, *evidence.cert_chain[1:])
+    return dataclasses.replace(bundle, **{part: dataclasses.replace(evidence, cert_chain=chain)}).to_json()
 
 
 @dataclass(frozen=True)
