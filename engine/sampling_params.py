@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.errors import RequestRejected
@@ -15,6 +16,37 @@ MAX_STOP_STRING_LENGTH = 256
 # Below this the scaled logits can overflow fp32 (at about 1e-37 they do); the distribution has
 # collapsed onto its most likely token long before, so such temperatures are greedy.
 MIN_TEMPERATURE = 1e-5
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's own limit on logit_bias
+# A schema, regex or grammar is compiled for each request (nothing is cached across requests): this
+# bounds the text; `engine.structured` bounds the compile's work.
+MAX_STRUCTURED_SPEC_BYTES = 64 * 1024
+STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the output's text, compiled per request by `engine.structured`.
+
+    `spec` is the JSON schema as JSON text (json_schema), the regex (regex), the choices as a JSON
+    list of strings (choice), a Lark grammar (grammar), or "" (json_object: any JSON object).
+    `field` is the request field it came from, which refusals name (never its content).
+    """
+
+    kind: str
+    spec: str = ""
+    field: str = "response_format"
+
+    def problem(self) -> str | None:
+        """Why this constraint cannot be served as given, naming its field; None when it can."""
+        if self.kind not in STRUCTURED_KINDS:
+            return f"{self.field}: the kind of constraint must be one of {', '.join(STRUCTURED_KINDS)}"
+        if not isinstance(self.spec, str):
+            return f"{self.field} must be text"
+        if len(self.spec.encode("utf-8", "surrogatepass")) > MAX_STRUCTURED_SPEC_BYTES:
+            return f"{self.field} is over {MAX_STRUCTURED_SPEC_BYTES} bytes"
+        if self.kind != "json_object" and not self.spec:
+            return f"{self.field} is empty"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +68,21 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to report per token; None = off
+    # OpenAI's: (token id, bias in [-100, 100]) added to that token's logit before anything else.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # OpenAI's, in [-2, 2]: subtracted once from the logit of every token the output holds already
+    # (presence), and once per occurrence (frequency).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's and Hugging Face's, > 0: the logit of a token in the prompt or the output is divided by it
+    # when positive and multiplied by it when negative; 1 = off.
+    repetition_penalty: float = 1.0
+    structured: StructuredOutput | None = None  # None: the output is unconstrained
+
+    @property
+    def penalized(self) -> bool:
+        """Whether picks depend on the sample's own tokens: it then needs a slot of token counts."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
     def greedy(self) -> bool:
@@ -62,10 +109,23 @@ class SamplingParams:
              "stop_token_ids must be valid token ids"),
             (lambda: self.logprobs is None or (is_integer(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
              f"logprobs must be an integer between 0 and {MAX_LOGPROBS}"),
+            (lambda: _valid_logit_bias(self.logit_bias, vocab_size),
+             f"logit_bias must map at most {MAX_LOGIT_BIAS_ENTRIES} valid token ids to numbers between -100 and 100"),
+            (lambda: _is_number(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
+             "presence_penalty must be a number between -2 and 2"),
+            (lambda: _is_number(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
+             "frequency_penalty must be a number between -2 and 2"),
+            (lambda: _is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 100.0,
+             "repetition_penalty must be a number in (0, 100]"),
+            (lambda: self.structured is None or isinstance(self.structured, StructuredOutput),
+             "structured must be a StructuredOutput"),
         )
         for ok, message in checks:
             if not ok():
                 raise RequestRejected("invalid_sampling", message)
+        problem = None if self.structured is None else self.structured.problem()
+        if problem is not None:
+            raise RequestRejected("invalid_structured_output", problem)
 
 
 def is_integer(value: object) -> bool:
@@ -74,4 +134,14 @@ def is_integer(value: object) -> bool:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _valid_logit_bias(bias: object, vocab_size: int) -> bool:
+    if not isinstance(bias, (tuple, list)) or len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        return False
+    return all(
+        isinstance(entry, (tuple, list)) and len(entry) == 2 and is_integer(entry[0]) and 0 <= entry[0] < vocab_size
+        and _is_number(entry[1]) and -100.0 <= entry[1] <= 100.0
+        for entry in bias
+    )

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.overlap import placeholder
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured import Guide
 
 
 class SequenceStatus(enum.Enum):
@@ -54,6 +58,10 @@ class Sequence:
     # Async scheduling: the row of the in-flight step's picked ids that holds this sample's next token,
     # whose position counts already but whose id the host has not read yet (`engine.overlap`).
     pending_row: int | None = None
+    # Request-scoped state of its picks, dropped when it ends: its grammar matcher (`engine.structured`)
+    # and its row of token counts (`engine.logits_processors`, taken at its first pick).
+    guide: Guide | None = None
+    penalty_slot: int | None = None
 
     @property
     def num_output_tokens(self) -> int:

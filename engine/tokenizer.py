@@ -48,6 +48,10 @@ class Tokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The tokenizer as `tokenizer.json` text: what llguidance indexes the vocabulary from."""
+        return self._tokenizer.to_str()
+
     def token_id(self, token: str | None) -> int | None:
         return None if token is None else self._tokenizer.token_to_id(token)
 

@@ -1,0 +1,159 @@
+"""Structured outputs: one grammar per request (llguidance), one token mask per constrained sample per step.
+
+Grammar state is request-scoped, like KV blocks. A request's schema, regex, choice list or grammar is
+compiled when the request is admitted, into a matcher that only its own samples hold (`Guide`; a
+forked sample gets a copy); the matcher is dropped when its sample ends. There is no cache of
+grammars, compiled or not, across requests: a process-wide cache (vLLM's) would let one request's
+compile time tell whether someone else used the same schema recently. What every request shares is
+only the model's vocabulary as llguidance indexes it (`GrammarCompiler`), built once from the
+tokenizer and never changed by a grammar.
+
+Compiling is bounded: the text by `MAX_STRUCTURED_SPEC_BYTES`, the work by llguidance's own fuel and
+size limits (`_LIMITS`, counted in work, not time, so the same schema is refused on every machine),
+and each step's mask computation by its per-step limits. Regexes cannot backtrack catastrophically:
+llguidance's lexer (derivre) matches by regex derivatives, a lazily built automaton with no
+backtracking, so a pattern like `(a+)+b` costs linear time in the text.
+
+Refusals name the request field and a category; llguidance's own messages are never passed on,
+since they quote the grammar. Its verbose errors and logging are turned off for the same reason.
+
+Async scheduling: a constrained sample's mask for step N+1 depends on step N's token, which the host
+has not read when step N+1 is launched. The engine therefore launches step N+1's forward first and
+its pick after step N's picks are read and the matchers advanced (`LLMEngine.step`): the forward
+still overlaps the host's work, and only steps with a constrained sample defer their pick.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import llguidance
+import numpy as np
+import torch
+
+from engine.errors import RequestRejected
+from engine.sampling_params import StructuredOutput
+
+# Fuel for building the lexer (about 50k a millisecond) and the grammar's size in symbols: well
+# above what real-world schemas need, low enough that no request holds a step for long.
+_LIMITS = dict(initial_lexer_fuel=1_000_000, max_grammar_size=200_000, max_lexer_states=50_000,
+               step_lexer_fuel=200_000, step_max_items=50_000, verbose_errors=False)
+# JSON with no free whitespace: a model cannot stall a structured answer with endless blank space.
+_JSON_OPTIONS = {"whitespace_flexible": False}
+_ANY_OBJECT = '{"type": "object"}'
+
+
+class Guide:
+    """One sample's grammar matcher; it lives and dies with the sample."""
+
+    __slots__ = ("_matcher", "__weakref__")
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._matcher = matcher
+
+    def fork(self) -> Guide:
+        """A copy for another sample of the same request (samples fork before any output)."""
+        return Guide(self._matcher.deep_copy())
+
+    def advance(self, token: int) -> bool:
+        """Consumes a picked token; False if the grammar does not allow it (never, when its mask applied)."""
+        return self._matcher.consume_token(token)
+
+    @property
+    def complete(self) -> bool:
+        """The grammar allows nothing more: the sample's output is whole."""
+        return self._matcher.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        return self._matcher.is_accepting()
+
+    @property
+    def matcher(self) -> llguidance.LLMatcher:
+        return self._matcher
+
+    def __repr__(self) -> str:
+        return "Guide()"  # nothing of the grammar or the output
+
+
+@dataclass(slots=True)
+class MaskRequest:
+    """One constrained pick: its sample's matcher, and the stop token ids allowed where the grammar accepts."""
+
+    guide: Guide
+    stop_token_ids: tuple[int, ...]
+
+
+class GrammarCompiler:
+    """Compiles requests' constraints against the model's vocabulary; holds nothing of any request."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.vocab_size = vocab_size
+        self._tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_token_ids or None)
+        self._executor = llguidance.LLExecutor()
+        self.words = (vocab_size + 31) // 32
+
+    def compile(self, structured: StructuredOutput) -> Guide:
+        """A fresh matcher for one request; raises RequestRejected naming the field."""
+        grammar = _grammar(structured)
+        limits = llguidance.LLParserLimits(**_LIMITS)
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=limits)
+        if matcher.is_error():
+            raise RequestRejected("invalid_structured_output", _refusal(structured, matcher.get_error()))
+        return Guide(matcher)
+
+    def masks(self, requests: list[MaskRequest]) -> torch.Tensor:
+        """[requests, words] int32 bitmasks of the tokens each may pick next, filled in parallel on the host."""
+        masks = torch.zeros((len(requests), self.words), dtype=torch.int32)
+        self._executor.unsafe_compute_mask_ptr(
+            [(r.guide.matcher, k) for k, r in enumerate(requests)], masks.data_ptr(), self.words * 4, len(requests)
+        )
+        bits = masks.numpy().view(np.uint32)
+        for k, request in enumerate(requests):
+            if request.stop_token_ids and request.guide.accepting:  # a stop token ends the output like EOS
+                for token in request.stop_token_ids:
+                    bits[k, token // 32] |= np.uint32(1 << (token % 32))
+        return masks
+
+
+def _grammar(structured: StructuredOutput) -> str:
+    """The llguidance grammar of a constraint; raises RequestRejected naming the field."""
+    try:
+        if structured.kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema(_ANY_OBJECT, defaults=_JSON_OPTIONS)
+        if structured.kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(structured.spec, defaults=_JSON_OPTIONS)
+        if structured.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(structured.spec)
+        if structured.kind == "choice":
+            return llguidance.LLMatcher.grammar_from_lark(_choice_grammar(structured))
+        return llguidance.LLMatcher.grammar_from_lark(structured.spec)
+    except (ValueError, TypeError, RecursionError):
+        raise RequestRejected("invalid_structured_output", f"{structured.field} is not valid JSON") from None
+
+
+def _choice_grammar(structured: StructuredOutput) -> str:
+    try:
+        choices = json.loads(structured.spec)
+    except (ValueError, RecursionError):
+        choices = None
+    if not (isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices)):
+        raise RequestRejected("invalid_structured_output", f"{structured.field} must be a list of non-empty strings")
+    # JSON string literals are Lark string literals (llguidance's own choice grammar writes them so).
+    return "start: " + " | ".join(json.dumps(c) for c in choices)
+
+
+# Categories of llguidance's errors, matched on its wording; anything else is "not valid".
+_CATEGORIES = (
+    (("limit", "fuel", "too large", "too many", "too big", "exceeded"), "is over this node's limits for compiling a grammar"),
+    (("unimplemented", "unknown format", "not supported", "unsupported"), "uses a feature this node does not implement"),
+)
+
+
+def _refusal(structured: StructuredOutput, error: str) -> str:
+    lowered = error.lower()
+    for words, what in _CATEGORIES:
+        if any(word in lowered for word in words):
+            return f"{structured.field} {what}"
+    return f"{structured.field} is not a valid {structured.kind.replace('_', ' ')}"
