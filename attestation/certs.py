@@ -7,13 +7,19 @@ import re
 from collections.abc import Collection, Sequence
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 
-from attestation.errors import ChainError
+from attestation.errors import AttestationError, ChainError
 
 MAX_CHAIN_LENGTH = 8
 _PEM_BLOCK = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
+# What cryptography raises on malformed DER. Beside ValueError it has a type per part (version, extensions,
+# key or signature algorithm), and it parses those parts only when they are first read.
+DER_ERRORS: tuple[type[Exception], ...] = (
+    ValueError, TypeError, UnsupportedAlgorithm, x509.InvalidVersion, x509.DuplicateExtension,
+    x509.UnsupportedGeneralNameType,
+)
 
 
 def fingerprint(certificate: x509.Certificate) -> str:
@@ -25,10 +31,27 @@ def load_der_chain(chain: Sequence[bytes], what: str) -> tuple[x509.Certificate,
     """Parse a leaf-first chain of DER certificates; raise ChainError if any is malformed."""
     if not chain or len(chain) > MAX_CHAIN_LENGTH:
         raise ChainError(f"the {what} certificate chain must hold 1 to {MAX_CHAIN_LENGTH} certificates")
+    message = f"the {what} certificate chain holds a malformed certificate"
+    return tuple(parse_certificate(der, ChainError, message) for der in chain)
+
+
+def parse_certificate(der: bytes, error: type[AttestationError], message: str) -> x509.Certificate:
+    """Parse a DER certificate and every part the verifier reads; raise `error(message)` if any is malformed."""
     try:
-        return tuple(x509.load_der_x509_certificate(der) for der in chain)
-    except ValueError:
-        raise ChainError(f"the {what} certificate chain holds a malformed certificate") from None
+        certificate = x509.load_der_x509_certificate(der)
+        read_every_part(certificate)
+    except DER_ERRORS:
+        raise error(message) from None
+    return certificate
+
+
+def read_every_part(certificate: x509.Certificate) -> None:
+    """Read each part cryptography parses lazily, so that a malformed one raises here (under the caller's
+    handler) and never later, in a check reading it before its signature is verified."""
+    _ = (certificate.version, certificate.serial_number, certificate.subject, certificate.issuer,
+         certificate.not_valid_before_utc, certificate.not_valid_after_utc, certificate.signature_hash_algorithm)
+    tuple(certificate.extensions)
+    certificate.public_key()
 
 
 def pem_chain_to_der(pem: bytes) -> tuple[bytes, ...]:
@@ -38,7 +61,7 @@ def pem_chain_to_der(pem: bytes) -> tuple[bytes, ...]:
         return tuple(
             x509.load_pem_x509_certificate(block).public_bytes(serialization.Encoding.DER) for block in blocks
         )
-    except ValueError:
+    except DER_ERRORS:
         raise ChainError("a PEM certificate chain holds a malformed certificate") from None
 
 
@@ -79,5 +102,5 @@ def _check_issued_by(child: x509.Certificate, issuer: x509.Certificate, what: st
         raise ChainError(f"a certificate in the {what} chain is issued by a certificate that is not a CA")
     try:
         child.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature):
+    except (*DER_ERRORS, InvalidSignature):
         raise ChainError(f"the {what} chain is broken: a certificate is not signed by the next one up") from None

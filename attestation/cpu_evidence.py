@@ -82,8 +82,8 @@ def verify_cpu_report(cpu: CpuEvidence, chain: VerifiedCpuChain) -> CpuReport:
 
 def _verify_snp_chain(cpu: CpuEvidence, pinned_roots: Collection[str], at_time: dt.datetime) -> VerifiedCpuChain:
     certificates = sev_snp.load_vcek_chain(cpu.cert_chain)
+    verify_chain(certificates, pinned_roots, what="SEV-SNP", at_time=at_time)
     product = sev_snp.check_product_line(certificates)
-    verify_chain(certificates, pinned_roots, what=f"SEV-SNP ({product})", at_time=at_time)
     detail = f"VCEK → SEV-{product} → ARK-{product} {fingerprint(certificates[-1])[:16]}… (pinned)"
     return VerifiedCpuChain("sev-snp", certificates, detail)
 

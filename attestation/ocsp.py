@@ -26,12 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509 import ocsp
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from attestation.certs import DER_ERRORS, read_every_part
 from attestation.errors import (
     CertificateRevokedError,
     OcspCertIdError,
@@ -107,11 +108,26 @@ def key_hash(certificate: x509.Certificate, algorithm: hashes.HashAlgorithm) -> 
 def _load(der: bytes, what: str) -> ocsp.OCSPResponse:
     try:
         response = ocsp.load_der_ocsp_response(der)
-    except ValueError:
+        successful = response.response_status == ocsp.OCSPResponseStatus.SUCCESSFUL
+        if successful:
+            _read_every_part(response)
+    except DER_ERRORS:
         raise OcspFormatError(f"the OCSP response for the {what} is malformed (truncated or corrupted)") from None
-    if response.response_status != ocsp.OCSPResponseStatus.SUCCESSFUL:
+    if not successful:
         raise OcspFormatError(f"the OCSP responder answered {response.response_status.name} for the {what}")
     return response
+
+
+def _read_every_part(response: ocsp.OCSPResponse) -> None:
+    """Read each part cryptography parses lazily (the signature algorithm is read by _check_signature), so that
+    a malformed one raises under _load's handler, not in a later step."""
+    _ = (response.responder_name, response.responder_key_hash, response.signature, response.tbs_response_bytes,
+         tuple(response.extensions))
+    for certificate in response.certificates:
+        read_every_part(certificate)
+    for single in response.responses:
+        _ = (single.hash_algorithm, single.serial_number, single.issuer_name_hash, single.issuer_key_hash,
+             single.certificate_status, single.this_update_utc, single.next_update_utc)
 
 
 def _signer(response: ocsp.OCSPResponse, issuer: x509.Certificate, what: str, now: dt.datetime) -> x509.Certificate:
@@ -136,7 +152,7 @@ def _delegated(responder: x509.Certificate, issuer: x509.Certificate, now: dt.da
     try:
         responder.verify_directly_issued_by(issuer)
         usage = responder.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    except (ValueError, TypeError, InvalidSignature, x509.ExtensionNotFound):
+    except (*DER_ERRORS, InvalidSignature, x509.ExtensionNotFound):
         return False
     valid = responder.not_valid_before_utc <= now <= responder.not_valid_after_utc
     return valid and ExtendedKeyUsageOID.OCSP_SIGNING in usage
@@ -144,15 +160,15 @@ def _delegated(responder: x509.Certificate, issuer: x509.Certificate, now: dt.da
 
 def _check_signature(response: ocsp.OCSPResponse, signer: x509.Certificate, what: str) -> None:
     key = signer.public_key()
-    algorithm = response.signature_hash_algorithm
     try:
+        algorithm = response.signature_hash_algorithm
         if isinstance(key, ec.EllipticCurvePublicKey) and algorithm is not None:
             key.verify(response.signature, response.tbs_response_bytes, ec.ECDSA(algorithm))
         elif isinstance(key, rsa.RSAPublicKey) and algorithm is not None:
             key.verify(response.signature, response.tbs_response_bytes, padding.PKCS1v15(), algorithm)
         else:
             raise OcspSignatureError(f"the OCSP response for the {what} uses an unsupported signature algorithm")
-    except (InvalidSignature, UnsupportedAlgorithm):
+    except (InvalidSignature, *DER_ERRORS):
         raise OcspSignatureError(f"the OCSP response for the {what} has an invalid signature") from None
 
 
@@ -164,8 +180,10 @@ def _single(response: ocsp.OCSPResponse, what: str) -> ocsp.OCSPSingleResponse:
 
 
 def _check_cert_id(single: ocsp.OCSPSingleResponse, certificate: x509.Certificate, issuer: x509.Certificate, what: str) -> None:
-    algorithm = single.hash_algorithm
-    expected = ocsp.OCSPRequestBuilder().add_certificate(certificate, issuer, algorithm).build()
+    try:
+        expected = ocsp.OCSPRequestBuilder().add_certificate(certificate, issuer, single.hash_algorithm).build()
+    except DER_ERRORS:  # a CertID hash OCSP requests may not use (MD5, SHA-3)
+        raise OcspCertIdError(f"the OCSP response for the {what} identifies it with an unsupported hash") from None
     same = (
         single.serial_number == certificate.serial_number
         and hmac.compare_digest(single.issuer_name_hash, expected.issuer_name_hash)

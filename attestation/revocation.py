@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from cryptography import x509
 
+from attestation.certs import DER_ERRORS
 from attestation.errors import CrlError
 
 MAX_CRLS = 8
@@ -26,9 +27,18 @@ def load_crls(crls: Sequence[bytes], what: str) -> tuple[x509.CertificateRevocat
     if len(crls) > MAX_CRLS:
         raise CrlError(f"the {what} evidence staples more than {MAX_CRLS} CRLs")
     try:
-        return tuple(x509.load_der_x509_crl(der) for der in crls)
-    except ValueError:
+        return tuple(_parse_crl(der) for der in crls)
+    except DER_ERRORS:
         raise CrlError(f"the {what} evidence staples a malformed CRL (DER expected)") from None
+
+
+def _parse_crl(der: bytes) -> x509.CertificateRevocationList:
+    """Parse a CRL and read each part cryptography parses lazily, so that a malformed one raises here."""
+    crl = x509.load_der_x509_crl(der)
+    _ = (crl.issuer, crl.last_update_utc, crl.next_update_utc, tuple(crl.extensions))
+    for entry in crl:
+        _ = (entry.serial_number, entry.revocation_date_utc, tuple(entry.extensions))
+    return crl
 
 
 def check_chain_not_revoked(
@@ -65,7 +75,7 @@ def _crl_signed_by(
     crl = candidates[0]
     try:
         valid = crl.is_signature_valid(issuer.public_key())  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except DER_ERRORS:  # a signature algorithm cryptography does not know, or one that does not fit the key
         valid = False
     if not valid:
         raise CrlError(f"the stapled CRL of {_name(issuer)!r} is not signed by it")

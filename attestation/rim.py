@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 from lxml import etree
 
-from attestation.certs import MAX_CHAIN_LENGTH, verify_chain
+from attestation.certs import MAX_CHAIN_LENGTH, parse_certificate, verify_chain
 from attestation.errors import ChainError, RimChainError, RimFormatError, RimSignatureError
 
 MAX_RIM_SIZE = 1 << 20
@@ -109,10 +109,8 @@ def rim_chain(root: etree._Element, what: str) -> tuple[x509.Certificate, ...]:
     elements = signature.findall(f"{{{DS}}}KeyInfo/{{{DS}}}X509Data/{{{DS}}}X509Certificate")
     if not 1 <= len(elements) <= MAX_CHAIN_LENGTH:
         raise RimChainError(f"the {what} must carry 1 to {MAX_CHAIN_LENGTH} signing certificates")
-    try:
-        return tuple(x509.load_der_x509_certificate(_b64(element, what)) for element in elements)
-    except ValueError:
-        raise RimChainError(f"the {what}'s signing chain holds a malformed certificate") from None
+    message = f"the {what}'s signing chain holds a malformed certificate"
+    return tuple(parse_certificate(_b64(element, what), RimChainError, message) for element in elements)
 
 
 def _only_signature(root: etree._Element, what: str) -> etree._Element:
@@ -144,7 +142,7 @@ def _check_digest(root: etree._Element, signed_info: etree._Element, what: str) 
     document = copy.deepcopy(root.getroottree())
     _remove_keeping_tail(document.getroot().find(f"{{{DS}}}Signature"))
     digest = hashes.Hash(hashes.SHA384())
-    digest.update(canonicalize(document))
+    digest.update(canonicalize(document, what))
     expected = _b64(_one(signed_info, f"Reference/{{{DS}}}DigestValue", what), what)
     if digest.finalize() != expected:
         raise RimSignatureError(f"the {what}'s content does not match its signed digest (the RIM was altered)")
@@ -157,14 +155,17 @@ def _check_signature_value(signature: etree._Element, signed_info: etree._Elemen
         raise RimSignatureError(f"the {what}'s signature is not a 96-byte ECDSA P-384 value under an EC key")
     der = utils.encode_dss_signature(int.from_bytes(value[:48], "big"), int.from_bytes(value[48:], "big"))
     try:
-        public_key.verify(der, canonicalize(signed_info), ec.ECDSA(hashes.SHA384()))
+        public_key.verify(der, canonicalize(signed_info, what), ec.ECDSA(hashes.SHA384()))
     except InvalidSignature:
         raise RimSignatureError(f"the {what}'s signature does not verify under its signing certificate") from None
 
 
-def canonicalize(node: etree._Element | etree._ElementTree) -> bytes:
+def canonicalize(node: etree._Element | etree._ElementTree, what: str = "RIM") -> bytes:
     """Inclusive canonical XML without comments (equal to C14N 1.1 for RIMs without xml: attributes)."""
-    return etree.tostring(node, method="c14n", exclusive=False, with_comments=False)
+    try:
+        return etree.tostring(node, method="c14n", exclusive=False, with_comments=False)
+    except etree.C14NError:  # libxml2 refuses relative namespace URIs, which C14N does not define
+        raise RimFormatError(f"the {what} declares a namespace that canonical XML cannot process") from None
 
 
 def _remove_keeping_tail(element: etree._Element) -> None:

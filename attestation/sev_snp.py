@@ -29,6 +29,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 
+from attestation.certs import parse_certificate
 from attestation.errors import CertifiedTcbError, ChainError, ChipIdError, CpuReportFormatError, SignatureError
 
 REPORT_SIZE = 0x4A0
@@ -108,17 +109,17 @@ def load_vcek_chain(chain: Sequence[bytes]) -> tuple[x509.Certificate, ...]:
             "SEV-SNP evidence must carry the VCEK, ASK and ARK certificates (from AMD KDS); "
             f"it carries {len(chain)} certificate(s)"
         )
+    message = "the SEV-SNP certificate chain holds a malformed certificate (VCEK, ASK or ARK)"
     with warnings.catch_warnings():
         # AMD issues VCEKs with serial number 0, which RFC 5280 disallows and cryptography warns about.
         warnings.simplefilter("ignore", crypto_utils.CryptographyDeprecationWarning)
-        try:
-            return tuple(x509.load_der_x509_certificate(der) for der in chain)
-        except ValueError:
-            raise ChainError("the SEV-SNP certificate chain holds a malformed certificate (VCEK, ASK or ARK)") from None
+        return tuple(parse_certificate(der, ChainError, message) for der in chain)
 
 
 def check_product_line(chain: Sequence[x509.Certificate]) -> str:
-    """The VCEK's product (e.g. Milan); its ASK and ARK must be that product's (SEV-<product>, ARK-<product>)."""
+    """The VCEK's product (e.g. Milan); its ASK and ARK must be that product's (SEV-<product>, ARK-<product>).
+
+    Run on a verified chain only: the VCEK's extensions are the word of whoever signed it."""
     vcek, ask, ark = chain
     product = _extension_ia5(vcek, PRODUCT_NAME_OID).split("-", 1)[0]
     expected = (f"SEV-{product}", f"ARK-{product}")

@@ -158,6 +158,8 @@ def _corruptions() -> list[tuple[str, bytes, type[Exception]]]:
         ("signature moved into the payload", _move_signature_into_payload(), RimFormatError),
         ("external entity", b'<!DOCTYPE s [<!ENTITY x SYSTEM "file:///etc/passwd">]>' + VBIOS, RimFormatError),
         ("xml:id", _edit(VBIOS, b"<ns0:Payload", b'<ns0:Payload xml:id="p"'), RimFormatError),
+        ("relative namespace URI", _edit(VBIOS, b'xmlns:ns2="http://www.w3.org/2001/04/xmlenc#sha384"',
+                                         b'xmlns:ns2="xmlenc#sha384"'), RimFormatError),
         ("second signature", _edit(VBIOS, b"</ns0:Payload>", b"</ns0:Payload>" + VBIOS[VBIOS.index(b"<ds:Signature"):
                                                                                       VBIOS.index(b"</SoftwareIdentity>")]),
          RimFormatError),
