@@ -9,7 +9,9 @@ Layout (integers little-endian):
     0x278 signature data length u32, then: quote signature r ‖ s (64, big-endian, ECDSA P-256
           over 0x000-0x277), attestation key x ‖ y (64), certification data type 6 (u16) and
           size (u32): the QE report (384), its signature by the PCK (64), QE auth data (u16
-          length, data), then certification data type 5: the PCK chain, PEM, leaf first.
+          length, data), then certification data type 5 (u16) and size (u32): the PCK chain,
+          PEM, leaf first. The three sizes each run to the end of the quote; a size that
+          disagrees with the bytes present is a format error.
 
 Trust runs Intel SGX Root CA → PCK Platform (or Processor) CA → PCK leaf → QE report, which
 binds SHA-256(attestation key ‖ QE auth data) in its report data → the quote signature.
@@ -102,15 +104,18 @@ def parse_tdx_quote(quote: bytes) -> TdxQuote:
     reader = _Reader(quote, header.offset)
     reader.take(SIGNED_SIZE - header.offset, "TD report body")
     signed = quote[:SIGNED_SIZE]
-    reader.integer("<I", "signature data length")
+    signature_data = _Declared("signature data", reader.integer("<I", "signature data length"), reader.offset)
     signature = reader.take(64, "quote signature")
     attestation_key = reader.take(64, "attestation key")
-    _expect_cert_type(reader, CERT_DATA_QE_REPORT, "QE report certification data")
+    qe_data_size = _expect_cert_type(reader, CERT_DATA_QE_REPORT, "QE report certification data")
+    qe_data = _Declared("QE report certification data", qe_data_size, reader.offset)
     qe_report = reader.take(QE_REPORT_SIZE, "QE report")
     qe_report_signature = reader.take(64, "QE report signature")
     qe_auth_data = reader.take(reader.integer("<H", "QE auth data length"), "QE auth data")
     size = _expect_cert_type(reader, CERT_DATA_PCK_CHAIN, "PCK certificate chain")
-    pck_chain = pem_chain_to_der(reader.take(size, "PCK certificate chain"))
+    pem = reader.take(size, "PCK certificate chain")
+    _check_declared_sizes(len(quote), reader.offset, (signature_data, qe_data))
+    pck_chain = pem_chain_to_der(pem)
     (td_attributes,) = struct.unpack_from("<Q", quote, 0x0A8)
     rtmrs = tuple(quote[offset:offset + 48] for offset in RTMR_OFFSETS)
     return TdxQuote(
@@ -118,6 +123,29 @@ def parse_tdx_quote(quote: bytes) -> TdxQuote:
         report_data=quote[0x238:0x278], signed=signed, signature=signature, attestation_key=attestation_key,
         qe_report=qe_report, qe_report_signature=qe_report_signature, qe_auth_data=qe_auth_data, pck_chain=pck_chain,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Declared:
+    """A section whose size the quote declares: it must run from `start` to the end of the quote."""
+
+    what: str
+    size: int
+    start: int
+
+
+def _check_declared_sizes(quote_size: int, end: int, sections: tuple[_Declared, ...]) -> None:
+    """Every declared size must agree with the bytes present: the signature data and the QE report certification
+    data both end where the PCK chain (whose size was used to read it) ends, which is the end of the quote."""
+    if end != quote_size:
+        raise TdxQuoteFormatError(
+            "the TDX quote has bytes after its PCK certificate chain (its sizes disagree with its length)"
+        )
+    for section in sections:
+        if section.start + section.size != quote_size:
+            raise TdxQuoteFormatError(
+                f"the TDX quote's {section.what} size disagrees with the bytes present (corrupted or padded quote)"
+            )
 
 
 def _expect_cert_type(reader: _Reader, expected: int, what: str) -> int:

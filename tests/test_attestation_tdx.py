@@ -137,6 +137,41 @@ def test_truncated_quotes_name_the_missing_part(length, what):
         verify_genuine(genuine_tdx(SPR)[:length])
 
 
+SIGNATURE_DATA_SIZE = 0x278  # offset of the u32 signature data length; 4299 in both genuine quotes
+QE_DATA_SIZE = 0x2FE  # u32 size of the QE report certification data (type 6); 4165
+PCK_CHAIN_SIZE = 0x4E6  # u32 size of the PCK chain certification data (type 5); 3677
+
+
+@pytest.mark.parametrize("name", GENUINE_TDX_QUOTES)
+def test_the_genuine_quotes_declare_exactly_their_bytes(name):
+    quote = genuine_tdx(name)
+    sizes = [struct.unpack_from("<I", quote, offset)[0] for offset in (SIGNATURE_DATA_SIZE, QE_DATA_SIZE, PCK_CHAIN_SIZE)]
+    assert sizes == [len(quote) - 0x27C, len(quote) - 0x302, len(quote) - 0x4EA] == [4299, 4165, 3677]
+
+
+@pytest.mark.parametrize("offset,size,what", [
+    (SIGNATURE_DATA_SIZE, 0, "signature data size disagrees"),
+    (SIGNATURE_DATA_SIZE, 4112, "signature data size disagrees"),
+    (SIGNATURE_DATA_SIZE, 4300, "signature data size disagrees"),
+    (SIGNATURE_DATA_SIZE, 0xFFFFFFFF, "signature data size disagrees"),
+    (QE_DATA_SIZE, 0, "QE report certification data size disagrees"),
+    (QE_DATA_SIZE, 4164, "QE report certification data size disagrees"),
+    (QE_DATA_SIZE, 0xFFFFFFFF, "QE report certification data size disagrees"),
+    (PCK_CHAIN_SIZE, 3676, "bytes after its PCK certificate chain"),
+    (PCK_CHAIN_SIZE, 3678, "ends inside the PCK certificate chain"),
+])
+def test_a_declared_size_that_disagrees_with_the_quotes_bytes_is_a_format_error(offset, size, what):
+    for name in GENUINE_TDX_QUOTES:
+        with pytest.raises(TdxQuoteFormatError, match=what):
+            verify_genuine(patched(genuine_tdx(name), offset, struct.pack("<I", size)))
+
+
+def test_bytes_after_the_quote_are_a_format_error():
+    # go-tdx-guest's copy of the SPR quote ends with 39 such bytes; the Linux TSM interface returns the quote alone.
+    with pytest.raises(TdxQuoteFormatError, match="bytes after its PCK certificate chain"):
+        verify_genuine(genuine_tdx(SPR) + b"\nextra bytes(only for testing purpose)\n")
+
+
 def test_a_corrupted_pck_certificate_is_refused():
     quote = genuine_tdx(SPR)
     start = quote.index(b"-----BEGIN CERTIFICATE-----") + 200  # inside the PCK leaf's base64
