@@ -116,6 +116,7 @@ class EngineCoreClient:
         self._connection = None
         self._reader: threading.Thread | None = None
         self._unobserved = ZeroingReport(0, 0, 0, 0)  # the core's reports while nobody observes them
+        self._reading = False  # whether the reader still takes the core's messages; guarded by the lock
         self.info: CoreReady | None = None
         self.alive = False
 
@@ -133,6 +134,7 @@ class EngineCoreClient:
         self._connection = ours
         self.info = self._await_ready(timeout_s)
         self.alive = True
+        self._reading = True
         self._reader = threading.Thread(target=self._read, name="veil-engine-reader", daemon=True)
         self._reader.start()
         return self.info
@@ -192,6 +194,9 @@ class EngineCoreClient:
     def submit(self, prompt: str | list[int], params: SamplingParams) -> RequestHandle:
         with self._lock:
             handle = RequestHandle(self, f"r{next(self._ids)}")
+            if not self._reading:  # nobody would ever end it
+                handle.queue.put(Failure(EngineError("the engine is not running")))
+                return handle
             # Listed before the core can answer, so no delta can arrive for a request nobody holds.
             self._handles[handle.request_id] = handle
         try:
@@ -226,6 +231,8 @@ class EngineCoreClient:
     def _query(self, name: str) -> object:
         answer: queue.Queue[object] = queue.Queue(maxsize=1)
         with self._lock:
+            if not self._reading:  # nobody would ever answer
+                raise EngineError("the engine is not running")
             call_id = next(self._ids)
             self._answers[call_id] = answer
         try:
@@ -290,13 +297,20 @@ class EngineCoreClient:
             self._handles.pop(delta.request_id, None)
 
     def _core_ended(self) -> None:
-        """Every request still waiting ends with an error; whoever asked is told if this was unplanned."""
+        """Every request and query still waiting ends with an error; whoever asked is told if this was unplanned."""
         unplanned = self.alive
         self.alive = False
         with self._lock:
+            self._reading = False  # from here on nothing waits: submit and _query refuse at once
             handles, self._handles = list(self._handles.values()), {}
+            answers, self._answers = list(self._answers.values()), {}
         for handle in handles:
             handle.queue.put(None)
+        for answer in answers:
+            try:
+                answer.put_nowait(EngineError("the engine stopped before it answered"))
+            except queue.Full:
+                pass  # its answer came first
         if unplanned:
             for callback in self._on_exit:
                 callback()

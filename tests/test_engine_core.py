@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -168,6 +169,31 @@ def test_a_dead_core_ends_every_stream_with_an_error_and_tells_its_owner() -> No
     with pytest.raises(EngineError, match="not running"):
         list(refused.deltas())
     client.stop()
+
+
+def kill_once_a_query_waits(client: EngineCoreClient) -> None:
+    """SIGKILLs the (stopped) core as soon as a query is waiting for its answer."""
+    deadline = time.monotonic() + 60  # a bound on a broken test, not a premise: the query registers at once
+    while not client._answers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(client._process.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("query", ["residue_check", "take_zeroing"])
+def test_a_query_waiting_when_the_core_dies_fails_with_the_cores_end_not_a_timeout(query) -> None:
+    client = EngineCoreClient(tiny_dir(), CONFIG)
+    client.start()
+    try:
+        os.kill(client._process.pid, signal.SIGSTOP)  # the core can no longer answer: the query must wait
+        killer = threading.Thread(target=kill_once_a_query_waits, args=(client,))
+        killer.start()
+        with pytest.raises(EngineError, match="stopped before it answered"):
+            getattr(client, query)()
+        killer.join()
+        with pytest.raises(EngineError, match="not running"):
+            getattr(client, query)()
+    finally:
+        client.stop()
 
 
 def test_a_model_the_core_cannot_load_fails_start_with_the_engines_message(tmp_path) -> None:
