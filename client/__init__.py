@@ -22,6 +22,7 @@ _EXPORTS = {
     "StreamTruncatedError": "client.errors",
     "ResponseIntegrityError": "client.errors",
     "TokenIssuanceError": "client.errors",
+    "TokenPolicyError": "client.errors",
     "TokenWallet": "client.tokens",
     "ChatCompletion": "client.types",
     "ChatCompletionChunk": "client.types",

@@ -116,5 +116,9 @@ class ResponseIntegrityError(VeilClientError):
         super().__init__(f"{what}; the response was discarded. Send the request again")
 
 
+class TokenPolicyError(VeilClientError):
+    """A token wallet not bound to the client's policy: the policy lists no issuer key, or other keys."""
+
+
 class TokenIssuanceError(VeilClientError):
     """No Privacy Pass token could be obtained: the issuer refused, is unreachable, or offers an unlisted key."""

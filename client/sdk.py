@@ -40,9 +40,9 @@ from client.errors import (
 )
 from client.resources import SAMPLING_EXTRAS, Chat, Completions, Models
 from client.retries import MAX_RETRY_AFTER_S, send_with_retries
-from client.sending import gateway_refusal, post_candidates, served
+from client.sending import gateway_refusal, keep_no_cookies, post_candidates, served
 from client.streaming import Stream, StreamedAnswer
-from client.tokens import TokenWallet
+from client.tokens import TokenWallet, bound_wallet
 from client.types import CandidateRecord, Route
 from client.verify import CandidateVerifier, one_per_chip
 from ohttp import OHTTPError
@@ -69,7 +69,8 @@ class Client:
     `timeout` bounds connecting to the gateway and each of its short answers; `answer_timeout_s` bounds
     the wait for more of an inference answer once sent (a whole answer's body comes only when its
     generation ends; None waits as long as the node works).
-    `tokens` supplies a Privacy Pass token for each request attempt, for a gateway whose policy demands them.
+    `tokens` supplies a Privacy Pass token for each request attempt, for a gateway whose policy demands them;
+    it must be bound to the same policy (`TokenWallet(..., policy=...)`), else `TokenPolicyError`.
     """
 
     def __init__(
@@ -100,12 +101,13 @@ class Client:
         # A node sends its answer's head when it accepts a request, and a whole answer's body only when
         # generation ends: waiting for it is bounded by how long generation may take, not `timeout`.
         self._answer_timeout = httpx.Timeout(timeout, read=answer_timeout_s)
-        self._http = http or httpx.Client(
+        self._http = keep_no_cookies(http or httpx.Client(
             base_url=gateway_url, timeout=timeout, headers={"user-agent": _USER_AGENT},
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-        )
-        # Privacy Pass tokens for a gateway whose policy demands them; one per request attempt.
-        self._tokens = tokens
+        ))
+        # Privacy Pass tokens for a gateway whose policy demands them; one per request attempt, only under
+        # the issuer keys this client's policy lists.
+        self._tokens = bound_wallet(tokens, self.policy)
         self._directory = DirectoryCache(self._http, directory_ttl_s)
         self._verifier = CandidateVerifier(self.policy)
         self._route_lock = threading.Lock()

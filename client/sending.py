@@ -3,19 +3,28 @@
 The gateway either names the node it chose (and the answer, still encrypted, follows) or refuses
 with a status and an error code; a refusal becomes a `GatewayError` carrying what `client.retries`
 decides on (the status, the code and any Retry-After). The gateway's own message is never shown:
-only its code, checked to be a short identifier.
+only its code, checked to be a short identifier. The SDK's HTTP clients keep no cookie
+(`keep_no_cookies`): nothing sent with a request comes from an earlier answer.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
 from client import wire
 from client.errors import UNREACHABLE, GatewayError, ResponseIntegrityError
 from protocol.constants import INFER_PATH, NODE_ID_HEADER
+
+
+def keep_no_cookies(http: httpx.Client) -> httpx.Client:
+    """`http` with a cookie jar that refuses every cookie: one that a gateway, relay or issuer set on an
+    answer would otherwise go back with every later request, linking them."""
+    http.cookies = CookieJar(DefaultCookiePolicy(allowed_domains=()))
+    return http
 
 
 def post_candidates(http: httpx.Client, sealed: Sequence[wire.SealedRequest], authorization: str | None,

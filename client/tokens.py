@@ -7,8 +7,11 @@ published key before it is kept. Tokens are bound to the gateway's origin
 and the issuer named in the client's policy, kept in memory only, and handed
 out one per request attempt, never twice: a retried request takes a new one.
 
-When the policy lists issuer keys the wallet uses only a listed key, so an
-issuer cannot give this client a key of its own to recognise its requests.
+A wallet is bound to a policy's `[authorization]` section: it fetches tokens
+only under a key that section lists (a policy listing none gets no wallet),
+and `Client` refuses a wallet bound to another section than its own policy's,
+so an issuer cannot give this client a key of its own to recognise its
+requests by.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from client.errors import TokenIssuanceError
+from client.errors import TokenIssuanceError, TokenPolicyError
+from client.sending import keep_no_cookies
 from ohttp.privacypass import (
     TOKEN_REQUEST_MEDIA_TYPE,
     WELL_KNOWN_PATH,
@@ -34,32 +38,38 @@ from ohttp.privacypass import (
     encode_authorization,
     finish_issuance,
 )
+from policy import AuthorizationPolicy, Policy
+from policy.shipped import resolve_policy
 
 DEFAULT_BATCH_SIZE = 8
 
 
 class TokenWallet:
-    """Tokens for one gateway origin from one issuer; `authorization()` gives each exactly once."""
+    """Tokens for one gateway origin from the issuer `policy` names, under the keys it lists;
+    `authorization()` gives each exactly once.
+
+    `policy` ("strict", "dev", a file or a Policy) is the one the `Client` spending the tokens verifies
+    nodes under: its `[authorization]` section names the issuer and the keys this wallet may use.
+    """
 
     def __init__(
         self,
         issuer_url: str,
         credential: Callable[[], str],
         *,
-        issuer_name: str,
+        policy: str | Policy,
         origin: str,
-        listed_key_ids: tuple[str, ...] = (),
         batch_size: int = DEFAULT_BATCH_SIZE,
         http: httpx.Client | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        self.challenge = TokenChallenge(issuer_name=issuer_name, origin_info=(origin,))
+        self.bound_to = _listed_keys(policy if isinstance(policy, Policy) else resolve_policy(policy))
+        self.challenge = TokenChallenge(issuer_name=self.bound_to.issuer_name, origin_info=(origin,))
         self.batch_size = batch_size
         self._issuer_url = issuer_url
         self._credential = credential  # called for a fresh account JWT before each batch
-        self._listed = listed_key_ids
-        self._http = http or httpx.Client(timeout=30.0, trust_env=False)
+        self._http = keep_no_cookies(http or httpx.Client(timeout=30.0, trust_env=False))
         self._tokens: deque[Token] = deque()
         self._lock = threading.Lock()
 
@@ -91,7 +101,7 @@ class TokenWallet:
         return tokens
 
     def _issuer_key(self) -> tuple[TokenKey, str]:
-        """The issuer's current key (one the policy lists, if it lists any) and where to send requests."""
+        """The issuer's current key among those the policy lists, and where to send requests."""
         try:
             response = self._http.get(urljoin(self._issuer_url, WELL_KNOWN_PATH))
             response.raise_for_status()
@@ -99,7 +109,7 @@ class TokenWallet:
         except (httpx.HTTPError, PrivacyPassError) as error:
             raise TokenIssuanceError(f"cannot read the issuer's directory ({type(error).__name__})") from None
         usable = [key.token_key for key in directory.usable_keys(time.time())
-                  if not self._listed or key.token_key.key_id.hex() in self._listed]
+                  if key.token_key.key_id.hex() in self.bound_to.issuer_keys]
         if not usable:
             raise TokenIssuanceError("the issuer publishes no current key that the policy lists; "
                                      "update the policy or the issuer")
@@ -115,3 +125,19 @@ class TokenWallet:
             raise TokenIssuanceError(f"the issuer refused the token request (HTTP {response.status_code}); "
                                      "check the account credential and its quota")
         return response.content
+
+
+def _listed_keys(policy: Policy) -> AuthorizationPolicy:
+    """The policy's `[authorization]` section, which must list the keys tokens may be taken under."""
+    if not policy.authorization.issuer_keys:
+        raise TokenPolicyError(f"policy {policy.name!r} lists no issuer key, so no token may be taken under any; "
+                               "list the issuer's keys in its [authorization] section, or use no wallet")
+    return policy.authorization
+
+
+def bound_wallet(tokens: TokenWallet | None, policy: Policy) -> TokenWallet | None:
+    """`tokens`, if it is bound to the issuer and keys `policy` lists (a `Client`'s check of its wallet)."""
+    if tokens is not None and tokens.bound_to != policy.authorization:
+        raise TokenPolicyError(f"the token wallet is bound to other issuer keys than policy {policy.name!r} "
+                               "lists; make the wallet with the policy the client verifies under")
+    return tokens

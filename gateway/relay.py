@@ -20,11 +20,12 @@ Of a request it forwards the body, a media type it sets itself
 (`application/json`, or the OHTTP media type it checked) and a Privacy Pass
 `Authorization: PrivateToken` credential, which RFC 9576 makes unlinkable to
 the client that redeems it: no other client header, no client address, and
-nothing added (no `Forwarded`, `X-Forwarded-For`,
-`Via` or user agent). Of an answer it passes the gateway's status, its body
-as it arrives (a chunked OHTTP answer is forwarded incrementally, never
-buffered, RFC 9842) and only `FORWARDED_RESPONSE_HEADERS`. Bodies are bounded
-(413 above `max_body_bytes`) and so are requests in flight (503 with
+nothing added (no `Forwarded`, `X-Forwarded-For`, `Via`, user agent, nor a
+cookie: it keeps no cookie, nor anything else, between requests). Of an
+answer it passes the gateway's status, its body as it arrives (a chunked
+OHTTP answer is forwarded incrementally, never buffered, RFC 9842) and only
+`FORWARDED_RESPONSE_HEADERS` (never `Set-Cookie`). Bodies are bounded (413
+above `max_body_bytes`) and so are requests in flight (503 with
 `Retry-After` at the bound); it serves with the gateway's uvicorn settings: no
 access log, no server header, deadlines for a request's head and body.
 """
@@ -35,6 +36,7 @@ import contextlib
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -147,8 +149,11 @@ def _token_credential(request: Request) -> dict[str, str]:
 def _gateway_client(settings: RelaySettings) -> httpx.AsyncClient:
     timeout = httpx.Timeout(settings.connect_timeout_s, read=settings.answer_timeout_s)
     limits = httpx.Limits(max_connections=settings.max_in_flight, max_keepalive_connections=settings.max_in_flight)
+    # A jar that refuses every cookie: one the gateway set on an answer would otherwise go back with every
+    # later request, whichever client sent it (a tag linking clients), and the jar would grow without bound.
+    no_cookies = CookieJar(DefaultCookiePolicy(allowed_domains=()))
     http = httpx.AsyncClient(base_url=settings.gateway_url.rstrip("/"), timeout=timeout, limits=limits,
-                             trust_env=False, follow_redirects=False)
+                             trust_env=False, follow_redirects=False, cookies=no_cookies)
     # httpx sends Accept, Accept-Encoding, Connection and User-Agent by default; the relay adds nothing.
     for name in list(http.headers):
         del http.headers[name]

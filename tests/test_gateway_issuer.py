@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.issuer.app import create_issuer_app
 from gateway.issuer.errors import IssuerConfigError
@@ -19,8 +23,9 @@ from ohttp.privacypass import (
     finish_issuance,
     verify_token,
 )
+from tests.hardening_support import fuzz_settings
 from tests.http_stand_in import served
-from tests.issuer_support import eddsa_account, es256_account, issuer_config
+from tests.issuer_support import ISSUER_NAME, eddsa_account, es256_account, issuer_config
 
 ALICE = es256_account("alice")
 BOB = eddsa_account("bob")
@@ -113,6 +118,106 @@ def test_an_unauthenticated_request_is_refused_and_counts_nothing(key_dir: Path,
     assert answer.status_code == 401
     assert answer.json()["error"]["code"] == "unauthenticated"
     assert app.state.runtime.ledger.records() == {}
+
+
+# RFC 7519's registered claims, and a value of the wrong type that PyJWT lets through for each (it reads
+# a date with int(), so digits or `true` pass for one; it checks no type of `iss`), given the time now.
+WRONGLY_TYPED: dict[str, tuple[str, Callable[[int], object]]] = {
+    "iat as digits": ("iat", lambda now: str(now - 5)),
+    "exp as digits": ("exp", lambda now: str(now + 60)),
+    "nbf as digits": ("nbf", lambda now: str(now - 5)),
+    "iat as true": ("iat", lambda now: True),
+    "exp as digits with underscores": ("exp", lambda now: f"{now + 60:_}"),
+    "iss as a number": ("iss", lambda now: 7),
+    "iss as null": ("iss", lambda now: None),
+    "sub as a list": ("sub", lambda now: ["alice"]),
+    "aud holding a number": ("aud", lambda now: [ISSUER_NAME, 1]),
+    "jti as an object": ("jti", lambda now: {"id": 1}),
+}
+
+
+def current_claims(now: int) -> dict[str, object]:
+    """The claims of a current credential of alice's, every one of the right type."""
+    return {"sub": "alice", "aud": ISSUER_NAME, "iat": now - 5, "exp": now + 60}
+
+
+@pytest.fixture(scope="module")
+def issuer_url(key_dir: Path) -> Iterator[tuple[str, object]]:
+    """One issuer for many credentials, with a quota that the valid ones among them cannot reach."""
+    app = _app(key_dir, tokens=1_000_000)
+    with served(app) as url:
+        yield url, app
+
+
+def _token_request_status(url: str, credential: str) -> tuple[int, str]:
+    answer = _request_token(url, _current_key(url), credential)[1]
+    return answer.status_code, answer.json()["error"]["code"] if answer.status_code != 200 else ""
+
+
+@functools.cache
+def _current_key(url: str):  # noqa: ANN202
+    return _directory(url).usable_keys(time.time())[0].token_key
+
+
+def test_a_credential_with_right_types_is_served_and_counted(issuer_url) -> None:
+    url, app = issuer_url
+    issued_before = app.state.runtime.ledger.issued("alice")
+    claims = {**current_claims(int(time.time())), "iss": "accounts.example", "nbf": 0, "jti": "j-1"}
+    assert _token_request_status(url, ALICE.signed(claims)) == (200, "")
+    assert app.state.runtime.ledger.issued("alice") == issued_before + 1
+
+
+@pytest.mark.parametrize("case", sorted(WRONGLY_TYPED))
+def test_a_registered_claim_of_the_wrong_type_is_401_and_counts_nothing(issuer_url, case: str) -> None:
+    url, app = issuer_url
+    claim, wrong = WRONGLY_TYPED[case]
+    now = int(time.time())
+    issued_before = app.state.runtime.ledger.issued("alice")
+    assert _token_request_status(url, ALICE.signed({**current_claims(now), claim: wrong(now)})) == (401, "unauthenticated")
+    assert app.state.runtime.ledger.issued("alice") == issued_before
+
+
+def _json_values(leaves: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+    return st.recursive(leaves, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                              max_size=3), max_leaves=6)
+
+
+_NOT_NUMBERS = _json_values(st.none() | st.booleans() | st.text(max_size=12)
+                            | st.integers(-600, 600).map(lambda delta: str(int(time.time()) + delta)))
+_NOT_STRINGS = _json_values(st.none() | st.booleans() | st.integers() | st.floats()).filter(
+    lambda value: not isinstance(value, list) or not all(isinstance(item, str) for item in value))
+_WRONG_TYPE = {"iat": _NOT_NUMBERS, "exp": _NOT_NUMBERS, "nbf": _NOT_NUMBERS, "iss": _NOT_STRINGS,
+               "sub": _NOT_STRINGS, "aud": _NOT_STRINGS, "jti": _NOT_STRINGS}
+
+
+@fuzz_settings()
+@given(wrong=st.sampled_from(sorted(_WRONG_TYPE)).flatmap(lambda claim: st.tuples(st.just(claim), _WRONG_TYPE[claim])))
+def test_any_registered_claim_of_a_wrong_type_is_401(issuer_url, wrong: tuple[str, object]) -> None:
+    url, _ = issuer_url
+    claim, value = wrong
+    claims = {**current_claims(int(time.time())), claim: value}
+    assert _token_request_status(url, ALICE.signed(claims)) == (401, "unauthenticated")
+
+
+_ANY_JSON = _json_values(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+                        | st.integers(-900, 900).map(lambda delta: int(time.time()) + delta))
+
+
+def _right_type(claim: str, value: object) -> bool:
+    if claim in ("iat", "exp", "nbf"):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, str) or (claim == "aud" and isinstance(value, list)
+                                      and all(isinstance(item, str) for item in value))
+
+
+@fuzz_settings()
+@given(claim=st.sampled_from(sorted(_WRONG_TYPE)), value=_ANY_JSON)
+def test_any_value_of_a_registered_claim_is_served_or_401_and_only_of_its_type_served(issuer_url, claim: str,
+                                                                                      value: object) -> None:
+    url, _ = issuer_url
+    status, code = _token_request_status(url, ALICE.signed({**current_claims(int(time.time())), claim: value}))
+    assert (status, code) in ((200, ""), (401, "unauthenticated"))
+    assert status == 401 or _right_type(claim, value)
 
 
 def test_a_bad_token_request_is_refused_and_not_counted(key_dir: Path) -> None:

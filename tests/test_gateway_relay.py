@@ -68,8 +68,29 @@ class RecordArrivals:
         await self.app(scope, receive, send)
 
 
-def start_gateway(nodes: list[str], arrivals: list[Arrival], **overrides) -> LiveGateway:
+class SetsCookies:
+    """ASGI middleware that sets a new cookie on every answer, as a gateway tagging its clients would."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.set = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def tagged(message) -> None:
+            if message["type"] == "http.response.start":
+                self.set += 1
+                cookie = f"tag=answer-{self.set}; Path=/; Max-Age=3600".encode()
+                message = {**message, "headers": [*message["headers"], (b"set-cookie", cookie)]}
+            await send(message)
+
+        await self.app(scope, receive, tagged if scope["type"] == "http" else send)
+
+
+def start_gateway(nodes: list[str], arrivals: list[Arrival], *, sets_cookies: bool = False,
+                  **overrides) -> LiveGateway:
     live = LiveGateway(gateway_settings(nodes, **overrides))
+    if sets_cookies:
+        live.app.add_middleware(SetsCookies)
     live.app.add_middleware(RecordArrivals, arrivals=arrivals)
     return live
 
@@ -234,6 +255,23 @@ def test_an_unreachable_gateway_is_502_gateway_unreachable(nodes) -> None:
     assert str(closed_port) not in answer.text
 
 
+def test_the_relay_sends_no_cookie_the_gateway_set_and_passes_none_on(nodes) -> None:
+    """A cookie set on one client's answer must never come back with a later request, whoever sends it."""
+    cookie_arrivals: list[Arrival] = []
+    with start_gateway([node.address for node in nodes], cookie_arrivals, sets_cookies=True) as live_gateway:
+        with start_relay(live_gateway.url) as live_relay:
+            answers = []
+            for _ in range(2):  # two clients, one after the other, each on connections of its own
+                with from_client(live_relay.url) as http:
+                    answers.append(http.get("/v1/nodes"))
+                    answers.append(http.post("/v1/infer", json=infer_body(nodes, b"sealed")))
+                    answers.append(http.post(f"/v1/nodes/{nodes[0].node_id}/attest", json={"nonce": "00" * 32}))
+    assert [answer.status_code for answer in answers[:2]] == [200, 200]
+    assert len(cookie_arrivals) == 6, "a request did not reach the gateway"
+    assert [arrival for arrival in cookie_arrivals if "cookie" in arrival.header_names] == []
+    assert all("set-cookie" not in answer.headers for answer in answers)
+
+
 @pytest.mark.parametrize("url", ["127.0.0.1:8000", "ftp://gateway", "http://", "http://gw/?a=1", "http://gw/#x"])
 def test_the_gateway_url_must_be_http_or_https_to_a_host(url: str) -> None:
     from gateway.errors import GatewaySettingsError
@@ -243,17 +281,18 @@ def test_the_gateway_url_must_be_http_or_https_to_a_host(url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def real_fleet(sim_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, list[Arrival]]]:
-    """A real tiny node behind a recording gateway behind a relay."""
+def real_fleet(sim_root: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[tuple[LiveServer, LiveGateway, list[Arrival]]]:
+    """A real tiny node behind a recording gateway (that sets a cookie on every answer) behind a relay."""
     from engine.tiny import write_tiny_model
     from tests.test_gateway_node import start_node
 
     node = start_node(write_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
     real_arrivals: list[Arrival] = []
     try:
-        with start_gateway([f"127.0.0.1:{node.port}"], real_arrivals) as live_gateway:
+        with start_gateway([f"127.0.0.1:{node.port}"], real_arrivals, sets_cookies=True) as live_gateway:
             with start_relay(live_gateway.url) as live_relay:
-                yield live_relay, real_arrivals
+                yield live_relay, live_gateway, real_arrivals
     finally:
         node.stop(grace=0)
 
@@ -261,7 +300,7 @@ def real_fleet(sim_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def test_the_sdk_works_through_the_relay_and_the_gateway_sees_only_the_relay(real_fleet) -> None:
     from client.sdk import Client
 
-    relay_server, real_arrivals = real_fleet
+    relay_server, _, real_arrivals = real_fleet
     http = httpx.Client(base_url=relay_server.url, timeout=60.0, trust_env=False,
                         transport=httpx.HTTPTransport(local_address=CLIENT_ADDRESS))
     with Client(relay_server.url, policy="dev", fresh_evidence=True, http=http) as sdk:
@@ -273,6 +312,20 @@ def test_the_sdk_works_through_the_relay_and_the_gateway_sees_only_the_relay(rea
     assert "/v1/nodes" in paths and "/v1/infer" in paths and any(path.endswith("/attest") for path in paths)
     assert all(arrival.peer == "127.0.0.1" for arrival in real_arrivals)
     assert all(arrival.header_names <= {"host", "content-length", "content-type"} for arrival in real_arrivals)
+
+
+def test_the_sdk_sends_no_cookie_a_gateway_set_on_an_earlier_answer(real_fleet) -> None:
+    """Straight to a gateway that sets cookies: sent back, one would link the client's requests."""
+    from client.sdk import Client
+
+    _, gateway_server, real_arrivals = real_fleet
+    seen_before = len(real_arrivals)
+    with Client(gateway_server.url, policy="dev", fresh_evidence=True, directory_ttl_s=0) as sdk:
+        for _ in range(2):
+            sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    ours = real_arrivals[seen_before:]
+    assert [arrival.path for arrival in ours].count("/v1/infer") == 2
+    assert [arrival.path for arrival in ours if "cookie" in arrival.header_names] == []
 
 
 def test_a_relay_only_gateway_refuses_direct_clients_and_serves_its_relay(nodes) -> None:

@@ -34,6 +34,7 @@ _EXPORTS = {
     "Stream": "client",
     "StreamTruncatedError": "client",
     "TokenIssuanceError": "client",
+    "TokenPolicyError": "client",
     "TokenWallet": "client",
     "VeilClientError": "client",
 }
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
         Stream,
         StreamTruncatedError,
         TokenIssuanceError,
+        TokenPolicyError,
         TokenWallet,
         VeilClientError,
     )

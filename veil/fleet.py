@@ -35,7 +35,6 @@ from client.tokens import DEFAULT_BATCH_SIZE, TokenWallet
 from ohttp.privacypass import WELL_KNOWN_PATH
 from veil.fleet_access import (
     FleetError,
-    ISSUER_NAME,
     ORIGIN,
     RELAY_ADDRESS,
     FleetAccount,
@@ -212,8 +211,8 @@ class Fleet:
         """A wallet (of class `kind`) obtaining tokens for this fleet's gateway from its issuer, as its account."""
         if self.account is None:
             raise FleetError("the fleet runs no token issuer; start it with tokens=True")
-        return kind(self.issuer_url, self.account.credential, issuer_name=ISSUER_NAME, origin=ORIGIN,
-                           listed_key_ids=self.issuer_key_ids, batch_size=batch_size, http=http)
+        return kind(self.issuer_url, self.account.credential, policy=self.policy, origin=ORIGIN,
+                    batch_size=batch_size, http=http)
 
     @property
     def environment(self) -> dict[str, str]:
