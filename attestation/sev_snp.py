@@ -2,7 +2,7 @@
 
 Report layout (0x4A0 bytes, integers little-endian):
 
-    0x000 VERSION u32        0x008 POLICY u64 (bit 18 MIGRATE_MA, bit 19 DEBUG)
+    0x000 VERSION u32        0x008 POLICY u64 (bit 17 must be one, 18 MIGRATE_MA, 19 DEBUG, 26-63 zero)
     0x030 VMPL u32           0x034 SIGNATURE_ALGO u32 (1: ECDSA P-384 with SHA-384)
     0x048 KEY_INFO u32 (bits 2-4 SIGNING_KEY: 0 VCEK)
     0x050 REPORT_DATA (64)   0x090 MEASUREMENT (48)   0x180 REPORTED_TCB (8)
@@ -38,6 +38,13 @@ MIN_VERSION = 2
 MAX_VERSION = 5
 POLICY_MIGRATE_MA = 1 << 18
 POLICY_DEBUG = 1 << 19
+# Guest POLICY, AMD SEV-SNP Firmware ABI Specification (publication 56860), section 4.3, Table 9 "Guest Policy
+# Structure": 7:0 ABI_MINOR, 15:8 ABI_MAJOR, 16 SMT, 17 reserved and must be one, 18 MIGRATE_MA, 19 DEBUG,
+# 20 SINGLE_SOCKET, 21 CXL_ALLOW, 22 MEM_AES_256_XTS, 23 RAPL_DIS, 24 CIPHERTEXT_HIDING, 25 PAGE_SWAP_DISABLE;
+# 63:26 reserved and must be zero. The firmware refuses to launch a guest with any other policy, so a report
+# carrying one was not made by it.
+POLICY_MUST_BE_ONE = 1 << 17
+POLICY_DEFINED = (1 << 26) - 1
 SIGNATURE_ALGO_ECDSA_P384 = 1
 SIGNING_KEY_VCEK = 0
 _AMD_OID = "1.3.6.1.4.1.3704.1."
@@ -93,6 +100,7 @@ def parse_snp_report(report: bytes) -> SnpReport:
     (key_info,) = struct.unpack_from("<I", report, 0x48)
     if algorithm != SIGNATURE_ALGO_ECDSA_P384:
         raise SnpReportFormatError("the SEV-SNP report is not signed with ECDSA P-384")
+    _check_policy(policy)
     return SnpReport(
         version=version, policy=policy, vmpl=vmpl, signing_key=(key_info >> 2) & 0x7,
         report_data=report[0x50:0x90], measurement=report[0x90:0xC0], reported_tcb=report[0x180:0x188],
@@ -100,6 +108,13 @@ def parse_snp_report(report: bytes) -> SnpReport:
         signature_r=int.from_bytes(report[0x2A0:0x2E8], "little"),
         signature_s=int.from_bytes(report[0x2E8:0x330], "little"),
     )
+
+
+def _check_policy(policy: int) -> None:
+    if not policy & POLICY_MUST_BE_ONE:
+        raise SnpReportFormatError("the SEV-SNP guest POLICY has bit 17 clear, which AMD's ABI requires set")
+    if policy & ~POLICY_DEFINED:
+        raise SnpReportFormatError("the SEV-SNP guest POLICY sets bits AMD's ABI reserves (26 to 63, must be zero)")
 
 
 def load_vcek_chain(chain: Sequence[bytes]) -> tuple[x509.Certificate, ...]:

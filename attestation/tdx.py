@@ -5,7 +5,8 @@ Layout (integers little-endian):
     0x000 header: version u16, attestation key type u16 (2: ECDSA P-256), TEE type u32 (0x81),
           ..., QE vendor id (16) at 0x00C
     0x030 TD report body: TEE_TCB_SVN, MRSEAM, ..., TDATTRIBUTES u64 at 0x0A8 (bits 0-7: TD under
-          debug), MRTD at 0x0B8, RTMR0-3 at 0x178/0x1A8/0x1D8/0x208, REPORTDATA at 0x238-0x277
+          debug), XFAM u64 at 0x0B0 (both with reserved bits that must be zero), MRTD at 0x0B8,
+          RTMR0-3 at 0x178/0x1A8/0x1D8/0x208, REPORTDATA at 0x238-0x277
     0x278 signature data length u32, then: quote signature r ‖ s (64, big-endian, ECDSA P-256
           over 0x000-0x277), attestation key x ‖ y (64), certification data type 6 (u16) and
           size (u32): the QE report (384), its signature by the PCK (64), QE auth data (u16
@@ -39,6 +40,16 @@ INTEL_QE_VENDOR_ID = bytes.fromhex("939a7233f79c4ca9940a0db3957f0607")
 # MRSIGNER of Intel's quoting enclave: only Intel's QE certifies TDX attestation keys.
 INTEL_QE_MRSIGNER = bytes.fromhex("dc9e2a7c6f948f17474e34a7fc43ed030f7c1563f1babddf6340c82e0e54a8c5")
 TD_UNDER_DEBUG_MASK = 0xFF
+# TDATTRIBUTES, Intel TDX Module ABI Specification (348551), TD_PARAMS "ATTRIBUTES" definition table (the bits
+# Linux names in arch/x86/include/asm/shared/tdx.h): TUD group 0 DEBUG, 4 HGS_PLUS_PROF, 5 PERF_PROF, 6 PMT_PROF;
+# SEC group 16 ICSSD, 27 LASS, 28 SEPT_VE_DISABLE, 29 MIGRATABLE, 30 PKS, 31 KL; OTHER group 62 TPA, 63 PERFMON.
+# Every other bit (1-3, 7-15, 17-26, 32-61) is reserved and must be zero.
+TD_ATTRIBUTES_DEFINED = sum(1 << bit for bit in (0, 4, 5, 6, 16, 27, 28, 29, 30, 31, 62, 63))
+# XFAM (the XSAVE features a TD may use, XCR0 | IA32_XSS layout), constrained by the module's XFAM_FIXED1 and
+# XFAM_FIXED0 (same spec, TDX module global metadata): x87 and SSE (bits 0, 1) must be set; only bits 0-2, 5-9,
+# 11, 12, 14, 15, 17 and 18 may be set (MPX, PASID, HDC, HWP and bits 19-63 are not supported).
+XFAM_FIXED1 = 0x0000_0003
+XFAM_FIXED0 = 0x0006_DBE7
 SIGNED_SIZE = 0x278
 QE_REPORT_SIZE = 384
 CERT_DATA_QE_REPORT = 6
@@ -103,6 +114,8 @@ def parse_tdx_quote(quote: bytes) -> TdxQuote:
         raise TdxQuoteFormatError("the TDX quote was not produced by Intel's quoting enclave (QE vendor id)")
     reader = _Reader(quote, header.offset)
     reader.take(SIGNED_SIZE - header.offset, "TD report body")
+    td_attributes, xfam = struct.unpack_from("<QQ", quote, 0x0A8)
+    _check_reserved_bits(td_attributes, xfam)
     signed = quote[:SIGNED_SIZE]
     signature_data = _Declared("signature data", reader.integer("<I", "signature data length"), reader.offset)
     signature = reader.take(64, "quote signature")
@@ -116,13 +129,22 @@ def parse_tdx_quote(quote: bytes) -> TdxQuote:
     pem = reader.take(size, "PCK certificate chain")
     _check_declared_sizes(len(quote), reader.offset, (signature_data, qe_data))
     pck_chain = pem_chain_to_der(pem)
-    (td_attributes,) = struct.unpack_from("<Q", quote, 0x0A8)
     rtmrs = tuple(quote[offset:offset + 48] for offset in RTMR_OFFSETS)
     return TdxQuote(
         td_attributes=td_attributes, mrtd=quote[0x0B8:0x0E8], rtmrs=rtmrs,  # type: ignore[arg-type]
         report_data=quote[0x238:0x278], signed=signed, signature=signature, attestation_key=attestation_key,
         qe_report=qe_report, qe_report_signature=qe_report_signature, qe_auth_data=qe_auth_data, pck_chain=pck_chain,
     )
+
+
+def _check_reserved_bits(td_attributes: int, xfam: int) -> None:
+    """The TDX module refuses to build a TD with reserved TDATTRIBUTES or XFAM bits; a quote carrying them was not made by it."""
+    if td_attributes & ~TD_ATTRIBUTES_DEFINED:
+        raise TdxQuoteFormatError("the TDX quote's TDATTRIBUTES sets bits Intel's TDX module reserves (must be zero)")
+    if xfam & XFAM_FIXED1 != XFAM_FIXED1 or xfam & ~XFAM_FIXED0:
+        raise TdxQuoteFormatError(
+            "the TDX quote's XFAM is not one the TDX module allows (x87 and SSE set, reserved features clear)"
+        )
 
 
 @dataclass(frozen=True, slots=True)

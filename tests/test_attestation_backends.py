@@ -167,7 +167,7 @@ def test_malformed_cpu_reports(kind, report):
         parse_cpu_report(kind, report)
 
 
-@pytest.mark.parametrize("evidence,fields", [(snp_evidence, SnpFields(policy=1 << 19)),
+@pytest.mark.parametrize("evidence,fields", [(snp_evidence, SnpFields(policy=(1 << 17) | (1 << 19))),
                                              (tdx_evidence, TdxFields(td_attributes=1))])
 def test_cpu_debug_bits_are_refused(evidence, fields):
     policy = cpu_policy()

@@ -203,6 +203,36 @@ def test_a_guest_field_is_refused_by_its_own_check(fields, error_type, check):
     assert_refused_by(snp_evidence(policy, fields), policy, error_type, check)
 
 
+# Guest POLICY per AMD's ABI (Table 9): bit 17 must be one, bits 26-63 must be zero.
+@pytest.mark.parametrize("guest_policy,message", [
+    (1 << 16, "bit 17 clear"),
+    (0, "bit 17 clear"),
+    ((1 << 17) | (1 << 26), "reserves"),
+    ((1 << 17) | (1 << 40), "reserves"),
+    ((1 << 17) | (1 << 63), "reserves"),
+])
+def test_a_guest_policy_the_firmware_never_signs_is_a_format_error(guest_policy, message):
+    policy = cpu_policy()
+    bundle = snp_evidence(policy, SnpFields(policy=guest_policy))
+    # The chain check reads CHIP_ID (the node's hardware identity) from the report, so the parse refuses it there.
+    assert_refused_by(bundle, policy, SnpReportFormatError, "chain")
+    assert message in str(verify_with_report(bundle, policy).error)
+
+
+def test_every_bit_the_abi_defines_is_accepted():
+    policy = cpu_policy()
+    defined = (0x1F << 20) | (1 << 25) | (1 << 17) | (1 << 16) | 0x0102  # no debug, no migration agent: ABI 1.2
+    assert all(check.passed for check in verify(snp_evidence(policy, SnpFields(policy=defined)), policy).checks)
+
+
+def test_the_genuine_reports_policy_has_its_must_be_one_bit():
+    report, _ = genuine_snp()
+    assert sev_snp.parse_snp_report(report).policy == 0xB0000
+    cleared = report[:0x08] + struct.pack("<Q", 0x90000) + report[0x10:]
+    with pytest.raises(SnpReportFormatError, match="bit 17 clear"):
+        sev_snp.parse_snp_report(cleared)
+
+
 def test_a_launch_measurement_listed_for_other_code_is_refused():
     other_code = "0c0d" * 16
     launch = f'{{ tee = "sev-snp", code = "{other_code}", measurement = "{SNP_MEASUREMENT.hex()}" }}'

@@ -90,7 +90,7 @@ def test_a_genuine_quote_under_strict_is_refused_for_want_of_crls():
 
 @pytest.mark.parametrize("offset,field", [
     (0x238, "REPORTDATA"), (0x0B8, "MRTD"), (0x178, "RTMR0"), (0x208, "RTMR3"), (0x0A8, "TDATTRIBUTES"),
-    (0x040, "MRSEAM"), (0x030, "TEE_TCB_SVN"), (0x0B0, "XFAM"), (0x27C, "quote signature r"),
+    (0x040, "MRSEAM"), (0x030, "TEE_TCB_SVN"), (0x0B1, "XFAM bit 8"), (0x27C, "quote signature r"),
     (0x27C + 32, "quote signature s"),
 ])
 def test_a_flipped_bit_of_a_signed_field_breaks_the_quote_signature(offset, field):
@@ -218,6 +218,42 @@ def test_synthetic_evidence_passes_every_check_and_names_its_pck():
 def test_a_quote_field_is_refused_by_its_own_check(fields, error_type, check):
     policy = cpu_policy()
     assert_refused_by(tdx_evidence(policy, fields), policy, error_type, check)
+
+
+# TDATTRIBUTES bits 1-3, 7-15, 17-26 and 32-61 are reserved; XFAM must hold x87 and SSE and only what XFAM_FIXED0 allows.
+@pytest.mark.parametrize("fields,message", [
+    (TdxFields(td_attributes=(1 << 28) | (1 << 1)), "TDATTRIBUTES"),
+    (TdxFields(td_attributes=(1 << 28) | (1 << 8)), "TDATTRIBUTES"),
+    (TdxFields(td_attributes=(1 << 28) | (1 << 17)), "TDATTRIBUTES"),
+    (TdxFields(td_attributes=(1 << 28) | (1 << 32)), "TDATTRIBUTES"),
+    (TdxFields(td_attributes=(1 << 28) | (1 << 61)), "TDATTRIBUTES"),
+    (TdxFields(xfam=0x0006_00E7 | (1 << 3)), "XFAM"),  # MPX
+    (TdxFields(xfam=0x0006_00E7 | (1 << 10)), "XFAM"),  # PASID
+    (TdxFields(xfam=0x0006_00E7 | (1 << 19)), "XFAM"),
+    (TdxFields(xfam=0x0006_00E7 | (1 << 63)), "XFAM"),
+    (TdxFields(xfam=0x0006_00E6), "XFAM"),  # x87 clear
+    (TdxFields(xfam=0x0006_00E5), "XFAM"),  # SSE clear
+])
+def test_reserved_td_attributes_or_xfam_bits_are_a_format_error(fields, message):
+    policy = cpu_policy()
+    bundle = tdx_evidence(policy, fields)
+    assert_refused_by(bundle, policy, TdxQuoteFormatError, "chain")
+    assert message in str(verify_with_report(bundle, policy).error)
+
+
+def test_every_td_attribute_and_xfam_bit_the_module_defines_is_accepted():
+    policy = cpu_policy()
+    attributes = sum(1 << bit for bit in (16, 27, 28, 29, 30, 31, 62, 63))  # all but the TD-under-debug group
+    node = verify(tdx_evidence(policy, TdxFields(td_attributes=attributes, xfam=0x0006_DBE7)), policy)
+    assert all(check.passed for check in node.checks)
+
+
+def test_the_genuine_quotes_attributes_and_xfam_are_allowed():
+    for name in GENUINE_TDX_QUOTES:
+        quote = genuine_tdx(name)
+        attributes, xfam = struct.unpack_from("<QQ", quote, 0x0A8)
+        assert (attributes, xfam) in {(1 << 30, 0x61AE7), (1 << 28, 0x600E7)}
+        assert parse_tdx_quote(quote).td_attributes == attributes
 
 
 def test_rtmrs_a_release_does_not_fix_are_not_compared():
