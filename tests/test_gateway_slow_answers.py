@@ -4,7 +4,8 @@ A node accepts a request as soon as it has decapsulated it, before any work on i
 gateway sends the response head, never times the answer out, never evicts the node for slowness and
 never sends the request to a second node. Only a node that neither refuses nor accepts within the
 accept timeout gets a 504, and then too the request goes nowhere else. Real uvicorn, real gRPC: first
-recording nodes whose slowness the test controls, then real nodes generating a long answer.
+recording nodes whose slowness the test controls, then real nodes whose answers a pass-through holds
+until the test lets them go. Every slow answer is slow by construction, never by the machine's speed.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 
 from audit.events import NodeEvicted, RequestFinished, RouteDecision, RouteOutcome
@@ -23,6 +26,7 @@ from audit.records import read_audit_files
 from client.sdk import Client
 from enclave.node import NodeServer
 from engine.tiny import write_tiny_model
+from protocol import node_pb2_grpc
 from tests.hardening_support import MODEL_NAME, node_settings
 from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     GrpcNode,
@@ -35,9 +39,11 @@ from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     sim_root,
 )
 
-# Far below how long the answers below take, so that before a node accepted it is a real bound,
-# and after, any timing of the answer would have failed these requests.
-ACCEPT_TIMEOUT_S = 0.25
+# Ample for a node to accept (it only decapsulates) on a slow machine, so that before a node accepted
+# it is a real bound; every answer below is held for twice as long after it was accepted, so any
+# timing of the answer would fail it.
+ACCEPT_TIMEOUT_S = 2.0
+HOLD_S = 2 * ACCEPT_TIMEOUT_S
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +91,7 @@ def test_an_accepted_answer_slower_than_the_accept_timeout_is_relayed_from_its_o
         assert answer.status_code == 200
         chosen = next(node for node in nodes if node.node_id == answer.headers["veil-node-id"])
         assert chosen.servicer.received  # it has the request and holds its data back
-        threading.Event().wait(4 * ACCEPT_TIMEOUT_S)
+        threading.Event().wait(HOLD_S)
         chosen.servicer.behaviour.release.set()
         content = answer.read()
     index = nodes.index(chosen)
@@ -113,7 +119,50 @@ def test_a_node_that_never_accepts_is_a_504_and_the_request_goes_nowhere_else(ga
     assert route.outcome is RouteOutcome.NODE_ERROR and route.chosen is not None
 
 
-# ----- real nodes, a long answer ----------------------------------------------------------------
+# ----- real nodes, answers held by a pass-through -----------------------------------------------
+
+
+class HeldAnswers(node_pb2_grpc.NodeServicer):
+    """Stands between the gateway and a real node and passes everything on, except that it holds each
+    answer's data, once the node has said it accepted the request, until `release` is set."""
+
+    def __init__(self, target: str, accepted: threading.Event, release: threading.Event) -> None:
+        self._stub = node_pb2_grpc.NodeStub(grpc.insecure_channel(target))
+        self.accepted, self.release = accepted, release
+
+    def Attest(self, request, context):
+        return self._stub.Attest(request, timeout=30)
+
+    def Health(self, request, context):
+        return self._stub.Health(request, timeout=30)
+
+    def Infer(self, request, context):
+        for chunk in self._stub.Infer(request, timeout=120):
+            if chunk.data and not self.release.is_set():
+                self.accepted.set()
+                self.release.wait(60)
+            yield chunk
+
+
+@dataclasses.dataclass
+class Hold:
+    """The pass-throughs in front of the real nodes: their addresses and the two events they share."""
+
+    addresses: list[str]
+    accepted: threading.Event
+    release: threading.Event
+
+    def release_after(self, seconds: float) -> threading.Thread:
+        """Lets the held answers go `seconds` after a node first held one (the node had accepted by then)."""
+
+        def wait_then_release() -> None:
+            if self.accepted.wait(60):
+                threading.Event().wait(seconds)
+            self.release.set()
+
+        thread = threading.Thread(target=wait_then_release, daemon=True)
+        thread.start()
+        return thread
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +181,22 @@ def real_nodes(sim_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         server.stop(grace=0)
 
 
+@pytest.fixture
+def hold(real_nodes: list[NodeServer]) -> Iterator[Hold]:
+    accepted, release = threading.Event(), threading.Event()
+    servers, addresses = [], []
+    for node in real_nodes:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        node_pb2_grpc.add_NodeServicer_to_server(HeldAnswers(f"127.0.0.1:{node.port}", accepted, release), server)
+        addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+        server.start()
+        servers.append(server)
+    yield Hold(addresses, accepted, release)
+    release.set()
+    for server in servers:
+        server.stop(0).wait()
+
+
 def finished_requests(nodes: list[NodeServer]) -> list[RequestFinished]:
     for node in nodes:
         node.audit.flush()
@@ -139,14 +204,19 @@ def finished_requests(nodes: list[NodeServer]) -> list[RequestFinished]:
     return [record.event for record in log.records if isinstance(record.event, RequestFinished)]
 
 
-def test_a_long_whole_answer_from_a_real_node_is_computed_once_and_evicts_nothing(real_nodes) -> None:
-    settings = gateway_settings([f"127.0.0.1:{node.port}" for node in real_nodes], accept_timeout_s=ACCEPT_TIMEOUT_S)
+def test_a_long_whole_answer_from_a_real_node_is_computed_once_and_evicts_nothing(real_nodes, hold) -> None:
+    settings = gateway_settings(hold.addresses, accept_timeout_s=ACCEPT_TIMEOUT_S)
     with LiveGateway(settings) as gateway, Client(gateway.url, policy="dev", candidates=2) as sdk:
         before = len(finished_requests(real_nodes))
-        # Eight samples of 1,000 tokens: the whole answer exists only long after the accept timeout.
-        answer = sdk.completions.create(model=MODEL_NAME, prompt="The story goes", max_tokens=1000, n=8,
+        # The answer is held for twice the accept timeout after the node accepted it.
+        releaser = hold.release_after(HOLD_S)
+        started = time.monotonic()
+        answer = sdk.completions.create(model=MODEL_NAME, prompt="The story goes", max_tokens=64, n=4,
                                         temperature=1.0, seed=0)
-        assert len(answer.choices) == 8 and answer.usage.completion_tokens > 1000
+        waited = time.monotonic() - started
+        releaser.join(60)
+        assert hold.accepted.is_set() and waited >= HOLD_S  # it was held: the premise, by construction
+        assert len(answer.choices) == 4 and answer.usage.completion_tokens > 4
         assert evictions(gateway) == [] and len(gateway.runtime.pool) == 2
         gateway.wait_for(lambda: len(routes(gateway)) == 1)
         assert routes(gateway)[0].outcome is RouteOutcome.OK and routes(gateway)[0].chosen == answer.route.node_id
@@ -154,14 +224,17 @@ def test_a_long_whole_answer_from_a_real_node_is_computed_once_and_evicts_nothin
         assert len(finished_requests(real_nodes)) == before + 1  # one node computed it, once
 
 
-def test_the_sdk_waits_for_a_whole_answer_longer_than_its_connect_and_directory_timeout(real_nodes) -> None:
-    settings = gateway_settings([f"127.0.0.1:{node.port}" for node in real_nodes], accept_timeout_s=5.0)
-    short_s = 0.5
+def test_the_sdk_waits_for_a_whole_answer_longer_than_its_connect_and_directory_timeout(hold) -> None:
+    settings = gateway_settings(hold.addresses)
+    short_s = 2.0  # ample for loopback connects and the directory on a slow machine; the answer is held twice as long
     with LiveGateway(settings) as gateway, Client(gateway.url, policy="dev", candidates=2, timeout=short_s) as sdk:
+        releaser = hold.release_after(2 * short_s)
         started = time.monotonic()
-        answer = sdk.completions.create(model=MODEL_NAME, prompt="The story goes", max_tokens=1000, n=8,
+        answer = sdk.completions.create(model=MODEL_NAME, prompt="The story goes", max_tokens=64, n=4,
                                         temperature=1.0, seed=1)
-        elapsed = time.monotonic() - started
-    assert len(answer.choices) == 8 and answer.usage.completion_tokens > 1000
-    # The premise: the body came well after `timeout`, which bounded every read of it before.
-    assert elapsed > 2 * short_s
+        waited = time.monotonic() - started
+        releaser.join(60)
+    # The premise, by construction: the body came 2 * `timeout` after the node accepted, and `timeout`
+    # bounded every read of it before answers had their own bound.
+    assert hold.accepted.is_set() and waited >= 2 * short_s
+    assert len(answer.choices) == 4 and answer.usage.completion_tokens > 4
