@@ -107,8 +107,10 @@ class SamplingParams:
             (lambda: isinstance(self.stop_token_ids, (tuple, list))
              and all(is_integer(t) and 0 <= t < vocab_size for t in self.stop_token_ids),
              "stop_token_ids must be valid token ids"),
-            (lambda: self.logprobs is None or (is_integer(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
-             f"logprobs must be an integer between 0 and {MAX_LOGPROBS}"),
+            # Never more alternatives than the model has tokens: the sampler's top-k would fail the whole batch.
+            (lambda: self.logprobs is None
+             or (is_integer(self.logprobs) and 0 <= self.logprobs <= min(MAX_LOGPROBS, vocab_size)),
+             f"logprobs must be an integer between 0 and {min(MAX_LOGPROBS, vocab_size)}"),
             (lambda: _valid_logit_bias(self.logit_bias, vocab_size),
              f"logit_bias must map at most {MAX_LOGIT_BIAS_ENTRIES} valid token ids to numbers between -100 and 100"),
             (lambda: _is_number(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,

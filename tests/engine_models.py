@@ -8,6 +8,7 @@ the engine loads the very weights `transformers` runs. Folders are built once pe
 from __future__ import annotations
 
 import atexit
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import engine.sampler as sampler_module
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -89,6 +91,22 @@ def _scratch_root() -> Path:
 def tiny_model_dir() -> Path:
     """The built-in tiny Llama (seed 0), written once per test run."""
     return write_tiny_model(_scratch_root() / "tiny")
+
+
+SMALL_VOCAB = 16  # fewer ids than the most logprobs a request may ask for
+
+
+@cache
+def small_vocab_model_dir() -> Path:
+    """The tiny model with its embeddings and output head cut to the first SMALL_VOCAB ids."""
+    folder = write_tiny_model(_scratch_root() / "small-vocab")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"vocab_size": SMALL_VOCAB}))
+    weights = load_file(folder / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        weights[name] = weights[name][:SMALL_VOCAB].clone()
+    save_file(weights, folder / "model.safetensors")
+    return folder
 
 
 def build_hf_model(name: str, dtype: torch.dtype = torch.float32):

@@ -20,6 +20,7 @@ from engine import (
 )
 from engine.config import SUPPORTED_ARCHITECTURES
 from tests.engine_models import (  # noqa: F401 (fixtures)
+    SMALL_VOCAB,
     VOCAB_SIZE,
     greedy,
     one_torch_thread,
@@ -27,6 +28,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     random_prompts,
     reference_model,
     save_with_tokenizer,
+    small_vocab_model_dir,
     tiny_model_dir,
 )
 
@@ -190,6 +192,22 @@ def test_sampling_value_of_the_wrong_type_is_rejected_not_crashed(serving_with_d
     assert error.reason == "invalid_sampling"
     assert next(iter(settings)) in str(error)
     serving_continues(engine, ids, expected_good_outputs, earlier)
+
+
+def test_logprobs_above_the_vocabulary_fail_only_their_request_and_up_to_it_are_served():
+    engine = LLMEngine(small_vocab_model_dir(), POOL)
+    good = engine.add_request([5, 6, 7, 8], greedy(6))
+    widest = engine.add_request([9, 10, 11], greedy(4, logprobs=SMALL_VOCAB))
+
+    error = rejected(engine, [5, 6, 7], greedy(4, logprobs=SMALL_VOCAB + 1))
+    deltas = list(engine.stream())
+
+    assert error.reason == "invalid_sampling"
+    assert f"logprobs must be an integer between 0 and {SMALL_VOCAB}" in str(error)
+    assert [len(p.top) for d in deltas if d.request_id == widest for p in d.logprobs] == [SMALL_VOCAB] * 4
+    expected = output_tokens(LLMEngine(small_vocab_model_dir(), POOL), [[5, 6, 7, 8]], greedy(6))[0]
+    assert [t for d in deltas if d.request_id == good for t in d.token_ids] == expected
+    assert {d.request_id for d in deltas} == {good, widest} and engine.residue_check() == []
 
 
 # ----- request ids --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from engine import EngineConfig, EngineError, LLMEngine, RequestRejected, SamplingParams, StreamDelta
 from engine.core_client import EngineCoreClient, Failure, RequestHandle
 from engine.outputs import RequestMetrics
+from tests.engine_models import SMALL_VOCAB, small_vocab_model_dir
 from tests.engine_models import tiny_model_dir as tiny_dir
 
 LONG = SamplingParams(max_tokens=300, temperature=1.0, seed=3, ignore_eos=True)
@@ -91,6 +92,21 @@ def test_a_refused_request_raises_the_engines_own_error(core: EngineCoreClient) 
     assert handle.finished and core.in_flight == 0
     ok = core.submit("still serving", SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     assert len(all_tokens(list(ok.delta_batches()))) == 3
+
+
+def test_a_request_the_model_cannot_serve_is_refused_and_the_one_batched_beside_it_completes() -> None:
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    client = EngineCoreClient(small_vocab_model_dir(), CONFIG)
+    client.start()
+    try:
+        good = client.submit([5, 6, 7, 8], params)
+        bad = client.submit([5, 6, 7], SamplingParams(max_tokens=30, logprobs=SMALL_VOCAB + 1))
+        with pytest.raises(RequestRejected, match="logprobs"):
+            list(bad.deltas())
+        got = all_tokens(list(good.delta_batches()))
+    finally:
+        client.stop()
+    assert got == expected_tokens(LLMEngine(small_vocab_model_dir(), CONFIG), [5, 6, 7, 8], params)
 
 
 def test_an_abort_frees_and_zeroes_the_requests_blocks(core: EngineCoreClient) -> None:
