@@ -45,6 +45,7 @@ class DirectoryEntry:
     key_config: bytes
     evidence: str
     capacity: int
+    models: tuple[str, ...] | None = None  # the model names it serves; None where the directory does not say
 
     @property
     def hardware_id(self) -> str | None:
@@ -80,11 +81,27 @@ def _entry(node: Any) -> DirectoryEntry:
         raise ValueError("a directory entry lacks its node id, key configuration or evidence")
     if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
         raise ValueError("a directory entry's capacity is not a non-negative integer")
+    models = node.get("models")
+    if models is not None and not (isinstance(models, list) and all(isinstance(m, str) for m in models)):
+        raise ValueError("a directory entry's models are not a list of names")
     try:
         config = base64.b64decode(key_config, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("a directory entry's key configuration is not base64") from None
-    return DirectoryEntry(node_id, config, evidence, capacity)
+    return DirectoryEntry(node_id, config, evidence, capacity, None if models is None else tuple(models))
+
+
+def serving(entries: Sequence[DirectoryEntry], model: str | None) -> list[DirectoryEntry]:
+    """The entries that may serve `model`: those listing it, and those that list nothing (the node then
+    decides). Candidates are drawn from these alone, so a request only ever competes within its model's pool."""
+    if model is None:
+        return list(entries)
+    return [entry for entry in entries if entry.models is None or model in entry.models]
+
+
+def listed_models(entries: Sequence[DirectoryEntry]) -> list[str]:
+    """Every model name the directory lists, sorted."""
+    return sorted({model for entry in entries for model in entry.models or ()})
 
 
 @functools.lru_cache(maxsize=MAX_CACHED_CLAIMS)

@@ -1,12 +1,15 @@
 """The client's errors: one hierarchy, each message saying what went wrong and what to do.
 
-No message ever holds a prompt, a completion, key material or bytes received:
-only node identifiers, status codes, error codes chosen by the node or gateway
-(checked to be short identifiers) and the names of failed verification checks.
+No message ever holds a prompt, a completion or key material: only node identifiers, status codes,
+error codes chosen by the node or gateway (checked to be short identifiers), the names of failed
+verification checks, and a node's own reason for refusing a request (read inside the encryption from
+an attested node, whose messages name fields and never echo content; kept only if it is one short
+printable line).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +26,16 @@ def safe_code(value: object, default: str = "unknown") -> str:
     identifier is replaced so that no echoed content can reach a message.
     """
     return value if isinstance(value, str) and _CODE.fullmatch(value) else default
+
+
+MAX_NODE_MESSAGE = 400
+
+
+def safe_message(value: object) -> str | None:
+    """A node's reason fit to show: one printable line of at most MAX_NODE_MESSAGE characters, else None."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_NODE_MESSAGE and value.isprintable():
+        return value
+    return None
 
 
 class VeilClientError(Exception):
@@ -68,14 +81,34 @@ class GatewayError(VeilClientError):
 
 
 class NodeError(VeilClientError):
-    """The node answered an error inside the encryption (so only this client can read it)."""
+    """The node answered an error inside the encryption (so only this client can read it).
 
-    def __init__(self, status: int, code: str, node_id: str, node_time: float | None = None) -> None:
+    As OpenAI's errors do, it keeps the node's `message`, the field it names (`param`) and its `type`."""
+
+    def __init__(self, status: int, code: str, node_id: str, node_time: float | None = None,
+                 message: str | None = None, param: str | None = None, kind: str | None = None) -> None:
         self.status = status
         self.code = safe_code(code)
         self.node_id = node_id
         self.node_time = node_time  # the node's clock, when it refused the request's Date
-        super().__init__(f"node {node_id[:16]} refused the request with {status} ({self.code}); {_hint(status, self.code)}")
+        self.message = safe_message(message)
+        self.param = safe_code(param, default="") or None
+        self.type = safe_code(kind, default="") or None
+        reason = f": {self.message}" if self.message else ""
+        super().__init__(f"node {node_id[:16]} refused the request with {status} ({self.code}){reason}; "
+                         f"{_hint(status, self.code)}")
+
+    @classmethod
+    def from_body(cls, status: int, content: bytes, node_id: str, node_time: float | None = None) -> NodeError:
+        """The error an OpenAI-shaped error body `{"error": {"message", "type", "param", "code"}}` stands for."""
+        try:
+            error = json.loads(content).get("error")
+        except (ValueError, AttributeError, RecursionError):
+            error = None
+        if not isinstance(error, dict):
+            return cls(status, "unknown", node_id, node_time)
+        return cls(status, error.get("code"), node_id, node_time,  # type: ignore[arg-type]
+                   message=error.get("message"), param=error.get("param"), kind=error.get("type"))
 
 
 def _hint(status: int, code: str) -> str:

@@ -4,49 +4,53 @@ Point any OpenAI client at `http://127.0.0.1:8080/v1`: each call is forwarded
 through `Client`, which verifies the candidate nodes and encrypts end to end,
 so the proxy is the only place (on the user's own machine) where the plaintext
 exists outside the node. It keeps no access log and logs no content.
+
+Every field of a request goes to the node as sent: the node applies it or refuses it by name, and its
+refusal comes back in OpenAI's error shape (`message`, `type`, `param`, `code`), as every error here
+does. A client that disconnects from a stream ends it: the proxy closes the answer, so the gateway
+cancels the node's work.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from client.errors import GatewayError, ModelNotFoundError, NodeError, NoVerifiedNodeError, VeilClientError
-from client.resources import SAMPLING_EXTRAS
 from client.sdk import Client
 from client.streaming import Stream
 from protocol.constants import MAX_INNER_BODY_BYTES
-
-_PARAMETERS = ("n", "temperature", "top_p", "max_tokens", "stop", "seed", "stream_options", "logprobs",
-               *SAMPLING_EXTRAS)
+from protocol.errors import error_body
 
 
 def create_proxy_app(client: Client) -> FastAPI:
     """The proxy's FastAPI app, forwarding through `client` (which the caller owns and closes)."""
     app = FastAPI(title="Veil local proxy", docs_url=None, redoc_url=None, openapi_url=None)
+    _install_error_handlers(app)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         body = await _json_body(request)
         if isinstance(body, JSONResponse):
             return body
-        return await _forward(lambda: client.chat.completions.create(
-            model=body.get("model", ""), messages=body.get("messages", []), stream=body.get("stream") is True,
-            **_parameters(body, chat=True)), include_usage=_include_usage(body))
+        return await _forward(lambda: client.chat.completions.create(**_arguments(body, "messages", [])),
+                              include_usage=_include_usage(body))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body = await _json_body(request)
         if isinstance(body, JSONResponse):
             return body
-        return await _forward(lambda: client.completions.create(
-            model=body.get("model", ""), prompt=body.get("prompt", ""), stream=body.get("stream") is True,
-            **_parameters(body)), include_usage=_include_usage(body))
+        return await _forward(lambda: client.completions.create(**_arguments(body, "prompt", "")),
+                              include_usage=_include_usage(body))
 
     @app.get("/v1/models")
     async def models() -> Any:
@@ -59,9 +63,27 @@ def create_proxy_app(client: Client) -> FastAPI:
     return app
 
 
-def _parameters(body: dict[str, Any], chat: bool = False) -> dict[str, Any]:
-    names = (*_PARAMETERS, "top_logprobs") if chat else _PARAMETERS
-    return {name: body[name] for name in names if body.get(name) is not None}
+def _arguments(body: dict[str, Any], main: str, missing: Any) -> dict[str, Any]:
+    """`create`'s keywords: the model, the messages or prompt, and every other field as sent."""
+    rest = {name: value for name, value in body.items() if name not in ("model", main)}
+    return {"model": body.get("model", ""), main: body.get(main, missing), "stream": body.get("stream") is True,
+            "extra_body": rest}
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """FastAPI's own 404, 405 and 422 answers (`{"detail": ...}`) in OpenAI's shape, quoting nothing sent."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code == 404:
+            return _error(404, "not_found", "no such path; use /v1/chat/completions, /v1/completions or /v1/models")
+        if error.status_code == 405:
+            return _error(405, "method_not_allowed", "this path does not accept that method")
+        return _error(error.status_code, "invalid_request", "the request does not follow OpenAI's API")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, __: RequestValidationError) -> JSONResponse:
+        return _error(422, "invalid_request", "the request does not follow OpenAI's API")
 
 
 async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
@@ -90,9 +112,22 @@ async def _forward(call: Any, include_usage: bool = False) -> Any:
     except (ValueError, TypeError):
         return _error(400, "invalid_request", "the request is malformed; check model, messages or prompt, and the sampling values")
     if isinstance(result, Stream):
-        return StreamingResponse(_sse(result, include_usage), media_type="text/event-stream",
+        return StreamingResponse(_until_disconnect(result, include_usage), media_type="text/event-stream",
                                  headers={"cache-control": "no-store"})
     return JSONResponse(result.to_dict())
+
+
+async def _until_disconnect(stream: Stream, include_usage: bool) -> AsyncIterator[bytes]:
+    """`_sse`'s events; when the client goes away (Starlette cancels this), the stream is closed at once.
+
+    Each event is read on a worker thread that a cancellation abandons instead of awaiting, so a
+    disconnect closes the answer now, not after the node's next token; closing it ends that read too."""
+    events = _sse(stream, include_usage)
+    try:
+        while (event := await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)) is not None:
+            yield event
+    finally:
+        stream.close()
 
 
 def _sse(stream: Stream, include_usage: bool) -> Iterator[bytes]:
@@ -107,7 +142,8 @@ def _sse(stream: Stream, include_usage: bool) -> Iterator[bytes]:
                 data.setdefault("usage", None)
             yield f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
     except VeilClientError as error:
-        payload = {"error": {"code": _code(error), "message": str(error), "type": "veil_error"}}
+        status = getattr(error, "status", 0)
+        payload = error_body(status if status >= 400 else 502, _code(error), str(error), getattr(error, "param", None))
         yield f"data: {json.dumps(payload)}\n\n".encode()
         return
     finally:
@@ -117,9 +153,10 @@ def _sse(stream: Stream, include_usage: bool) -> Iterator[bytes]:
 
 def _client_error(error: VeilClientError) -> JSONResponse:
     if isinstance(error, ModelNotFoundError):
-        return _error(404, error.code, str(error), kind="invalid_request_error", param="model")
-    if isinstance(error, NodeError):
-        return _error(error.status if 400 <= error.status <= 599 else 502, error.code, str(error))
+        return _error(404, error.code, str(error), param="model")
+    if isinstance(error, NodeError):  # the node's own reason and the field it names, as OpenAI answers
+        status = error.status if 400 <= error.status <= 599 else 502
+        return _error(status, error.code, error.message or str(error), param=error.param)
     if isinstance(error, NoVerifiedNodeError):
         return _error(503, "no_verified_node", str(error))
     if isinstance(error, GatewayError):
@@ -138,7 +175,6 @@ def _code(error: VeilClientError) -> str:
 _CODES = {"StreamTruncatedError": "stream_truncated", "ResponseIntegrityError": "response_integrity"}
 
 
-def _error(status: int, code: str, message: str, kind: str = "veil_error", param: str | None = None) -> JSONResponse:
+def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
     """OpenAI's error shape: message, type, param and code."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                        status_code=status)
+    return JSONResponse(error_body(status, code, message, param), status_code=status)

@@ -2,7 +2,8 @@
 
 Each resource turns OpenAI's keyword arguments into the inner request's JSON body, sends it
 through the client (which verifies, seals and retries) and parses the node's answer into the typed
-results of `client.types`. An answer that does not have the expected shape is discarded as a
+results of `client.types`. The node decides which fields it applies: `extra_body` (as in OpenAI's SDK)
+carries any other field to it, and a field it does not apply comes back as a NodeError naming it. An answer that does not have the expected shape is discarded as a
 `ResponseIntegrityError`; nothing of it is shown.
 """
 
@@ -25,7 +26,10 @@ SAMPLING_EXTRAS = ("top_k", "min_p", "stop_token_ids", "ignore_eos")
 class Sender(Protocol):
     """What the resources need of `Client`: one whole and one streamed inner request."""
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[Any, Route]: ...
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                model: str | None = None) -> tuple[Any, Route]: ...
+
+    def listed_models(self) -> list[str]: ...
 
     def stream(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, Callable[[], None]]: ...
 
@@ -51,6 +55,7 @@ class ChatCompletions:
         stream_options: dict[str, Any] | None = None,
         logprobs: bool | None = None,
         top_logprobs: int | None = None,
+        extra_body: dict[str, Any] | None = None,
         **sampling: Any,
     ) -> ChatCompletion | Stream[ChatCompletionChunk]:
         """A chat answer, or with `stream=True` an iterator of `ChatCompletionChunk`.
@@ -61,7 +66,7 @@ class ChatCompletions:
         and `ignore_eos` are taken as keywords too (see `SAMPLING_EXTRAS`)."""
         body = _body(model=model, messages=_messages(messages), stream=stream, n=n, temperature=temperature,
                      top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, stream_options=stream_options,
-                     logprobs=logprobs, top_logprobs=top_logprobs, **_extras(sampling))
+                     logprobs=logprobs, top_logprobs=top_logprobs, **_extras(sampling)) | (extra_body or {})
         return _create(self._client, "/v1/chat/completions", body, stream,
                        ChatCompletionChunk.from_dict, ChatCompletion.from_dict)
 
@@ -83,7 +88,7 @@ class Completions:
         self,
         *,
         model: str,
-        prompt: str,
+        prompt: str | list[int] | list[str] | list[list[int]],
         stream: bool = False,
         n: int | None = None,
         temperature: float | None = None,
@@ -93,15 +98,17 @@ class Completions:
         seed: int | None = None,
         stream_options: dict[str, Any] | None = None,
         logprobs: int | None = None,
+        extra_body: dict[str, Any] | None = None,
         **sampling: Any,
     ) -> Completion | Stream[Completion]:
         """A text completion, or with `stream=True` an iterator of `Completion` pieces (`stream_options`
-        and the sampling keywords as for chat; `logprobs=N` as OpenAI's text completions take it)."""
-        if not isinstance(prompt, str):
-            raise ValueError("prompt must be a string")
+        and the sampling keywords as for chat; `logprobs=N` as OpenAI's text completions take it). The prompt
+        is text or token ids; the node says which other forms it takes."""
+        if not isinstance(prompt, (str, list)):
+            raise ValueError("prompt must be a string or a list of token ids")
         body = _body(model=model, prompt=prompt, stream=stream, n=n, temperature=temperature,
                      top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, stream_options=stream_options,
-                     logprobs=logprobs, **_extras(sampling))
+                     logprobs=logprobs, **_extras(sampling)) | (extra_body or {})
         return _create(self._client, "/v1/completions", body, stream, Completion.from_dict, Completion.from_dict)
 
 
@@ -112,9 +119,17 @@ class Models:
         self._client = client
 
     def list(self) -> ModelList:
-        """The models a verified node serves."""
-        data, route = self._client.request("GET", "/v1/models")
-        return _parsed(lambda d: ModelList.from_dict(d, route), route.node_id)(data)
+        """Every model the fleet serves: each model's listing from a verified node of its own pool."""
+        names = self._client.listed_models()
+        if not names:  # a directory that names no models: one node's own listing
+            data, route = self._client.request("GET", "/v1/models")
+            return _parsed(lambda d: ModelList.from_dict(d, route), route.node_id)(data)
+        models: dict[str, Model] = {}
+        for name in names:
+            data, route = self._client.request("GET", "/v1/models", model=name)
+            for model in _parsed(lambda d: ModelList.from_dict(d, route), route.node_id)(data).data:
+                models.setdefault(model.id, model)
+        return ModelList("list", tuple(models.values()), route)
 
     def retrieve(self, model: str) -> Model:
         """One model a verified node serves, as OpenAI's `models.retrieve`; ModelNotFoundError if none does."""
@@ -151,13 +166,16 @@ def _body(**fields: Any) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if value is not None}
 
 
-def _messages(messages: Sequence[Any]) -> list[dict[str, str]]:
+def _messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """The messages as JSON objects: dicts as given (the node checks their fields), objects by role and content."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise ValueError("messages must be a list of {role, content} messages")
     out = []
     for message in messages:
-        role = message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
-        content = message.get("content") if isinstance(message, dict) else getattr(message, "content", None)
+        if isinstance(message, dict):
+            out.append(dict(message))
+            continue
+        role, content = getattr(message, "role", None), getattr(message, "content", None)
         if not isinstance(role, str) or not isinstance(content, str):
             raise ValueError("each message needs a string role and string content")
         out.append({"role": role, "content": content})

@@ -29,9 +29,10 @@ import httpx
 
 from attestation.binding import NONCE_SIZE
 from client import wire
-from client.directory import DirectoryCache, DirectoryEntry, capped, sample_candidates
+from client.directory import DirectoryCache, DirectoryEntry, capped, listed_models, sample_candidates, serving
 from client.errors import (
     CandidateFailure,
+    ModelNotFoundError,
     NodeError,
     NoVerifiedNodeError,
     ResponseIntegrityError,
@@ -131,9 +132,16 @@ class Client:
 
     # ----- one request ----------------------------------------------------------------------
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[Any, Route]:
-        """Send one inner request and return the node's decrypted JSON answer with its route."""
-        return self._with_retries(lambda: self._request_once(method, path, body))
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                model: str | None = None) -> tuple[Any, Route]:
+        """Send one inner request and return the node's decrypted JSON answer with its route.
+
+        It goes to nodes serving the body's `model`, or `model` for a request without one (a listing)."""
+        return self._with_retries(lambda: self._request_once(method, path, body, model))
+
+    def listed_models(self) -> list[str]:
+        """Every model name the directory lists (the gateway's word: each node's own listing is the truth)."""
+        return listed_models(self._directory.get().entries)
 
     def stream(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, Callable[[], None]]:
         """Send one streamed inner request; return an iterator of event payloads, the route and a closer.
@@ -148,8 +156,9 @@ class Client:
         return send_with_retries(send, self.max_retries, correct_clock=self._correct_clock,
                                  refetch_directory=self._directory.invalidate)
 
-    def _request_once(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[Any, Route]:
-        target, response, route = self._send(method, path, body, streaming=False)
+    def _request_once(self, method: str, path: str, body: dict[str, Any] | None,
+                      model: str | None = None) -> tuple[Any, Route]:
+        target, response, route = self._send(method, path, body, streaming=False, model=model)
         try:
             inner = target.open_whole(response.read())
         except (OHTTPError, httpx.TransportError):
@@ -159,7 +168,7 @@ class Client:
         finally:
             response.close()
         if inner.status != 200:
-            raise NodeError(inner.status, wire.error_code(inner.content), target.node_id, inner.node_time())
+            raise NodeError.from_body(inner.status, inner.content, target.node_id, inner.node_time())
         try:
             return inner.json(), self._record(route, target.node_id)
         except ValueError:
@@ -173,10 +182,10 @@ class Client:
         return answer.events(), self._record(route, target.node_id), response.close
 
     def _send(
-        self, method: str, path: str, body: dict[str, Any] | None, streaming: bool
+        self, method: str, path: str, body: dict[str, Any] | None, streaming: bool, model: str | None = None
     ) -> tuple[wire.SealedRequest, httpx.Response, Route]:
         """Seal to verified candidates and post once; the chosen candidate and the gateway's open response."""
-        sealed, route = self._prepare(method, path, body, streaming)
+        sealed, route = self._prepare(method, path, body, streaming, model)
         authorization = self._tokens.authorization() if self._tokens is not None else None
         response = post_candidates(self._http, sealed, authorization, self._answer_timeout)
         if not response.is_success:
@@ -188,14 +197,19 @@ class Client:
             raise
 
     def _prepare(
-        self, method: str, path: str, body: dict[str, Any] | None, streaming: bool
+        self, method: str, path: str, body: dict[str, Any] | None, streaming: bool, model: str | None = None
     ) -> tuple[list[wire.SealedRequest], Route]:
         """Verify candidates drawn from the directory and seal the request to each that verified.
 
-        Nothing is sealed, so nothing can be sent, unless at least one candidate verified."""
+        Candidates are drawn among the nodes serving the request's model only; a model no node lists is
+        ModelNotFoundError. Nothing is sealed, so nothing can be sent, unless at least one candidate verified."""
         directory = self._directory.get()
         check = self._fresh_record if self.fresh_evidence else self._verifier.check
-        entries = capped(directory.entries, self.policy.routing.max_node_capacity)
+        wanted = (body or {}).get("model", model)
+        pool = serving(directory.entries, wanted if isinstance(wanted, str) else None)
+        if directory.entries and not pool:
+            raise ModelNotFoundError()
+        entries = capped(pool, self.policy.routing.max_node_capacity)
         records = one_per_chip([check(entry) for entry in sample_candidates(entries, self.candidates)])
         route = Route(None, tuple(records), self.policy.name)
         verified = [record for record in records if record.ok]

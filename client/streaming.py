@@ -85,7 +85,7 @@ class StreamedAnswer:
         finally:
             self._response.close()
         if error is not None:
-            raise NodeError(error.status, wire.error_code(error.content), self._node_id, error.node_time())
+            raise NodeError.from_body(error.status, error.content, self._node_id, error.node_time())
         if not self._decoder.done:
             raise StreamTruncatedError(self._node_id, "the event stream")
 

@@ -229,11 +229,13 @@ class Completion:
 class Model:
     id: str
     object: str
+    created: int  # when the node listing it began serving (Unix seconds)
     owned_by: str
 
     @classmethod
     def from_dict(cls, data: Any) -> Model:
-        return cls(_get(data, "id", str), _get(data, "object", str, "model"), _get(data, "owned_by", str, ""))
+        return cls(_get(data, "id", str), _get(data, "object", str, "model"), _get(data, "created", int, 0),
+                   _get(data, "owned_by", str, ""))
 
     def to_dict(self) -> dict[str, Any]:
         return _wire(self)

@@ -77,7 +77,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
     def Attest(self, request: node_pb2.AttestRequest, context: grpc.ServicerContext) -> node_pb2.AttestResponse:
         if len(request.nonce) != NONCE_SIZE:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the nonce must be exactly {NONCE_SIZE} bytes")
-        return node_pb2.AttestResponse(evidence_bundle=self._attest(bytes(request.nonce)), capacity=self.capacity)
+        return node_pb2.AttestResponse(evidence_bundle=self._attest(bytes(request.nonce)), capacity=self.capacity,
+                                       models=[self._api.model_name])
 
     def Health(self, request: node_pb2.HealthRequest, context: grpc.ServicerContext) -> node_pb2.HealthResponse:
         return node_pb2.HealthResponse(

@@ -70,6 +70,7 @@ def _render(entries: Sequence[PoolEntry], policy_digest: str) -> bytes:
             "evidence": entry.evidence,
             "capacity": entry.capacity,
             "attestation_result": entry.attestation_result,
+            "models": list(entry.models),
         }
         for entry in entries
     ]

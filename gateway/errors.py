@@ -1,6 +1,6 @@
 """The gateway's exception hierarchy.
 
-Every error that reaches a caller becomes `{"error": {"code", "message"}}`
+Every error that reaches a caller becomes OpenAI's `{"error": {"message", "type", "param", "code"}}`
 with the status below. Messages are fixed sentences: they say what was wrong
 and what to do, and never repeat anything the caller sent (a node id, a
 header, a byte of ciphertext), so a response can never reflect its request.

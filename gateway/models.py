@@ -44,6 +44,7 @@ class DirectoryNode(_Strict):
     evidence: str = Field(description="the node's evidence bundle (JSON), bound to the gateway's last nonce")
     capacity: int
     attestation_result: str = Field(description="ES384 JWT: what this gateway verified at admission")
+    models: list[str] = Field(description="the model names the node serves, as it states them (not attested)")
 
 
 class Directory(_Strict):
@@ -61,8 +62,12 @@ class RegisterBody(_Strict):
 
 
 class ErrorDetail(_Strict):
-    code: str
+    """OpenAI's error object; `param` is always null, since the gateway reads no request field."""
+
     message: str
+    type: str
+    param: None = None
+    code: str
 
 
 class ErrorBody(_Strict):

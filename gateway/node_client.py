@@ -32,10 +32,11 @@ _NO_METADATA: tuple[tuple[str, str], ...] = ()
 
 @dataclass(frozen=True, slots=True)
 class AttestAnswer:
-    """A node's evidence bundle (JSON text) and its capacity."""
+    """A node's evidence bundle (JSON text), its capacity and the models it serves."""
 
     evidence: str
     capacity: int
+    models: tuple[str, ...] = ()
 
 
 class NodeClient:
@@ -58,7 +59,7 @@ class NodeClient:
             answer = await self._stub.Attest(node_pb2.AttestRequest(nonce=nonce), timeout=timeout_s, metadata=_NO_METADATA)
         except grpc.aio.AioRpcError:
             raise NodeUnreachableError("the node did not answer the attestation request") from None
-        return AttestAnswer(answer.evidence_bundle, answer.capacity)
+        return AttestAnswer(answer.evidence_bundle, answer.capacity, tuple(answer.models))
 
     async def health(self, timeout_s: float) -> HealthReport:
         """The node's health answer."""

@@ -46,6 +46,7 @@ class PoolEntry:
     attested_at: float
     expires_at: float
     attestation_result: str
+    models: tuple[str, ...] = ()  # the model names it serves, as the node states them (unsigned, like capacity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +126,7 @@ class NodePool:
             self._pending_nonces[address] = nonce
         return nonce
 
-    def admit(self, address: str, evidence_json: str, capacity: int) -> Admission:
+    def admit(self, address: str, evidence_json: str, capacity: int, models: tuple[str, ...] = ()) -> Admission:
         """Verify a node's answer to its pending nonce and (re)admit it, or raise AdmissionError."""
         with self._lock:
             nonce = self._pending_nonces.pop(address, None)
@@ -134,6 +135,7 @@ class NodePool:
         now = self._clock()
         verified = _verify(evidence_json, self.policy, nonce, now)
         _check_capacity(capacity, self.policy.routing.max_node_capacity)
+        _check_models(models)
         entry = PoolEntry(
             node_id=verified.node_id,
             address=address,
@@ -143,6 +145,7 @@ class NodePool:
             attested_at=now,
             expires_at=verified.expires_at,
             attestation_result=self._signer.issue(verified, now=now),
+            models=tuple(models),
         )
         with self._lock:
             return self._install(entry, verified.hardware_id, now)
@@ -258,6 +261,18 @@ def _verify(evidence_json: str, policy: Policy, nonce: bytes, now: float) -> Ver
         raise AdmissionError(f"the node's evidence failed verification: {error}", check="policy") from None
     except AttestationError as error:
         raise AdmissionError(f"the node's evidence failed verification: {error}", check=error.check) from None
+
+
+MAX_NODE_MODELS = 16
+MAX_MODEL_NAME = 256
+
+
+def _check_models(models: tuple[str, ...]) -> None:
+    # What the directory publishes for every caller: bounded, printable, each name once.
+    if len(models) > MAX_NODE_MODELS or len(set(models)) != len(models) or not all(
+            0 < len(name) <= MAX_MODEL_NAME and name.isprintable() for name in models):
+        raise AdmissionError(f"a node may list at most {MAX_NODE_MODELS} distinct model names of 1-{MAX_MODEL_NAME} "
+                             "printable characters", check="models")
 
 
 def _check_capacity(capacity: int, most: int) -> None:

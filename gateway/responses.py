@@ -1,6 +1,6 @@
 """How the gateway answers: relayed node bytes, bounded request bodies, and fixed error bodies.
 
-Every error becomes `{"error": {"code", "message"}}` with a fixed sentence,
+Every error becomes OpenAI's `{"error": {"message", "type", "param", "code"}}` with a fixed sentence,
 including FastAPI's own validation errors (whose default answer would quote
 the offending input) and Starlette's 404/405, so no answer ever reflects a
 byte of its request.
@@ -28,6 +28,7 @@ from gateway.errors import (
 from gateway.forwarding import RelayedAnswer
 from ohttp.media_types import OHTTP_CHUNKED_RESPONSE
 from protocol.constants import NODE_ID_HEADER
+from protocol.errors import error_body
 
 
 class RelayResponse(StreamingResponse):
@@ -83,7 +84,7 @@ def error_response(error: GatewayError) -> JSONResponse:
     headers = {"retry-after": str(error.retry_after_s)} if isinstance(error, OverloadedError) else None
     if isinstance(error, TokenRequiredError):
         headers = {"www-authenticate": error.www_authenticate, "cache-control": "no-store"}
-    body = {"error": {"code": error.code, "message": error.message}}
+    body = error_body(error.status, error.code, error.message)  # OpenAI's shape; `param` is always null here
     if isinstance(error, UnknownKeyError):
         # RFC 9458 section 5.3: a problem detail any OHTTP client understands; `error` stays for the SDK.
         body = {"type": OHTTP_KEY_PROBLEM, "title": "key identifier unknown", "status": error.status, **body}

@@ -30,6 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.errors import GatewayError, RequestTimeoutError
 from gateway.settings import GatewaySettings, parse_address
+from protocol.errors import error_body
 
 if TYPE_CHECKING:
     import uvicorn
@@ -40,7 +41,7 @@ class GatewayStartError(Exception):
 
 
 _TIMED_OUT = RequestTimeoutError("the request did not arrive within the gateway's timeouts; send it again in one go")
-_TIMEOUT_BODY = json.dumps({"error": {"code": _TIMED_OUT.code, "message": _TIMED_OUT.message}}).encode()
+_TIMEOUT_BODY = json.dumps(error_body(_TIMED_OUT.status, _TIMED_OUT.code, _TIMED_OUT.message)).encode()
 # Written below the application (no request was handed to it, or it is still reading the body).
 REQUEST_TIMEOUT_ANSWER = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"

@@ -2,9 +2,9 @@
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "top_p", "code": "invalid_value"}}
 
-`type` follows from the HTTP status as OpenAI's API uses it; `param` names the request field that was
-wrong (None when no one field was). Messages are written by the side that refuses and never hold any
-of the request's content.
+`type` follows from the HTTP status as OpenAI's API uses it (a 404 is an `invalid_request_error` there
+too); `param` names the request field that was wrong (None when no one field was). Messages are
+written by the side that refuses and never hold any of the request's content.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
-    404: "not_found_error",
+    404: "invalid_request_error",  # as OpenAI answers an unknown model or path
     405: "invalid_request_error",
     408: "timeout_error",
     409: "conflict_error",

@@ -125,14 +125,14 @@ def test_max_tokens_and_its_alias_given_different_are_refused(api) -> None:
 
 def test_an_unknown_model_is_a_404_naming_the_model_field(api) -> None:
     got, answer = post(api, CHAT, chat(model="other-model"))
-    assert got == 404 and answer["error"]["param"] == "model" and answer["error"]["type"] == "not_found_error"
+    assert got == 404 and answer["error"]["param"] == "model" and answer["error"]["type"] == "invalid_request_error"
 
 
 def test_a_wrong_path_and_method_are_answered_in_openais_shape(api) -> None:
     response = api.handle(Request(b"GET", b"https", b"node", CHAT, [], b""))
     assert response.status == 405 and set(json.loads(response.body)["error"]) == {"message", "type", "param", "code"}
     response = api.handle(Request(b"GET", b"https", b"node", b"/v1/nope", [], b""))
-    assert response.status == 404 and json.loads(response.body)["error"]["type"] == "not_found_error"
+    assert response.status == 404 and json.loads(response.body)["error"]["type"] == "invalid_request_error"
 
 
 # ----- applied -------------------------------------------------------------------------------------------

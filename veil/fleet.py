@@ -68,6 +68,8 @@ class FleetSettings:
     torch_threads: int | None = None  # per node; None keeps torch's default
     start_timeout_s: float = 120.0
     extra_node_args: tuple[str, ...] = ()
+    # The model name node i serves (`--model-name`), for a fleet of several models; () keeps the folder's name.
+    model_names: tuple[str, ...] = ()
     # More node addresses for the gateway to admit (nodes started elsewhere); not waited for.
     extra_gateway_nodes: tuple[str, ...] = ()
     extra_gateway_args: tuple[str, ...] = ()  # for example --origin and --issuer-directory for tokens
@@ -341,6 +343,8 @@ class Fleet:
             "--audit", f"file:{self.paths.audit / f'node-{index}.jsonl'}",
         ]
         arguments += _optional("--key-rotation-s", s.key_rotation_s) + _optional("--key-grace-s", s.key_grace_s)
+        if s.model_names:
+            arguments += ["--model-name", s.model_names[index % len(s.model_names)]]
         return self._spawn(f"node-{index}", arguments + list(s.extra_node_args), s.node_cpus)
 
     def _start_gateway(self) -> FleetProcess:
