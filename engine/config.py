@@ -277,6 +277,9 @@ class EngineConfig:
     # Step N+1 is launched before step N's tokens are read back (`engine.overlap`). None: on where the
     # device is CUDA; True on a CPU runs the same order, which changes no token (the tests rely on it).
     async_scheduling: bool | None = None
+    # Simulated confidential-computing bridge: every host<->device crossing waits this long, one at a
+    # time across threads (`engine.bridge`). For benchmarks and tests; 0 on a real node.
+    bridge_toll_us: float = 0.0
 
     def __post_init__(self) -> None:
         self._check_sizes()

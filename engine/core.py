@@ -126,7 +126,7 @@ class EngineCore:
     def __init__(self, engine: LLMEngine, connection: Connection) -> None:
         self.engine = engine
         self._connection = connection
-        self._zeroing = ZeroingAccount(engine.block_manager, engine.runner.kv_cache)
+        self._zeroing = ZeroingAccount(engine.block_manager, engine.runner)
         self._live: set[str] = set()  # requests added and not yet ended
         self._steps = 0
         self._last_report = time.monotonic()
@@ -231,7 +231,8 @@ class EngineCore:
         self._last_report = now
         self._zeroing.check()
         if self._zeroing.pending:
-            self._send(self._zeroing.take(self._steps))
+            # While steps run, their downloads carry the residue count: no crossing of the report's own.
+            self._send(self._zeroing.take(self._steps, exact=not self.engine.has_unfinished()))
 
     def _send(self, message: StepOutput | Refused | Answer | ZeroingReport) -> None:
         self._connection.send(message)

@@ -17,7 +17,11 @@ captured forward does is frozen at capture, so every replay must be able to run 
   context exit at once. Eager steps keep the plan fitted to their widest table.
 - No host reads. The Triton kernels read nothing back, and `kernels.validation` reads tensor values
   only for CPU tensors, which a graph never holds; the step's host lists are checked here instead,
-  before they are copied (`check_decode_lists`).
+  before they are packed (`check_decode_lists`).
+The step's rows and block tables reach the buffers through the step's one upload (`engine.bridge`):
+`DecodeGraphs.pack` adds them as segments, and `replay` copies the segments' device views into the
+buffers (device to device) before the replay. On a CPU the same packing and loading run over buffers
+of their own, with the forward run eagerly over them instead of replayed (`capture=False`, for tests).
 Sampling stays outside: a graph ends with the final hidden states, and the runner projects the rows that
 sample to logits as an eager step does.
 
@@ -38,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 import kernels
+from engine.bridge import Upload
 from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.models.layers import AttentionMetadata
@@ -48,6 +53,8 @@ if TYPE_CHECKING:
 
 # What a padded row holds; the graphs' buffers hold these wherever no step's values are.
 PAD_TOKEN, PAD_POSITION, PAD_SLOT, PAD_CONTEXT, PAD_BLOCK = 0, 0, -1, 1, -1
+# The graph path's segments in a step's upload.
+GRAPH_LONGS, GRAPH_CONTEXTS, GRAPH_TABLES, GRAPH_SAMPLE_ROWS = "graph.longs", "graph.contexts", "graph.tables", "graph.rows"
 # The graphs' memory is measured over a stand-in cache before the KV pool is sized. The real capture may
 # round its allocations differently (the allocator's segments are 2 or 20 MiB) and load kernel variants
 # compiled for the real cache's size, so the pool leaves this much more room.
@@ -181,19 +188,30 @@ class StepBuffers:
             max_seqlen_q=1,
         )
 
-    def load(self, lists: StepLists, batch_size: int) -> None:
-        """Copies a decode step into rows [0, batch_size) and pads the rest of what the previous step used."""
+    def pack(self, upload: Upload, lists: StepLists, batch_size: int) -> None:
+        """Adds a decode step's rows, padded over what the previous step used, and its tables to `upload`."""
         rows = max(batch_size, self.rows_in_use)
         padded = pad_decode_rows(lists, rows)
-        for buffer, values in self._row_buffers(padded):
-            buffer[:rows].copy_(_staged(values, buffer), non_blocking=True)
+        upload.add(GRAPH_LONGS, padded.input_ids + padded.positions + padded.slot_mapping, torch.int64, (3, rows))
+        upload.add(GRAPH_CONTEXTS, padded.context_lens, torch.int32)
+        width = len(lists.block_tables[0])
+        upload.add(GRAPH_TABLES, [block for table in lists.block_tables for block in table], torch.int32,
+                   (lists.num_seqs, width))
+        upload.add(GRAPH_SAMPLE_ROWS, lists.sample_rows, torch.int64)
+
+    def load(self, views: dict[str, Tensor], batch_size: int) -> None:
+        """Copies the packed step (device views) into rows [0, batch_size) and pads the rest the previous step used."""
+        longs = views[GRAPH_LONGS]
+        rows = longs.shape[1]
+        for buffer, values in zip((self.input_ids, self.positions, self.slot_mapping), longs):
+            buffer[:rows].copy_(values)
+        self.context_lens[:rows].copy_(views[GRAPH_CONTEXTS])
         if self.rows_in_use > batch_size:
             self.hidden[batch_size : self.rows_in_use].zero_()
         self.block_tables[: self.table_rows, : self.table_width].fill_(PAD_BLOCK)
-        width = len(lists.block_tables[0])
-        tables = _staged(lists.block_tables, self.block_tables)
-        self.block_tables[: lists.num_seqs, :width].copy_(tables, non_blocking=True)
-        self.rows_in_use, self.table_rows, self.table_width = batch_size, lists.num_seqs, width
+        tables = views[GRAPH_TABLES]
+        self.block_tables[: tables.shape[0], : tables.shape[1]].copy_(tables)
+        self.rows_in_use, self.table_rows, self.table_width = batch_size, tables.shape[0], tables.shape[1]
 
     def clear(self) -> None:
         """Every row back to padding: nothing of the latest step stays readable here."""
@@ -205,21 +223,12 @@ class StepBuffers:
             buffer.fill_(value)
         self.rows_in_use = self.table_rows = self.table_width = 0
 
-    def _row_buffers(self, rows: DecodeRows) -> tuple[tuple[Tensor, list[int]], ...]:
-        return ((self.input_ids, rows.input_ids), (self.positions, rows.positions),
-                (self.slot_mapping, rows.slot_mapping), (self.context_lens, rows.context_lens))
-
-
-def _staged(values: list, like: Tensor) -> Tensor:
-    """values as a host tensor of like's dtype, pinned when like is on CUDA so its copy is asynchronous."""
-    host = torch.tensor(values, dtype=like.dtype)
-    return host.pin_memory() if like.is_cuda else host
-
 
 class DecodeGraphs:
     """One captured decode forward per batch size, over one KV tensor, sharing one pool and one set of buffers."""
 
-    def __init__(self, model: nn.Module, kv_cache: Tensor, batch_sizes: Sequence[int], max_blocks_per_seq: int) -> None:
+    def __init__(self, model: nn.Module, kv_cache: Tensor, batch_sizes: Sequence[int], max_blocks_per_seq: int,
+                 capture: bool = True) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.batch_sizes = sorted(batch_sizes)
@@ -230,7 +239,10 @@ class DecodeGraphs:
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.replays = 0
-        self._capture()
+        # capture=False (tests on a CPU): each replay runs the forward eagerly over the same buffers.
+        self.captured = capture
+        if capture:
+            self._capture()
 
     def batch_size_for(self, lists: StepLists) -> int | None:
         """The batch size of the graph this step replays; None when the step must run eagerly."""
@@ -238,18 +250,30 @@ class DecodeGraphs:
             return None
         return bucket_for(lists.num_seqs, self.batch_sizes)
 
-    def replay(self, lists: StepLists, batch_size: int, in_flight_ids: Tensor | None = None) -> Tensor:
-        """Runs the step through the graph of batch_size; returns the final hidden states of its rows.
+    def pack(self, upload: Upload, lists: StepLists, batch_size: int) -> None:
+        """Checks a decode step and adds it to the step's upload for the graph of batch_size."""
+        check_decode_lists(lists, self.num_slots, self.block_size)
+        self.buffers.pack(upload, lists, batch_size)
+
+    def replay(self, views: dict[str, Tensor], lists: StepLists, batch_size: int,
+               in_flight_ids: Tensor | None = None) -> Tensor:
+        """Runs the packed step through the graph of batch_size; returns the final hidden states of its rows.
 
         in_flight_ids: the picked ids that replace the step's placeholders (`engine.overlap`), if any.
         """
-        check_decode_lists(lists, self.num_slots, self.block_size)
-        self.buffers.load(lists, batch_size)
+        self.buffers.load(views, batch_size)
         if in_flight_ids is not None:
             fill_placeholders(self.buffers.input_ids[: lists.num_seqs], in_flight_ids)
-        self.graphs[batch_size].replay()
+        if self.captured:
+            self.graphs[batch_size].replay()
+        else:
+            self._forward(batch_size)
         self.replays += 1
         return self.buffers.hidden[: lists.num_seqs]
+
+    @staticmethod
+    def sample_rows(views: dict[str, Tensor]) -> Tensor:
+        return views[GRAPH_SAMPLE_ROWS]
 
     def clear(self) -> None:
         self.buffers.clear()

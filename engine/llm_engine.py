@@ -15,7 +15,8 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import EngineError, RequestRejected, UnknownRequestError
-from engine.model_runner import ModelRunner
+from engine.logits_processors import LogitsProcessors
+from engine.model_runner import ModelRunner, PickRequest, step_lists
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestMetrics, RequestOutput, StreamDelta
 from engine.overlap import async_scheduling_enabled
@@ -23,6 +24,7 @@ from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.sampling_params import SamplingParams, is_integer
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceStatus
+from engine.structured import GrammarCompiler, Guide, MaskRequest
 from engine.tokenizer import Tokenizer
 
 _MAX_REQUEST_ID_LENGTH = 128
@@ -48,6 +50,15 @@ class LaunchedStep:
     picked: PickedTokens
 
 
+@dataclass(eq=False, slots=True)
+class ForwardOnly:
+    """A launched step whose picks wait for the in-flight step's tokens: a constrained sample's mask needs
+    its previous token (`engine.structured`). Picked once the in-flight step is read."""
+
+    sampling: list[Sequence]
+    logits: torch.Tensor
+
+
 class LLMEngine:
     def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
@@ -61,7 +72,8 @@ class LLMEngine:
             self.runner.num_blocks, self.config.block_size, scrub, self.runner.copy_block
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
-        self.sampler = Sampler()
+        self.sampler = Sampler(LogitsProcessors(self.model_config.vocab_size, self.runner.device), self.runner.bridge)
+        self._grammars: GrammarCompiler | None = None  # built at the first constrained request: the vocabulary only
         self.async_scheduling = async_scheduling_enabled(self.config, self.runner.device)
         self._in_flight: LaunchedStep | None = None  # async: launched, its picks not read yet
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
@@ -81,14 +93,20 @@ class LLMEngine:
         params.validate(self.model_config.vocab_size)
         prompt_ids = self._prompt_ids(prompt)
         max_tokens = self._check_fits(prompt_ids, params)
+        guide = self._compile(params)
         first = self._new_sequence(request_id, 0, prompt_ids, params, max_tokens)
+        first.guide = guide
         first.forks_pending = params.n - 1
         self._requests[request_id] = Request(request_id, params, len(prompt_ids), [first], time.monotonic())
         self.scheduler.add(first)
         return request_id
 
     def abort(self, request_id: str) -> None:
-        """Stops a request now: its blocks are freed and zeroed before this returns."""
+        """Stops a request now: its blocks are freed and zeroed before this returns.
+
+        The zeroing crosses on its own (`ModelRunner.flush`) rather than in the next step's upload: an
+        abort is rare, and what it held is gone before the caller hears it is.
+        """
         request = self._requests.get(request_id)
         if request is None:
             raise UnknownRequestError("no such request in this engine")
@@ -98,6 +116,7 @@ class LLMEngine:
                 self.scheduler.remove(seq)
                 self._finish(seq, FinishReason.ABORT)
         self.block_manager.scrub_freed()
+        self.runner.flush()
         self._clear_if_idle()
         self._pending += self._deltas(request.sequences)
 
@@ -117,8 +136,10 @@ class LLMEngine:
     def _clear_if_idle(self) -> None:
         # With nothing left to run, no token of a finished request may stay in the decode graphs' buffers.
         # A step still in flight needs them no more: the clear is queued after it on the same stream.
+        # Block ops still queued cross now: no step is coming to carry them.
         if not self.scheduler.has_work():
             self.runner.clear_step_buffers()
+            self.runner.flush()
 
     # ----- stepping -------------------------------------------------------------------------
 
@@ -131,10 +152,13 @@ class LLMEngine:
         engine core does): what was in flight is dropped.
         """
         deltas, self._pending = self._pending, []
+        self.runner.bridge.begin_step()
         launched = self._launch()
         previous, self._in_flight = self._in_flight, None  # dropped even if reading it fails
         if previous is not None:
             deltas += self._read(previous)
+        if isinstance(launched, ForwardOnly):
+            launched = self._pick(launched.sampling, launched.logits)
         if launched is not None:
             if self.async_scheduling:
                 self._hold(launched)
@@ -145,17 +169,26 @@ class LLMEngine:
         self._clear_if_idle()
         return deltas
 
-    def _launch(self) -> LaunchedStep | None:
-        """Schedules and queues one batch and its picks; None when nothing ran or nothing samples."""
+    def _launch(self) -> LaunchedStep | ForwardOnly | None:
+        """Schedules and queues one batch and its picks; None when nothing ran or nothing samples.
+
+        A batch with a constrained sample whose previous token is still in flight queues its forward
+        only: its picks are queued once that token is read (`ForwardOnly`).
+        """
         chunks = self.scheduler.schedule() if self.scheduler.has_work() else []
         if not chunks:
             return None
         sampling = [chunk.seq for chunk in chunks if chunk.samples]
-        logits = self.runner.run(chunks, self._in_flight_ids(chunks))
+        lists, in_flight_ids = step_lists(chunks, self.config.block_size), self._in_flight_ids(chunks)
         self.num_tokens_computed += sum(chunk.num_tokens for chunk in chunks)
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
-        return self._pick(sampling, logits)
+        if any(seq.guide is not None and seq.pending_row is not None for seq in sampling):
+            return ForwardOnly(sampling, self.runner.run(lists, in_flight_ids).logits)
+        # The picks' settings are known before the forward, so they ride in the step's one upload.
+        picks = self._pick_request(sampling)
+        run = self.runner.run(lists, in_flight_ids, None if picks is None else picks[1])
+        return None if picks is None else LaunchedStep(picks[0], run.picked)
 
     def _in_flight_ids(self, chunks: list[ScheduledChunk]) -> torch.Tensor | None:
         """The in-flight step's picked ids when a chunk's input is a pending token of it, else None."""
@@ -175,7 +208,9 @@ class LLMEngine:
     def _read(self, launched: LaunchedStep) -> list[StreamDelta]:
         """Reads a launched batch's picks (waiting for the device) and applies them to their samples."""
         now = time.monotonic()
-        for seq, (token, logprob) in zip(launched.samples, launched.picked.results()):
+        results = launched.picked.results()
+        self.runner.note_read(launched.picked.copy)
+        for seq, (token, logprob) in zip(launched.samples, results):
             seq.pending_row = None
             if not seq.is_finished:  # one that stopped while this batch was in flight: its pick is dropped
                 self._accept(seq, token, logprob, now)
@@ -287,17 +322,55 @@ class LLMEngine:
         # Distinct, reproducible noise for the samples of one seeded request.
         return (seed * 1_000_003 + index) % (1 << 63)
 
+    @torch.inference_mode()  # as the forward was: the bridge's buffers are inference tensors
     def _pick(self, sampling: list[Sequence], logits: torch.Tensor) -> LaunchedStep | None:
-        """Queues the picks of every sample whose chunk ended its tokens, forking new samples first."""
+        """Queues the picks of a step whose forward ran already (`ForwardOnly`): a crossing each way of their own."""
+        picks = self._pick_request(sampling)
+        if picks is None:
+            return None
+        samplers, request = picks
+        return LaunchedStep(samplers, self.sampler.launch(logits, request.requests, request.masks))
+
+    def _pick_request(self, sampling: list[Sequence]) -> tuple[list[Sequence], PickRequest] | None:
+        """What every sample whose chunk ended its tokens picks, forking new samples first; None if none does."""
         requests: list[SampleRequest] = []
         samplers: list[Sequence] = []
+        masks: list[MaskRequest] = []
         for row, seq in enumerate(sampling):
             for sample in [seq, *self._fork(seq)]:
-                requests.append(SampleRequest(row, sample.params, sample.seed, sample.num_output_tokens))
+                requests.append(self._sample_request(row, sample, masks))
                 samplers.append(sample)
         if not requests:
             return None
-        return LaunchedStep(samplers, self.sampler.launch(logits, requests))
+        mask_bits = self._grammars.masks(masks) if masks else None
+        return samplers, PickRequest(self.sampler, requests, mask_bits)
+
+    def _sample_request(self, row: int, sample: Sequence, masks: list[MaskRequest]) -> SampleRequest:
+        """What picking `sample`'s token needs; a constrained sample's mask request joins `masks`.
+
+        A sample that ended while this step waited (`ForwardOnly`) gets a plain pick, dropped when read.
+        """
+        request = SampleRequest(row, sample.params, sample.seed, sample.num_output_tokens)
+        if sample.is_finished:
+            return request
+        if sample.params.penalized:
+            if sample.penalty_slot is None:  # its first pick: nothing output yet, so the counts start at zero
+                sample.penalty_slot = self.sampler.processors.slots.take(sample.prompt_token_ids)
+            request.slot = sample.penalty_slot
+        if sample.guide is not None:
+            request.mask_row = len(masks)
+            masks.append(MaskRequest(sample.guide, sample.params.stop_token_ids))
+        return request
+
+    def _compile(self, params: SamplingParams) -> Guide | None:
+        """A fresh matcher for this request's constraint (never one from a cache); None when it has none."""
+        if params.structured is None:
+            return None
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(
+                self.tokenizer.to_json(), self.model_config.vocab_size, sorted(self.eos_token_ids)
+            )
+        return self._grammars.compile(params.structured)
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         """Creates the other samples of a request once its prompt is computed: they share its blocks."""
@@ -310,6 +383,7 @@ class LLMEngine:
                 parent.request_id, index, parent.prompt_token_ids, parent.params, parent.max_tokens
             )
             self.block_manager.fork(parent, child)
+            child.guide = None if parent.guide is None else parent.guide.fork()
             child.num_computed_tokens = parent.num_computed_tokens
             self.scheduler.add_running(child)
             request.sequences.append(child)
@@ -327,8 +401,13 @@ class LLMEngine:
         seq.append_token(token)
         if logprob is not None:
             seq.logprobs.append(logprob)
+        if seq.guide is not None and not seq.guide.advance(token):
+            # Never while its mask applies; a sample whose output broke its grammar is not served on.
+            return self._finish_and_free(seq, FinishReason.ABORT)
         if self.output.add_text(seq):
             return self._finish_and_free(seq, FinishReason.STOP, text_complete=True)
+        if seq.guide is not None and seq.guide.complete:  # the grammar allows nothing more: the output is whole
+            return self._finish_and_free(seq, FinishReason.STOP)
         if len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish_and_free(seq, FinishReason.LENGTH)
 
@@ -339,10 +418,18 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: FinishReason, text_complete: bool = False) -> None:
         """`text_complete`: the text was cut at a stop string, so the bytes held back are not part of it."""
         seq.pending_row = None  # a token still in flight is no part of a finished sample
+        self._drop_pick_state(seq)
         self.output.finish_text(seq, cut_at_stop=text_complete)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self._requests[seq.request_id].finished.add(seq.sample_index)
+
+    def _drop_pick_state(self, seq: Sequence) -> None:
+        """Drops the sample's matcher and zeroes its token counts: nothing of them outlives it."""
+        seq.guide = None
+        if seq.penalty_slot is not None:
+            self.sampler.processors.slots.release(seq.penalty_slot)
+            seq.penalty_slot = None
 
     def _deltas(self, sequences: list[Sequence]) -> list[StreamDelta]:
         deltas = []

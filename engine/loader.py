@@ -3,6 +3,10 @@
 The checkpoint keeps every projection apart; the model stacks q/k/v and gate/up into one matrix each
 (`MergedLinear`), so after the names and shapes are checked against the checkpoint's own layout, the parts
 are concatenated as they are assigned.
+
+Weights are read into host memory, cast there, and cross to the device through the bridge in large
+pinned chunks (`Bridge.load`): a few crossings for gigabytes, where one per tensor would pay the
+confidential bridge's toll hundreds of times.
 """
 
 from __future__ import annotations
@@ -14,10 +18,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from engine.bridge import Bridge
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models import LlamaFamilyForCausalLM
 from engine.models.layers import MergedLinear
+
+
+_ROTARY = "\0rotary."  # the rotary tables cross with the weights, under names no checkpoint can hold
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -35,31 +43,37 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def load_model(folder: str | Path, dtype: torch.dtype | None, device: torch.device) -> LlamaFamilyForCausalLM:
+def load_model(folder: str | Path, dtype: torch.dtype | None, device: torch.device,
+               bridge: Bridge | None = None) -> LlamaFamilyForCausalLM:
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     dtype = dtype or config.torch_dtype
     with torch.device("meta"):
         model = LlamaFamilyForCausalLM(config)
-    state = _read_state(folder, device)
+    state = _read_state(folder)
     _check_names(model, state)
     _merge_projections(model, state)
+    rotary = type(model.rotary)(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
+    state |= {f"{_ROTARY}{name}": buffer for name, buffer in rotary.named_buffers()}  # computed on the host, as before
+    # Cast on the host (as `model.to` cast before), so what crosses is what the device keeps.
+    state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
+    state = (bridge or Bridge(device)).load(iter(state.items()))
+    for name, _ in list(rotary.named_buffers()):
+        setattr(rotary, name, state.pop(f"{_ROTARY}{name}"))
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.rotary = type(model.rotary)(
-        config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
-    )
-    return model.to(device=device, dtype=dtype).eval()
+    model.rotary = rotary
+    return model.to(dtype=dtype).eval()
 
 
-def _read_state(folder: Path, device: torch.device) -> dict[str, torch.Tensor]:
+def _read_state(folder: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for path in weight_files(folder):
         if not path.is_file():
             raise ModelLoadError(f"weight shard {path.name} listed in the index is missing from {folder}")
         try:
-            state.update(load_file(str(path), device=str(device)))
+            state.update(load_file(str(path)))  # host memory: the bridge moves it in chunks
         except (SafetensorError, OSError) as error:
             raise ModelLoadError(f"cannot read weights from {path.name}: {type(error).__name__}") from None
     return state

@@ -1,4 +1,9 @@
-"""Owns the model and the KV tensor: builds one step's flat inputs, runs the model, zeroes blocks."""
+"""Owns the model and the KV tensor: builds one step's flat inputs, runs the model, zeroes blocks.
+
+A step crosses the bridge (`engine.bridge`) once each way: its inputs, its sampling settings and the
+block ids queued since the last step (`engine.block_ops`) go up in one upload; its picks, logprobs and
+the residue count come back in one download.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
+from engine import block_ops
+from engine.block_ops import PendingBlockOps
+from engine.bridge import Bridge, Download, DownloadPlan, Upload
 from engine.config import EngineConfig
 from engine.cuda_graphs import (
     DecodeGraphs,
@@ -19,10 +26,14 @@ from engine.cuda_graphs import (
 from engine.errors import EngineError
 from engine.loader import load_model
 from engine.models.layers import AttentionMetadata
-from engine.overlap import fill_placeholders
+from engine.overlap import async_scheduling_enabled, fill_placeholders
+from engine.sampler import PickedTokens, SampleRequest, Sampler, StepSettings
 from engine.scheduler import ScheduledChunk
 
 _GIB = 1 << 30
+# The runner's segments in a step's crossings.
+STEP_LONGS, STEP_INTS, STEP_TABLES = "step.longs", "step.ints", "step.tables"
+RESIDUE_FOUND, RESIDUE_FLAGS, CHECK_IDS = "residue.found", "residue.flags", "residue.check_ids"
 
 
 @dataclass(slots=True)
@@ -51,11 +62,28 @@ class StepInputs:
     sample_rows: torch.Tensor  # rows of the flat batch whose logits pick a token
 
 
+@dataclass(slots=True)
+class PickRequest:
+    """What a step picks, given with its inputs so that its settings ride in the same upload."""
+
+    sampler: Sampler
+    requests: list[SampleRequest]
+    masks: torch.Tensor | None = None  # host grammar bitmasks (`engine.structured`)
+
+
+@dataclass(slots=True)
+class StepRun:
+    logits: torch.Tensor  # of the rows that sample, in chunk order
+    picked: PickedTokens | None  # when the step was given a PickRequest: its picks, their download started
+
+
 class ModelRunner:
     def __init__(self, model_dir: str, config: EngineConfig) -> None:
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        # Downloads drain on a worker thread when steps overlap: the scheduling thread never waits for one.
+        self.bridge = Bridge(self.device, config.bridge_toll_us, async_scheduling_enabled(config, self.device))
         dtype = None if config.dtype is None else _dtype(config.dtype)
-        self.model = load_model(model_dir, dtype, self.device)
+        self.model = load_model(model_dir, dtype, self.device, self.bridge)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
         self.block_size = config.block_size
@@ -75,6 +103,10 @@ class ModelRunner:
         # so blocks that were never used pass the residue check too.
         self.kv_cache = torch.zeros(self._kv_shape(self.num_blocks), dtype=self.dtype, device=self.device)
         self.graphs = self._capture_graphs() if self.graph_batch_sizes else None
+        self.block_ops = PendingBlockOps(self.num_blocks)
+        # Residue found by the checks queued here, summed on the device; every step's download carries it.
+        self.residue_found = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.residue_read = 0  # its value in the latest download read
 
     def _kv_shape(self, num_blocks: int) -> tuple[int, ...]:
         mc = self.model_config
@@ -105,23 +137,49 @@ class ModelRunner:
         return graphs
 
     @torch.inference_mode()
-    def run(self, chunks: list[ScheduledChunk], in_flight_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Runs one step and returns the logits of the rows that sample, in chunk order.
+    def run(self, lists: StepLists, in_flight_ids: torch.Tensor | None = None, picks: PickRequest | None = None
+            ) -> StepRun:
+        """Runs one step: one upload, the queued block ops, the forward, and with `picks` the picks and one download.
 
         A step in which every sequence adds one token replays a CUDA graph when graphs are on; any other
         step runs eagerly. `in_flight_ids`: the picked ids of the step still in flight, which supply the
         pending tokens' ids on the device (`engine.overlap`); given whenever a chunk has a pending token.
         """
-        lists = step_lists(chunks, self.block_size)
         batch_size = None if self.graphs is None else self.graphs.batch_size_for(lists)
+        upload = self.bridge.upload()
+        ops = self.block_ops.pack(upload)
         if batch_size is None:
-            inputs = self._to_device(lists)
-            if in_flight_ids is not None:
-                fill_placeholders(inputs.input_ids, in_flight_ids)
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
-            return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
-        hidden = self.graphs.replay(lists, batch_size, in_flight_ids)
-        return self.model.compute_logits(hidden.index_select(0, self._tensor(lists.sample_rows, torch.int64)))
+            pack_step(upload, lists)
+        else:
+            self.graphs.pack(upload, lists, batch_size)
+        plan = None if picks is None else StepSettings.pack(upload, picks.requests, self.model_config.vocab_size)
+        views = self.bridge.send(upload)
+        block_ops.apply(ops, views, self.kv_cache, self.residue_found)
+        logits = self._forward(lists, views, batch_size, in_flight_ids)
+        if picks is None:
+            return StepRun(logits, None)
+        download = DownloadPlan()
+        picked = picks.sampler.pick(logits, StepSettings.bind(plan, views), download, picks.requests, picks.masks)
+        download.add(RESIDUE_FOUND, self.residue_found)
+        picked.copy = self.bridge.fetch(download)
+        return StepRun(logits, picked)
+
+    def _forward(self, lists: StepLists, views: dict[str, torch.Tensor], batch_size: int | None,
+                 in_flight_ids: torch.Tensor | None) -> torch.Tensor:
+        if batch_size is not None:
+            hidden = self.graphs.replay(views, lists, batch_size, in_flight_ids)
+            return self.model.compute_logits(hidden.index_select(0, self.graphs.sample_rows(views)))
+        inputs = step_inputs(views, lists)
+        if in_flight_ids is not None:
+            fill_placeholders(inputs.input_ids, in_flight_ids)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
+        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+
+    def note_read(self, download: Download) -> None:
+        """Takes the residue count a read download carried (the latest read is the newest count)."""
+        found = download.values().get(RESIDUE_FOUND)  # absent from a ForwardOnly step's own download
+        if found is not None:
+            self.residue_read = max(self.residue_read, found[0])
 
     @torch.inference_mode()
     def clear_step_buffers(self) -> None:
@@ -130,40 +188,80 @@ class ModelRunner:
             self.graphs.clear()
 
     def prepare(self, chunks: list[ScheduledChunk]) -> StepInputs:
-        """Builds the flat inputs on the host as lists and copies them to the device once."""
-        return self._to_device(step_lists(chunks, self.block_size))
-
-    def _to_device(self, lists: StepLists) -> StepInputs:
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor(lists.slot_mapping, torch.int64),
-            block_tables=self._tensor(lists.block_tables, torch.int32),
-            context_lens=self._tensor(lists.context_lens, torch.int32),
-            cu_seqlens_q=self._tensor(lists.cu_seqlens_q, torch.int32),
-            max_seqlen_q=lists.max_seqlen_q,
-        )
-        return StepInputs(
-            self._tensor(lists.input_ids, torch.int64), self._tensor(lists.positions, torch.int64), meta,
-            self._tensor(lists.sample_rows, torch.int64),
-        )
-
-    def _tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        tensor = torch.tensor(values, dtype=dtype)
-        if self.device.type == "cuda":
-            return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor
+        """A step's flat inputs on the device in one upload, the queued block ops run first (tests and tools)."""
+        upload = self.bridge.upload()
+        ops = self.block_ops.pack(upload)
+        lists = step_lists(chunks, self.block_size)
+        pack_step(upload, lists)
+        views = self.bridge.send(upload)
+        block_ops.apply(ops, views, self.kv_cache, self.residue_found)
+        return step_inputs(views, lists)
 
     def copy_block(self, source: int, destination: int) -> None:
-        """Copies one block's K and V in every layer (copy on write of a block shared by samples)."""
-        self.kv_cache[:, destination].copy_(self.kv_cache[:, source])
+        """Copies one block's K and V in every layer (copy on write), in order with the queued zeroing."""
+        self.block_ops.copy(source, destination)
 
     def zero_blocks(self, block_ids: list[int]) -> None:
-        # Host ids: the range check needs no device round trip.
-        kernels.zero_blocks(self.kv_cache, block_ids)
+        """Queues the zeroing of freed blocks: it runs on the device before anything of the next upload."""
+        self.block_ops.zero(block_ids)
 
+    def check_residue(self, block_ids: list[int]) -> None:
+        """Queues a residue check of blocks that are free now; what it finds adds into `residue_found`."""
+        self.block_ops.check_residue(block_ids)
+
+    @torch.inference_mode()
+    def flush(self) -> None:
+        """Runs the queued block ops in an upload of their own: when no step is coming to carry them."""
+        if not self.block_ops:
+            return
+        upload = self.bridge.upload()
+        ops = self.block_ops.pack(upload)
+        block_ops.apply(ops, self.bridge.send(upload), self.kv_cache, self.residue_found)
+
+    @torch.inference_mode()
+    def read_residue(self) -> int:
+        """Runs what is queued and reads the residue count now: one crossing each way (reports, shutdown)."""
+        self.flush()
+        download = DownloadPlan()
+        download.add(RESIDUE_FOUND, self.residue_found)
+        self.residue_read = self.bridge.read(download)[RESIDUE_FOUND][0]
+        return self.residue_read
+
+    @torch.inference_mode()
     def find_residue(self, block_ids: list[int]) -> list[int]:
+        """The listed blocks holding any non-zero byte, after every queued op: one crossing each way."""
         if not block_ids:
+            self.flush()
             return []
-        return kernels.find_residue(self.kv_cache, block_ids)
+        upload = self.bridge.upload()
+        ops = self.block_ops.pack(upload)
+        self.block_ops.check_ids(block_ids)
+        upload.add(CHECK_IDS, block_ids, torch.int64)
+        views = self.bridge.send(upload)
+        block_ops.apply(ops, views, self.kv_cache, self.residue_found)
+        download = DownloadPlan()
+        download.add(RESIDUE_FLAGS, block_ops.dirty_flags(self.kv_cache, views[CHECK_IDS]))
+        dirty = self.bridge.read(download)[RESIDUE_FLAGS]
+        return list(dict.fromkeys(block for block, flag in zip(block_ids, dirty) if flag))
+
+
+def pack_step(upload: Upload, lists: StepLists) -> None:
+    """Adds an eager step's inputs to `upload`: one int64, one int32 and one block-table segment."""
+    upload.add(STEP_LONGS, lists.input_ids + lists.positions + lists.slot_mapping + lists.sample_rows, torch.int64)
+    upload.add(STEP_INTS, lists.context_lens + lists.cu_seqlens_q, torch.int32)
+    width = len(lists.block_tables[0])
+    upload.add(STEP_TABLES, [block for table in lists.block_tables for block in table], torch.int32,
+               (lists.num_seqs, width))
+
+
+def step_inputs(views: dict[str, torch.Tensor], lists: StepLists) -> StepInputs:
+    """`pack_step`'s segments as the step's device tensors: views of the upload, valid until the next one."""
+    tokens = len(lists.input_ids)
+    input_ids, positions, slots, sample_rows = views[STEP_LONGS].split([tokens] * 3 + [len(lists.sample_rows)])
+    context_lens, cu_seqlens_q = views[STEP_INTS].split([lists.num_seqs, lists.num_seqs + 1])
+    meta = AttentionMetadata(slot_mapping=slots, block_tables=views[STEP_TABLES], context_lens=context_lens,
+                             cu_seqlens_q=cu_seqlens_q, max_seqlen_q=lists.max_seqlen_q)
+    return StepInputs(input_ids, positions, meta, sample_rows)
 
 
 def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:

@@ -1,10 +1,11 @@
 """Turns logits into tokens for a whole batch at once: greedy, temperature, top-k, top-p, min-p, seeded draws.
 
-One step is a fixed handful of batched tensor ops, whatever mix of settings its rows carry, and one
-copy to the host: the picked ids, with any requested logprobs packed into the same copy. The copy is
-started with the picks (`launch`) and waited for only when the values are read (`_to_host`), so an
-engine that schedules asynchronously launches the next step in between; the picked ids stay on the
-device for that step's inputs.
+One step is a fixed handful of batched tensor ops, whatever mix of settings its rows carry. Its settings
+reach the device as two segments of the step's one upload (`StepSettings.pack`, then `bind` once it has
+crossed; `engine.bridge`), and its picks, with any requested logprobs packed beside them, leave in one
+segment of the step's one download. The download is started with the picks (`launch`) and waited for
+only when the values are read (`_to_host`), so an engine that schedules asynchronously launches the
+next step in between; the picked ids stay on the device for that step's inputs.
 Draws race counter-based noise (`engine.sampling_noise`) that is a pure function of the sample's seed,
 its output position and the token id, so a seeded request picks the same tokens whatever else shares
 its batch, on CPU and CUDA alike.
@@ -16,10 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.bridge import Bridge, Download, DownloadPlan, Upload
 from engine.errors import EngineError
+from engine.logits_processors import Counting, LogitsProcessors, RowSettings
 from engine.sampling_noise import exponential_noise
 from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
 from engine.sequence import TokenLogprob
+
+
+# The sampler's segments in a step's crossings (`engine.bridge`).
+SETTINGS_INTS, SETTINGS_FLOATS, PICKS = "sampler.ints", "sampler.floats", "sampler.picks"
 
 
 @dataclass(slots=True)
@@ -30,6 +37,8 @@ class SampleRequest:
     params: SamplingParams
     seed: int | None  # needed unless params.greedy
     position: int = 0  # tokens the sample has output so far: selects its noise
+    slot: int | None = None  # its row of token counts when it is penalized (`engine.logits_processors`)
+    mask_row: int | None = None  # its row of the step's grammar masks when its output is constrained
 
 
 @dataclass(slots=True)
@@ -43,8 +52,19 @@ class Filters:
 
 
 @dataclass(slots=True)
+class SettingsPlan:
+    """One step's settings as the host packed them into the upload: what the device views are cut into."""
+
+    order: list[int]  # request index of each reordered row
+    drawn: int
+    wanted: list[int]  # reordered rows that report logprobs
+    logprob_counts: list[int]  # alternatives each of those asked for
+    sorts: bool
+
+
+@dataclass(slots=True)
 class StepSettings:
-    """One step's settings as device tensors, built from host lists with one copy per dtype.
+    """One step's settings as device tensors, views of the step's upload (`engine.bridge`).
 
     Rows are reordered so those that draw come first (`drawn` of them) and greedy rows after:
     the draw then works on a slice, and greedy rows cost one argmax.
@@ -61,36 +81,35 @@ class StepSettings:
     wanted: list[int]  # the same rows, on the host
     logprob_counts: list[int]  # alternatives each of those asked for
 
-    @classmethod
-    def build(cls, requests: list[SampleRequest], vocab_size: int, device: torch.device) -> StepSettings:
+    @staticmethod
+    def pack(upload: Upload, requests: list[SampleRequest], vocab_size: int) -> SettingsPlan:
+        """Adds the step's settings to `upload`: one int64 and one float32 segment, whatever the mix."""
         drawing = [i for i, r in enumerate(requests) if not r.params.greedy]
         order = drawing + [i for i, r in enumerate(requests) if r.params.greedy]
         draws = [_with_seed(requests[i]) for i in drawing]
         wanted = [k for k, i in enumerate(order) if requests[i].params.logprobs is not None]
         top_ks = [_top_k(r.params.top_k, vocab_size) for r in draws]
-        ints = _to_device(
-            [requests[i].row for i in order] + top_ks + [r.seed for r in draws] + [r.position for r in draws] + wanted,
-            torch.int64, device,
-        )
-        floats = _to_device(
-            [r.params.temperature for r in draws] + [r.params.top_p for r in draws] + [r.params.min_p for r in draws],
-            torch.float32, device,
-        )
-        rows, top_k, seeds, positions, logprob_rows = ints.split([len(order)] + [len(draws)] * 3 + [len(wanted)])
-        temperatures, top_p, min_p = floats.split([len(draws)] * 3)
+        upload.add(SETTINGS_INTS, [requests[i].row for i in order] + top_ks + [r.seed for r in draws]
+                   + [r.position for r in draws] + wanted, torch.int64)
+        if draws:
+            upload.add(SETTINGS_FLOATS, [r.params.temperature for r in draws] + [r.params.top_p for r in draws]
+                       + [r.params.min_p for r in draws], torch.float32)
         sorts = any(k < vocab_size for k in top_ks) or any(r.params.top_p < 1.0 for r in draws)
+        counts = [requests[order[k]].params.logprobs for k in wanted]
+        return SettingsPlan(order, len(draws), wanted, counts, sorts)
+
+    @classmethod
+    def bind(cls, plan: SettingsPlan, views: dict[str, torch.Tensor]) -> StepSettings:
+        """The settings `pack` added, as the device views the upload's send returned."""
+        drawn = plan.drawn
+        rows, top_k, seeds, positions, logprob_rows = views[SETTINGS_INTS].split(
+            [len(plan.order)] + [drawn] * 3 + [len(plan.wanted)])
+        floats = views[SETTINGS_FLOATS] if drawn else views[SETTINGS_INTS][:0].float()
+        temperatures, top_p, min_p = floats.split([drawn] * 3)
         return cls(
-            order, len(draws), rows, seeds, positions, temperatures, Filters(top_k, top_p, min_p, sorts),
-            logprob_rows, wanted, [requests[order[k]].params.logprobs for k in wanted],
+            plan.order, drawn, rows, seeds, positions, temperatures, Filters(top_k, top_p, min_p, plan.sorts),
+            logprob_rows, plan.wanted, plan.logprob_counts,
         )
-
-
-@dataclass(slots=True)
-class HostCopy:
-    """The step's packed picks on their way to the host: an asynchronous copy and the event that ends it."""
-
-    values: torch.Tensor  # on the host (pinned when the picks are on CUDA)
-    done: torch.cuda.Event | None  # None: the copy has completed already
 
 
 @dataclass(slots=True)
@@ -103,7 +122,7 @@ class PickedTokens:
     tokens: torch.Tensor  # [requests] int64, on the logits' device
     row_of: list[int]
     step: StepSettings
-    copy: HostCopy
+    copy: Download | None = None  # the step's download, which carries the picks in segment PICKS
 
     def results(self) -> list[tuple[int, TokenLogprob | None]]:
         """The token (and logprob, if asked) of each request, in request order; waits for the copy."""
@@ -112,24 +131,56 @@ class PickedTokens:
 
 
 class Sampler:
+    def __init__(self, processors: LogitsProcessors | None = None, bridge: Bridge | None = None) -> None:
+        self.processors = processors  # bias, penalties and grammar masks (`engine.logits_processors`)
+        self._bridge = bridge  # the engine's; a sampler used alone makes its own for the logits' device
+
     def __call__(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[tuple[int, TokenLogprob | None]]:
         """The token (and logprob, if asked) of each request, in request order."""
         if not requests:
             return []
         return self.launch(logits, requests).results()
 
-    def launch(self, logits: torch.Tensor, requests: list[SampleRequest]) -> PickedTokens:
-        """Queues the picks of a non-empty batch and the copy of their ids to the host; waits for nothing."""
-        step = StepSettings.build(requests, logits.shape[-1], logits.device)
+    def launch(self, logits: torch.Tensor, requests: list[SampleRequest], masks: torch.Tensor | None = None
+               ) -> PickedTokens:
+        """Sends the settings, queues the picks and starts their download: one crossing each way.
+
+        `masks`: the step's grammar masks, host bitmasks (`engine.structured`), when a request is constrained.
+        """
+        if self._bridge is None:
+            self._bridge = Bridge(logits.device)
+        upload = self._bridge.upload()
+        plan = StepSettings.pack(upload, requests, logits.shape[-1])
+        download = DownloadPlan()
+        step = StepSettings.bind(plan, self._bridge.send(upload))
+        picked = self.pick(logits, step, download, requests, masks)
+        picked.copy = self._bridge.fetch(download)
+        return picked
+
+    def pick(self, logits: torch.Tensor, step: StepSettings, download: DownloadPlan,
+             requests: list[SampleRequest], masks: torch.Tensor | None = None) -> PickedTokens:
+        """Queues the picks of a non-empty batch and adds them (and logprobs) to the step's download."""
         picked = logits.index_select(0, step.rows).float()
+        picked, counting = self._process(picked, step, requests, masks)
         tokens = _most_likely(picked)
         if step.drawn:
             drawn = _draw(picked[: step.drawn], step, fallback=tokens[: step.drawn])
             tokens = torch.cat([drawn, tokens[step.drawn :]])
-        row_of = [0] * len(requests)
+        if self.processors is not None:
+            self.processors.record(counting, tokens)
+        row_of = [0] * len(step.order)
         for row, index in enumerate(step.order):
             row_of[index] = row
-        return PickedTokens(tokens, row_of, step, _start_copy(_pack(picked, tokens, step)))
+        download.add(PICKS, _pack(picked, tokens, step))
+        return PickedTokens(tokens, row_of, step)
+
+    def _process(self, picked: torch.Tensor, step: StepSettings, requests: list[SampleRequest],
+                 masks: torch.Tensor | None) -> tuple[torch.Tensor, Counting | None]:
+        """The picked rows' logits under their bias, penalties and masks (the hook of `engine.logits_processors`)."""
+        if self.processors is None:
+            return picked, None
+        rows = [RowSettings(requests[i].params, requests[i].slot, requests[i].mask_row) for i in step.order]
+        return self.processors.apply_alone(picked, rows, masks)
 
 
 def _draw(logits: torch.Tensor, step: StepSettings, fallback: torch.Tensor) -> torch.Tensor:
@@ -183,10 +234,11 @@ def filter_probs(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """One row's probabilities under `params`' filters (see `filter_batch`)."""
     vocab_size = probs.shape[-1]
     top_k = _top_k(params.top_k, vocab_size)
+    # Scalars filled on the device (no host tensor crosses): this helper serves tests and tools.
     filters = Filters(
-        torch.tensor([top_k], device=probs.device),
-        torch.tensor([params.top_p], device=probs.device),
-        torch.tensor([params.min_p], device=probs.device),
+        probs.new_full((1,), top_k, dtype=torch.int64),
+        probs.new_full((1,), params.top_p, dtype=torch.float32),
+        probs.new_full((1,), params.min_p, dtype=torch.float32),
         sorts=top_k < vocab_size or params.top_p < 1.0,
     )
     return filter_batch(probs.unsqueeze(0), filters)[0]
@@ -235,26 +287,6 @@ def _top_k(top_k: int, vocab_size: int) -> int:
     return top_k if 0 < top_k < vocab_size else vocab_size
 
 
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    tensor = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
-
-
-def _start_copy(packed: torch.Tensor) -> HostCopy:
-    """Starts the step's one device-to-host copy without waiting for it (on a CPU there is nothing to copy)."""
-    if packed.device.type != "cuda":
-        return HostCopy(packed, None)
-    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-    host.copy_(packed, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    return HostCopy(host, done)
-
-
-def _to_host(copy: HostCopy) -> list:
-    """The step's picks as host values: the one place a step waits for the device."""
-    if copy.done is not None:
-        copy.done.synchronize()
-    return copy.values.tolist()
+def _to_host(copy: Download) -> list:
+    """The step's picks as host values: the one place a step waits for the device (for its download)."""
+    return copy.values()[PICKS]

@@ -122,20 +122,19 @@ def paged_attention(
     return reference.paged_attention(*args)
 
 
-def zero_blocks(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> None:
+def zero_blocks(kv_cache: Tensor, block_ids: Tensor | Sequence[int], *, ids_in_range: bool = False) -> None:
     """Zero every listed block in every cache of the engine's KV tensor, in one launch.
 
     kv_cache: the whole contiguous KV tensor [num_caches, num_blocks, block_size, num_kv_heads, head_dim]
     (cache 2*i is layer i's K, 2*i+1 its V). block_ids: int32/int64 tensor or a host sequence of ints;
     duplicates are harmless. Out-of-range ids raise `KernelInputError` before anything is written; checking
-    ids that live on a CUDA device reads two numbers back (one sync per engine step), so prefer host ids.
+    ids that live on a CUDA device reads two numbers back (a crossing), so the engine checks its ids on the
+    host before it uploads them and says so with `ids_in_range` (ids already on the cache's device).
     """
     validation.check_kv_tensor(kv_cache)
-    ids = validation.as_block_id_tensor(block_ids)
-    validation.check_block_ids(kv_cache, ids)
+    ids = _ids_for(kv_cache, block_ids, ids_in_range)
     if ids.numel() == 0:
         return
-    ids = _upload(ids, kv_cache.device)
     if selected_backend(kv_cache.device) == "triton":
         _triton_module("zero_blocks", kv_cache.device).zero_blocks(kv_cache, ids)
     else:
@@ -156,22 +155,32 @@ def find_residue(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> list[in
     return list(dict.fromkeys(block_id for block_id, is_dirty in zip(ids.tolist(), dirty) if is_dirty))
 
 
-def count_residue(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> Tensor:
+def count_residue(kv_cache: Tensor, block_ids: Tensor | Sequence[int], *, ids_in_range: bool = False) -> Tensor:
     """How many distinct listed blocks hold any non-zero byte: a 0-d int64 tensor left on the cache's device,
-    so a caller reads it (one sync) only when it needs the number."""
-    return residue_flags(kv_cache, block_ids).sum()
+    so a caller reads it only when it needs the number (the engine: in a step's download)."""
+    return residue_flags(kv_cache, block_ids, ids_in_range=ids_in_range).sum()
 
 
-def residue_flags(kv_cache: Tensor, block_ids: Tensor | Sequence[int]) -> Tensor:
+def residue_flags(kv_cache: Tensor, block_ids: Tensor | Sequence[int], *, ids_in_range: bool = False) -> Tensor:
     """int32 [num_blocks] on the cache's device: 1 for each listed block with a non-zero byte (raw bits, so
     -0.0 counts) in any cache, 0 elsewhere. Computed where the blocks lie, never copying the listed set at
-    once; on CUDA by a Triton kernel written apart from the zeroing kernel it checks."""
-    return _residue_flags(kv_cache, _upload(_checked_block_ids(kv_cache, block_ids), kv_cache.device))
+    once; on CUDA by a Triton kernel written apart from the zeroing kernel it checks. `ids_in_range`:
+    as for `zero_blocks`."""
+    validation.check_kv_tensor(kv_cache)
+    return _residue_flags(kv_cache, _ids_for(kv_cache, block_ids, ids_in_range))
+
+
+def _ids_for(kv_cache: Tensor, block_ids: Tensor | Sequence[int], ids_in_range: bool) -> Tensor:
+    """The ids as an int64 tensor on the cache's device, range-checked unless the caller did so already."""
+    ids = validation.as_block_id_tensor(block_ids)
+    if ids_in_range and ids.device == kv_cache.device:
+        return ids
+    validation.check_block_ids(kv_cache, ids)
+    return _upload(ids, kv_cache.device)
 
 
 def _upload(ids: Tensor, device: torch.device) -> Tensor:
-    """Host ids on device without waiting: a pageable copy to CUDA would wait for everything queued
-    before it, and the engine queues a step ahead (async scheduling) while it zeroes and checks blocks."""
+    """Host ids on device without waiting (kernel tests and tools; the engine's ids come through its bridge)."""
     if device.type == "cuda" and ids.device.type == "cpu":
         return ids.pin_memory().to(device, non_blocking=True)
     return ids.to(device)

@@ -179,10 +179,9 @@ def test_a_pending_tokens_input_is_the_in_flight_pick_filled_in_on_the_device(mo
     llm = engine(overlapped=True)
     inputs: list[tuple[list[int], bool]] = []
     run = llm.runner.run
-    monkeypatch.setattr(llm.runner, "run", lambda chunks, ids=None: inputs.append(
-        ([t for c in chunks for t in c.seq.tokens_between(c.seq.num_computed_tokens,
-                                                          c.seq.num_computed_tokens + c.num_tokens)], ids is not None)
-    ) or run(chunks, ids))
+    monkeypatch.setattr(llm.runner, "run", lambda lists, ids=None, picks=None: inputs.append(
+        (list(lists.input_ids), ids is not None)
+    ) or run(lists, ids, picks))
     llm.add_request([5, 6, 7, 8, 9], greedy(3))
     tokens = [t for delta in llm.stream() for t in delta.token_ids]
 
@@ -367,7 +366,7 @@ def test_on_cuda_a_step_waits_for_the_device_only_to_read_the_previous_picks(mon
     reference = reference_model("llama")
     llm = LLMEngine(reference.folder, EngineConfig(device="cuda", async_scheduling=True, num_blocks=64, block_size=4,
                                                     max_num_seqs=8))
-    account = ZeroingAccount(llm.block_manager, llm.runner.kv_cache)
+    account = ZeroingAccount(llm.block_manager, llm.runner)
     prompts = random_prompts(6, 5, 20, seed=61)
     lengths = [3, 5, 8, 13, 21, 30]  # samples end at different steps: blocks are freed between launches
     ids = [llm.add_request(p, greedy(n)) for p, n in zip(prompts, lengths)]

@@ -26,6 +26,7 @@ from engine.cuda_graphs import (
     graph_batch_sizes,
     pad_decode_rows,
 )
+from engine.bridge import Bridge
 from engine.model_runner import StepLists, step_lists
 from tests.engine_models import (  # noqa: F401 (fixtures)
     REFERENCE_NAMES,
@@ -68,16 +69,16 @@ def record_runs(engine: LLMEngine) -> list[RunRecord]:
     def replays() -> int:
         return 0 if runner.graphs is None else runner.graphs.replays
 
-    def recording_run(chunks, in_flight_ids=None):
+    def recording_run(lists, in_flight_ids=None, picks=None):
         before = replays()
-        fed = [t for c in chunks for t in c.seq.tokens_between(c.seq.num_computed_tokens,
-                                                              c.seq.num_computed_tokens + c.num_tokens)]
+        fed = list(lists.input_ids)
         if in_flight_ids is not None:  # async steps: a pending token's id is the in-flight pick it names
-            picks = in_flight_ids.tolist()
-            fed = [picks[-1 - t] if t < 0 else t for t in fed]
-        logits = run(chunks, in_flight_ids)
-        runs.append(RunRecord(tuple(c.num_tokens for c in chunks), tuple(fed), replays() > before))
-        return logits
+            in_flight = in_flight_ids.tolist()
+            fed = [in_flight[-1 - t] if t < 0 else t for t in fed]
+        result = run(lists, in_flight_ids, picks)
+        cu = lists.cu_seqlens_q
+        runs.append(RunRecord(tuple(b - a for a, b in zip(cu, cu[1:])), tuple(fed), replays() > before))
+        return result
 
     runner.run = recording_run
     return runs
@@ -343,11 +344,22 @@ def step(input_ids: list[int], tables: list[list[int]], block_size: int = 4) -> 
     )
 
 
+def load(buffers: StepBuffers, lists: StepLists, batch_size: int) -> None:
+    """What the runner does with a decode step: pack it into one upload, send it, load the device views."""
+    bridge = Bridge(buffers.input_ids.device)
+    upload = bridge.upload()
+    buffers.pack(upload, lists, batch_size)
+    with bridge.counting() as counted:
+        views = bridge.send(upload)
+    assert (counted.h2d, counted.d2h) == (1, 0)
+    buffers.load(views, batch_size)
+
+
 def test_step_buffers_reset_what_the_previous_step_used_and_clear_to_padding():
     buffers = StepBuffers.allocate(8, 6, 4, torch.float32, torch.device("cpu"))
     assert rows_are_padding(buffers, 0)
     three = step([11, 12, 13], [[3, 5, 7], [2, 4], [9, 10, 11, 12]])
-    buffers.load(three, 4)
+    load(buffers, three, 4)
     assert buffers.input_ids[:4].tolist() == [11, 12, 13, 0]
     assert buffers.slot_mapping[:4].tolist() == three.slot_mapping + [-1]
     assert buffers.context_lens[:4].tolist() == three.context_lens + [1]
@@ -357,7 +369,7 @@ def test_step_buffers_reset_what_the_previous_step_used_and_clear_to_padding():
     buffers.hidden[:4] = 1.0  # what a replay of the graph of four leaves
 
     one = step([21], [[6]])
-    buffers.load(one, 1)
+    load(buffers, one, 1)
     assert buffers.input_ids[:1].tolist() == [21]
     assert rows_are_padding(buffers, 1)  # nothing of the three-sequence step stays beyond the batch
     assert buffers.block_tables[0].tolist() == [6, -1, -1, -1, -1, -1]

@@ -13,6 +13,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import engine.sampler as sampler_module
+from engine.bridge import Bridge
 from engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
 from engine.errors import EngineError
 from engine.sampler import Filters, SampleRequest, Sampler, filter_batch, filter_probs
@@ -522,16 +523,18 @@ def test_a_step_is_the_same_few_tensor_ops_however_many_rows_sample():
     assert few == many
 
 
-def test_a_step_reads_back_to_the_host_once(monkeypatch):
+def test_a_step_crosses_the_bridge_once_each_way_and_reads_back_once(monkeypatch):
     copies = []
     real_to_host = sampler_module._to_host
     monkeypatch.setattr(sampler_module, "_to_host", lambda copy: copies.append(copy) or real_to_host(copy))
     logits = mixed_logits(8)
     for batch in (every_kind(40), [r for r in every_kind(40) if r.params.logprobs is None], every_kind(1)):
         copies.clear()
-        names = sampler_calls(logits, batch)
+        sampler = Sampler(bridge=Bridge(logits.device))
+        with sampler._bridge.counting() as counted:
+            sampler(logits, batch)
         assert len(copies) == 1
-        assert [name for name in names if name in HOST_CONVERSIONS] == ["tolist"]
+        assert (counted.h2d, counted.d2h) == (1, 1)
 
 
 @pytest.mark.parametrize(
