@@ -34,6 +34,7 @@ _EXPORTS = {
     "StreamDelta": "engine.outputs",
     "TokenLogprob": "engine.sequence",
     "Tokenizer": "engine.tokenizer",
+    "ToolCall": "engine.chat_template",
     "UnknownRequestError": "engine.errors",
     "ZeroingReport": "engine.accounting",
 }
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, StreamDelta
     from engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
     from engine.sequence import FinishReason, TokenLogprob
+    from engine.chat_template import ToolCall
     from engine.tokenizer import ChatMessage, Tokenizer
 
 

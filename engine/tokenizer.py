@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer as FastTokenizer
 from tokenizers import models
 
+from engine.chat_template import ChatMessage, ChatTemplates, ToolCall
 from engine.errors import ModelLoadError, RequestRejected
 
-
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
-    role: str
-    content: str
+__all__ = ["ChatMessage", "Tokenizer", "ToolCall"]
 
 
 class Tokenizer:
@@ -28,10 +24,7 @@ class Tokenizer:
             raise ModelLoadError(f"no tokenizer.json in model folder {folder}")
         self._tokenizer = FastTokenizer.from_file(str(path))
         _turn_off_word_cache(self._tokenizer)
-        self._settings = _read_settings(folder)
-        self.chat_template: str | None = self._settings.get("chat_template")
-        self.bos_token: str | None = _token_text(self._settings.get("bos_token"))
-        self.eos_token: str | None = _token_text(self._settings.get("eos_token"))
+        self.templates = ChatTemplates.load(folder, _read_settings(folder))
 
     @property
     def vocab_size(self) -> int:
@@ -55,27 +48,19 @@ class Tokenizer:
     def token_id(self, token: str | None) -> int | None:
         return None if token is None else self._tokenizer.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
-        if not self.chat_template:
-            raise RequestRejected("no_chat_template", "this model has no chat template; use completions instead")
-        from jinja2.exceptions import TemplateError
+    def chat_template(self, with_tools: bool = False) -> str | None:
+        """The template text a chat renders with: what the tool-call format is read from."""
+        return self.templates.source(with_tools)
 
-        try:
-            return _compile_template(self.chat_template).render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-            )
-        except TemplateError:
-            # The template's own message may quote the conversation, so it is not passed on.
-            raise RequestRejected(
-                "invalid_messages", "the model's chat template does not accept these messages (check roles and order)"
-            ) from None
+    def apply_chat_template(
+        self, messages: list[ChatMessage], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The conversation as the model's template writes it; `tools` as OpenAI's function tools (JSON schemas)."""
+        return self.templates.render(messages, tools, add_generation_prompt)
 
-    def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
+    def encode_chat(self, messages: list[ChatMessage], tools: list[dict] | None = None) -> list[int]:
         # Templates write the BOS token themselves, so special tokens are not added a second time.
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, tools=tools), add_special_tokens=False)
 
 
 # Models whose word cache maps the words of past texts to their tokens for the life of the process.
@@ -105,30 +90,8 @@ def _read_settings(folder: Path) -> dict:
         return {}
     try:
         settings = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise ModelLoadError(f"tokenizer_config.json in {folder} is not valid JSON") from None
-    template = settings.get("chat_template")
-    if isinstance(template, list):  # named templates: take the default one
-        named = {entry.get("name"): entry.get("template") for entry in template}
-        settings["chat_template"] = named.get("default") or next(iter(named.values()), None)
+    if not isinstance(settings, dict):
+        raise ModelLoadError(f"tokenizer_config.json in {folder} is not a JSON object")
     return settings
-
-
-def _token_text(value: str | dict | None) -> str | None:
-    if isinstance(value, dict):
-        return value.get("content")
-    return value
-
-
-def _compile_template(source: str):
-    from jinja2 import StrictUndefined
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise TemplateError(message)
-
-    # The template comes from the model folder: render it sandboxed.
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=StrictUndefined)
-    environment.globals["raise_exception"] = raise_exception
-    return environment.from_string(source)
