@@ -138,7 +138,8 @@ def parse_tdx_quote(quote: bytes) -> TdxQuote:
 
 
 def _check_reserved_bits(td_attributes: int, xfam: int) -> None:
-    """The TDX module refuses to build a TD with reserved TDATTRIBUTES or XFAM bits; a quote carrying them was not made by it."""
+    """The TDX module refuses to build a TD with reserved TDATTRIBUTES or XFAM bits: a quote carrying them
+    was not made by it."""
     if td_attributes & ~TD_ATTRIBUTES_DEFINED:
         raise TdxQuoteFormatError("the TDX quote's TDATTRIBUTES sets bits Intel's TDX module reserves (must be zero)")
     if xfam & XFAM_FIXED1 != XFAM_FIXED1 or xfam & ~XFAM_FIXED0:

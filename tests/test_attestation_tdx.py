@@ -145,7 +145,8 @@ PCK_CHAIN_SIZE = 0x4E6  # u32 size of the PCK chain certification data (type 5);
 @pytest.mark.parametrize("name", GENUINE_TDX_QUOTES)
 def test_the_genuine_quotes_declare_exactly_their_bytes(name):
     quote = genuine_tdx(name)
-    sizes = [struct.unpack_from("<I", quote, offset)[0] for offset in (SIGNATURE_DATA_SIZE, QE_DATA_SIZE, PCK_CHAIN_SIZE)]
+    offsets = (SIGNATURE_DATA_SIZE, QE_DATA_SIZE, PCK_CHAIN_SIZE)
+    sizes = [struct.unpack_from("<I", quote, offset)[0] for offset in offsets]
     assert sizes == [len(quote) - 0x27C, len(quote) - 0x302, len(quote) - 0x4EA] == [4299, 4165, 3677]
 
 
@@ -220,7 +221,8 @@ def test_a_quote_field_is_refused_by_its_own_check(fields, error_type, check):
     assert_refused_by(tdx_evidence(policy, fields), policy, error_type, check)
 
 
-# TDATTRIBUTES bits 1-3, 7-15, 17-26 and 32-61 are reserved; XFAM must hold x87 and SSE and only what XFAM_FIXED0 allows.
+# TDATTRIBUTES bits 1-3, 7-15, 17-26 and 32-61 are reserved; XFAM must hold x87 and SSE, and only what
+# XFAM_FIXED0 allows.
 @pytest.mark.parametrize("fields,message", [
     (TdxFields(td_attributes=(1 << 28) | (1 << 1)), "TDATTRIBUTES"),
     (TdxFields(td_attributes=(1 << 28) | (1 << 8)), "TDATTRIBUTES"),
