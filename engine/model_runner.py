@@ -27,7 +27,7 @@ from engine.errors import EngineError
 from engine.loader import load_model
 from engine.models.layers import AttentionMetadata
 from engine.overlap import async_scheduling_enabled, fill_placeholders
-from engine.sampler import PickedTokens, SampleRequest, Sampler, StepSettings
+from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.scheduler import ScheduledChunk
 
 _GIB = 1 << 30
@@ -152,14 +152,15 @@ class ModelRunner:
             pack_step(upload, lists)
         else:
             self.graphs.pack(upload, lists, batch_size)
-        plan = None if picks is None else StepSettings.pack(upload, picks.requests, self.model_config.vocab_size)
+        plan = None if picks is None else picks.sampler.pack(upload, picks.requests, self.model_config.vocab_size,
+                                                             picks.masks)
         views = self.bridge.send(upload)
         block_ops.apply(ops, views, self.kv_cache, self.residue_found)
         logits = self._forward(lists, views, batch_size, in_flight_ids)
         if picks is None:
             return StepRun(logits, None)
         download = DownloadPlan()
-        picked = picks.sampler.pick(logits, StepSettings.bind(plan, views), download, picks.requests, picks.masks)
+        picked = picks.sampler.pick(logits, plan, views, download)
         download.add(RESIDUE_FOUND, self.residue_found)
         picked.copy = self.bridge.fetch(download)
         return StepRun(logits, picked)

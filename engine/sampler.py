@@ -19,7 +19,7 @@ import torch
 
 from engine.bridge import Bridge, Download, DownloadPlan, Upload
 from engine.errors import EngineError
-from engine.logits_processors import Counting, LogitsProcessors, RowSettings
+from engine.logits_processors import LogitsProcessors, ProcessingPlan, RowSettings
 from engine.sampling_noise import exponential_noise
 from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
 from engine.sequence import TokenLogprob
@@ -60,6 +60,14 @@ class SettingsPlan:
     wanted: list[int]  # reordered rows that report logprobs
     logprob_counts: list[int]  # alternatives each of those asked for
     sorts: bool
+
+
+@dataclass(slots=True)
+class SamplerPlan:
+    """What `Sampler.pack` put in a step's upload: the settings, and the logits processors' part (None: none)."""
+
+    settings: SettingsPlan
+    processing: ProcessingPlan | None
 
 
 @dataclass(slots=True)
@@ -150,18 +158,30 @@ class Sampler:
         if self._bridge is None:
             self._bridge = Bridge(logits.device)
         upload = self._bridge.upload()
-        plan = StepSettings.pack(upload, requests, logits.shape[-1])
+        plan = self.pack(upload, requests, logits.shape[-1], masks)
         download = DownloadPlan()
-        step = StepSettings.bind(plan, self._bridge.send(upload))
-        picked = self.pick(logits, step, download, requests, masks)
+        picked = self.pick(logits, plan, self._bridge.send(upload), download)
         picked.copy = self._bridge.fetch(download)
         return picked
 
-    def pick(self, logits: torch.Tensor, step: StepSettings, download: DownloadPlan,
-             requests: list[SampleRequest], masks: torch.Tensor | None = None) -> PickedTokens:
+    def pack(self, upload: Upload, requests: list[SampleRequest], vocab_size: int,
+             masks: torch.Tensor | None = None) -> SamplerPlan:
+        """Adds everything the picks need to the step's upload: settings, and what the logits processors use."""
+        settings = StepSettings.pack(upload, requests, vocab_size)
+        processing = None
+        if self.processors is not None:
+            rows = [RowSettings(requests[i].params, requests[i].slot, requests[i].mask_row) for i in settings.order]
+            processing = self.processors.pack(upload, rows, masks)
+        return SamplerPlan(settings, processing)
+
+    def pick(self, logits: torch.Tensor, plan: SamplerPlan, views: dict[str, torch.Tensor],
+             download: DownloadPlan) -> PickedTokens:
         """Queues the picks of a non-empty batch and adds them (and logprobs) to the step's download."""
+        step = StepSettings.bind(plan.settings, views)
         picked = logits.index_select(0, step.rows).float()
-        picked, counting = self._process(picked, step, requests, masks)
+        counting = None
+        if self.processors is not None:
+            picked, counting = self.processors.apply(picked, plan.processing, views)
         tokens = _most_likely(picked)
         if step.drawn:
             drawn = _draw(picked[: step.drawn], step, fallback=tokens[: step.drawn])
@@ -173,14 +193,6 @@ class Sampler:
             row_of[index] = row
         download.add(PICKS, _pack(picked, tokens, step))
         return PickedTokens(tokens, row_of, step)
-
-    def _process(self, picked: torch.Tensor, step: StepSettings, requests: list[SampleRequest],
-                 masks: torch.Tensor | None) -> tuple[torch.Tensor, Counting | None]:
-        """The picked rows' logits under their bias, penalties and masks (the hook of `engine.logits_processors`)."""
-        if self.processors is None:
-            return picked, None
-        rows = [RowSettings(requests[i].params, requests[i].slot, requests[i].mask_row) for i in step.order]
-        return self.processors.apply_alone(picked, rows, masks)
 
 
 def _draw(logits: torch.Tensor, step: StepSettings, fallback: torch.Tensor) -> torch.Tensor:
