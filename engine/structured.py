@@ -111,9 +111,13 @@ class GrammarCompiler:
         )
         bits = masks.numpy().view(np.uint32)
         for k, request in enumerate(requests):
-            if request.stop_token_ids and request.guide.accepting:  # a stop token ends the output like EOS
-                for token in request.stop_token_ids:
+            # A stop token ends the output, so like EOS it may be picked only where the grammar accepts.
+            accepting = request.stop_token_ids and request.guide.accepting
+            for token in request.stop_token_ids:
+                if accepting:
                     bits[k, token // 32] |= np.uint32(1 << (token % 32))
+                else:
+                    bits[k, token // 32] &= ~np.uint32(1 << (token % 32))
         return masks
 
 
@@ -129,8 +133,13 @@ def _grammar(structured: StructuredOutput) -> str:
         if structured.kind == "choice":
             return llguidance.LLMatcher.grammar_from_lark(_choice_grammar(structured))
         return llguidance.LLMatcher.grammar_from_lark(structured.spec)
-    except (ValueError, TypeError, RecursionError):
-        raise RequestRejected("invalid_structured_output", f"{structured.field} is not valid JSON") from None
+    except RecursionError:
+        raise RequestRejected("invalid_structured_output", _refusal(structured, "recursion limit")) from None
+    except (ValueError, TypeError) as error:
+        # llguidance's JSON reader has a depth limit: valid JSON nested too deep is over a limit, not invalid.
+        over = "recursion" in str(error).lower()
+        raise RequestRejected("invalid_structured_output",
+                              _refusal(structured, "limit") if over else f"{structured.field} is not valid JSON") from None
 
 
 def _choice_grammar(structured: StructuredOutput) -> str:
