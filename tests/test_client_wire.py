@@ -175,6 +175,31 @@ def test_a_node_refusing_the_clock_says_so_and_other_refusals_say_what_to_fix() 
     assert "parameters" not in str(NodeError(500, "engine_error", node_id))
 
 
+def test_a_node_refusal_keeps_its_reason_field_and_type_as_openai_errors_do() -> None:
+    body = {"error": {"message": "'top_p' must be a number", "type": "invalid_request_error", "param": "top_p",
+                      "code": "invalid_request"}}
+    error = NodeError.from_body(400, json.dumps(body).encode(), "ab" * 16)
+    assert (error.code, error.param, error.type, error.message) == (
+        "invalid_request", "top_p", "invalid_request_error", "'top_p' must be a number")
+    assert "'top_p' must be a number" in str(error) and "parameters" in str(error)
+
+
+@pytest.mark.parametrize("error", [
+    {"message": "line one\nline two", "param": "CANARY IN PARAM", "type": "x" * 100, "code": "invalid_request"},
+    {"message": "m" * 401, "param": ["top_p"], "type": 5, "code": "invalid_request"},
+])
+def test_a_node_refusal_keeps_nothing_that_is_not_a_short_line_or_an_identifier(error: dict) -> None:
+    refused = NodeError.from_body(400, json.dumps({"error": error}).encode(), "ab" * 16)
+    assert refused.message is None and refused.param is None and refused.type is None
+    assert "CANARY" not in str(refused) and "line two" not in str(refused) and "mmmm" not in str(refused)
+
+
+@pytest.mark.parametrize("content", [b"", b"not json", b"[1]", b'{"error": "flat"}', b"[" * 100_000])
+def test_a_node_refusal_that_does_not_parse_is_an_unknown_code(content: bytes) -> None:
+    refused = NodeError.from_body(502, content, "ab" * 16)
+    assert refused.code == "unknown" and refused.message is None and refused.status == 502
+
+
 def test_gateway_refusals_that_waiting_cannot_cure_each_say_what_to_do() -> None:
     assert "cannot help" in wire.gateway_advice("undecryptable")
     assert "current key" in wire.gateway_advice("unknown_key")
