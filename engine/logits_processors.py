@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.bridge import Bridge, Upload
+from engine.bridge import Upload
 from engine.sampling_params import SamplingParams
 
 # This module's segments in a step's upload.
@@ -118,7 +118,6 @@ class LogitsProcessors:
 
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.slots = PenaltySlots(vocab_size, device)
-        self._bridge: Bridge | None = None  # only for `apply_alone`
 
     def pack(self, upload: Upload, rows: list[RowSettings], masks: torch.Tensor | None) -> ProcessingPlan | None:
         """Adds what the step needs to its upload; None when no row uses any processor.
@@ -163,15 +162,6 @@ class LogitsProcessors:
             logits = logits.index_copy(0, mask_rows, apply_bitmask(logits.index_select(0, mask_rows), bits))
         # The views are overwritten by the next step's upload: what outlives the step is copied.
         return logits, Counting(pen_rows.clone(), slots.clone()) if plan.penalized else None
-
-    def apply_alone(self, logits: torch.Tensor, rows: list[RowSettings], masks: torch.Tensor | None
-                    ) -> tuple[torch.Tensor, Counting | None]:
-        """`pack` and `apply` with a crossing of their own (for a sampler that has no step upload to share)."""
-        if self._bridge is None:
-            self._bridge = Bridge(logits.device)
-        upload = self._bridge.upload()
-        plan = self.pack(upload, rows, masks)
-        return self.apply(logits, plan, self._bridge.send(upload))
 
     def record(self, counting: Counting | None, tokens: torch.Tensor) -> None:
         """Counts a step's picks into their samples' slots, on the device, right after the pick."""

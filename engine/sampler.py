@@ -176,12 +176,15 @@ class Sampler:
 
     def pick(self, logits: torch.Tensor, plan: SamplerPlan, views: dict[str, torch.Tensor],
              download: DownloadPlan) -> PickedTokens:
-        """Queues the picks of a non-empty batch and adds them (and logprobs) to the step's download."""
+        """Queues the picks of a non-empty batch and adds them (and logprobs) to the step's download.
+
+        Logprobs are the model's own, before bias, penalties and grammar masks (vLLM's default).
+        """
         step = StepSettings.bind(plan.settings, views)
-        picked = logits.index_select(0, step.rows).float()
+        raw = picked = logits.index_select(0, step.rows).float()
         counting = None
         if self.processors is not None:
-            picked, counting = self.processors.apply(picked, plan.processing, views)
+            picked, counting = self.processors.apply(raw, plan.processing, views)
         tokens = _most_likely(picked)
         if step.drawn:
             drawn = _draw(picked[: step.drawn], step, fallback=tokens[: step.drawn])
@@ -191,7 +194,7 @@ class Sampler:
         row_of = [0] * len(step.order)
         for row, index in enumerate(step.order):
             row_of[index] = row
-        download.add(PICKS, _pack(picked, tokens, step))
+        download.add(PICKS, _pack(raw, tokens, step))
         return PickedTokens(tokens, row_of, step)
 
 
