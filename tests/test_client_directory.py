@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.directory import DirectoryEntry, capped, parse_directory, sample_candidates
+from client.directory import DirectoryEntry, capped, listed_models, parse_directory, sample_candidates, serving
 
 SETTINGS = settings(max_examples=50, deadline=None)
 
@@ -38,6 +38,41 @@ def test_a_listing_parses_into_entries() -> None:
 def test_malformed_entries_are_refused(override: dict) -> None:
     with pytest.raises(ValueError):
         parse_directory(_listing(**override), fetched_at=0.0)
+
+
+def test_a_listing_says_which_models_each_node_serves() -> None:
+    [entry] = parse_directory(_listing(models=["alpha", "beta"]), fetched_at=0.0).entries
+    assert entry.models == ("alpha", "beta")
+    [unstated] = parse_directory(_listing(), fetched_at=0.0).entries
+    assert unstated.models is None
+
+
+@pytest.mark.parametrize("models", ["alpha", [1], {"alpha": 1}, [None]])
+def test_malformed_model_lists_are_refused(models: object) -> None:
+    with pytest.raises(ValueError):
+        parse_directory(_listing(models=models), fetched_at=0.0)
+
+
+def test_a_uniform_pick_lands_on_each_node_with_its_share_of_its_models_pool_and_never_elsewhere() -> None:
+    # Per model pool, the bound of the test above: C_i / sum C over the nodes serving the model.
+    pools = {"alpha": [1, 2, 3, 3, 4], "beta": [5, 5]}  # no alpha node above 1/k of its pool
+    entries = [DirectoryEntry(f"{model}-{i}", b"cfg", "{}", c, (model,))
+               for model, capacities in pools.items() for i, c in enumerate(capacities)]
+    assert listed_models(entries) == ["alpha", "beta"]
+    draws, rng = 24_000, random.Random(11)
+    served = Counter(rng.choice(sample_candidates(serving(entries, "alpha"), 3, rng)).node_id for _ in range(draws))
+    assert not any(node.startswith("beta") for node in served)
+    for index, capacity in enumerate(pools["alpha"]):
+        p = capacity / sum(pools["alpha"])
+        assert abs(served[f"alpha-{index}"] - draws * p) < _binomial_bound(draws, p)
+
+
+def test_nodes_that_state_no_models_may_serve_any_and_an_unlisted_model_has_no_pool() -> None:
+    stated, unstated = DirectoryEntry("a", b"cfg", "{}", 1, ("alpha",)), DirectoryEntry("u", b"cfg", "{}", 1)
+    assert serving([stated, unstated], "alpha") == [stated, unstated]
+    assert serving([stated, unstated], "beta") == [unstated]
+    assert serving([stated], "beta") == []
+    assert serving([stated], None) == [stated]
 
 
 def test_an_unknown_version_is_refused() -> None:

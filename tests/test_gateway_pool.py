@@ -205,3 +205,18 @@ def test_the_signed_result_records_what_the_gateway_verified(pool: NodePool, nod
     assert result.policy_digest == shipped_policy("dev").digest
     independently = verify(node.bundle(pool.challenge(ADDRESS)), shipped_policy("dev"))
     assert [name for name, _ in result.checks] == [check.name for check in independently.checks]
+
+
+def test_a_node_is_published_with_the_models_it_states(pool: NodePool, node: SimEvidence) -> None:
+    admission = pool.admit(ADDRESS, node.evidence(pool.challenge(ADDRESS)), 4, ("alpha", "beta"))
+    assert admission.entry.models == ("alpha", "beta")
+    assert [entry.models for entry in pool.entries()] == [("alpha", "beta")]
+
+
+@pytest.mark.parametrize("models", [("alpha", "alpha"), ("",), ("x" * 257,), ("line\nbreak",),
+                                    tuple(f"m{index}" for index in range(17))])
+def test_a_node_stating_models_the_directory_cannot_publish_is_refused(pool: NodePool, node: SimEvidence,
+                                                                        models: tuple[str, ...]) -> None:
+    with pytest.raises(AdmissionError) as refused:
+        pool.admit(ADDRESS, node.evidence(pool.challenge(ADDRESS)), 4, models)
+    assert refused.value.check == "models" and not pool.entries()
