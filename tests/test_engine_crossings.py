@@ -1,0 +1,265 @@
+"""One crossing each way per step: counted on a CPU, where the bridge counts what a CUDA run would copy.
+
+Every host<->device transfer of the engine goes through `engine.bridge`, which counts it; these tests
+run real engines (eager, and the decode graphs' buffers filled through the same packing code with the
+forward run over them eagerly) and read the count of every step. A test over the source checks that
+no module of the engine or the kernels moves data between host and device anywhere else.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.bridge import CrossingCount
+from engine.cuda_graphs import DecodeGraphs
+from tests.conftest import REPO_ROOT
+from tests.engine_models import greedy, random_lengths, random_prompts, tiny_model_dir
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    crossed: CrossingCount
+    decode: bool  # every chunk added one token
+    zeroed: int  # blocks freed and queued for zeroing in this step
+    last: bool  # nothing was left to run after it
+
+
+def engine(overlapped: bool, graphs: bool, **config) -> LLMEngine:
+    config = {"num_blocks": 48, "block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 64} | config
+    llm = LLMEngine(tiny_model_dir(), EngineConfig(async_scheduling=overlapped, cuda_graphs=False, **config))
+    if graphs:
+        # The graph path's buffers and packing on a CPU: a graph for every batch size, so no row is padding
+        # (the reference attention checks every row's blocks), each forward run eagerly over the buffers.
+        runner = llm.runner
+        sizes = list(range(1, 3 * config["max_num_seqs"] + 1))  # forked samples join beyond max_num_seqs
+        runner.graphs = DecodeGraphs(runner.model, runner.kv_cache, sizes, runner.max_blocks_per_seq, capture=False)
+    return llm
+
+
+def run_recorded(llm: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[StepRecord], dict]:
+    decode_flags: list[bool] = []
+    run = llm.runner.run
+
+    def recording_run(lists, in_flight_ids=None, picks=None):
+        decode_flags.append(lists.max_seqlen_q == 1)
+        return run(lists, in_flight_ids, picks)
+
+    llm.runner.run = recording_run
+    ids = [llm.add_request(prompt, p) for prompt, p in zip(prompts, params)]
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    records = []
+    while llm.has_unfinished():
+        decode_flags.clear()
+        scrubbed = llm.block_manager.blocks_scrubbed
+        for delta in llm.step():
+            tokens[delta.request_id] += delta.token_ids
+        records.append(StepRecord(llm.runner.bridge.step.copy(), bool(decode_flags) and all(decode_flags),
+                                  llm.block_manager.blocks_scrubbed - scrubbed, not llm.scheduler.has_work()))
+    return records, tokens
+
+
+SETTINGS = {
+    "greedy": lambda n: greedy(n),
+    "sampled": lambda n: SamplingParams(max_tokens=n, temperature=0.9, top_k=20, top_p=0.8, min_p=0.05, seed=7,
+                                        ignore_eos=True),
+    "logprobs": lambda n: greedy(n, logprobs=3),
+    "n=3": lambda n: SamplingParams(max_tokens=n, temperature=0.7, n=3, seed=5, ignore_eos=True),
+}
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
+@pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
+@pytest.mark.parametrize("kind", list(SETTINGS))
+def test_a_decode_step_crosses_once_each_way_and_any_step_at_most_once(kind, overlapped, graphs):
+    prompts = random_prompts(5, 3, 14, seed=31)
+    lengths = random_lengths(5, 2, 12, seed=32)  # requests end at different steps: blocks are freed mid-run
+    params = [SETTINGS[kind](n) for n in lengths]
+    llm = engine(overlapped, graphs)
+    records, tokens = run_recorded(llm, prompts, params)
+
+    running = [r for r in records if not r.last]
+    decode = [r for r in running if r.decode]
+    assert decode and all((r.crossed.h2d, r.crossed.d2h) == (1, 1) for r in decode)
+    assert all(r.crossed.h2d == 1 and r.crossed.d2h <= 1 for r in running)  # prefill and mixed steps
+    # Blocks freed in a step are zeroed by the next step's upload, which stays the only one.
+    assert any(r.zeroed for r in running[:-1])
+    # The step after which nothing runs crosses once more to zero what it freed: no step is coming to carry it.
+    assert records[-1].crossed.h2d <= 2 and records[-1].crossed.d2h <= 1
+    if graphs:
+        assert llm.runner.graphs.replays >= len(decode)
+    assert llm.residue_check() == []
+    assert [len(t) for t in tokens.values()] == [n * params[0].n for n in lengths]
+
+
+@pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
+def test_the_graph_buffers_pick_what_the_eager_path_picks(overlapped):
+    prompts = random_prompts(6, 3, 12, seed=41)
+    params = [greedy(n) for n in random_lengths(6, 3, 10, seed=42)]
+    _, eager = run_recorded(engine(overlapped, graphs=False), prompts, params)
+    graphed_engine = engine(overlapped, graphs=True)
+    _, graphed = run_recorded(graphed_engine, prompts, params)
+    assert graphed_engine.runner.graphs.replays > 0
+    assert list(eager.values()) == list(graphed.values())
+
+
+def test_freed_blocks_are_zeroed_before_reuse_when_they_ride_in_the_next_upload():
+    # A pool so small that every new request takes blocks freed in the step before.
+    llm = engine(overlapped=True, graphs=False, num_blocks=8, max_num_seqs=2)
+    prompts = random_prompts(6, 5, 7, seed=51)
+    records, tokens = run_recorded(llm, prompts, [greedy(6)] * 6)
+    expected = engine(overlapped=False, graphs=False)
+    assert list(tokens.values()) == [expected.generate([p], greedy(6))[0].outputs[0].token_ids for p in prompts]
+    assert llm.block_manager.blocks_scrubbed > llm.block_manager.num_blocks  # blocks were reused
+    assert llm.residue_check() == []
+
+
+def test_the_residue_count_comes_back_in_the_steps_own_download():
+    from engine.accounting import ZeroingAccount
+
+    llm = engine(overlapped=True, graphs=False)
+    account = ZeroingAccount(llm.block_manager, llm.runner)
+    for prompt, n in zip(random_prompts(4, 3, 8, seed=61), (3, 5, 7, 9)):
+        llm.add_request(prompt, greedy(n))
+    while llm.scheduler.has_work():
+        llm.step()
+        before = llm.runner.bridge.total.copy()
+        account.check()  # queued: crosses with the next step
+        assert llm.runner.bridge.total == before
+    report = account.take(0)
+    assert report.blocks > 0 and report.residue == 0
+
+
+def test_a_toll_on_every_crossing_changes_no_token():
+    prompts = random_prompts(3, 3, 8, seed=71)
+    params = [greedy(4)] * 3
+    plain = engine(overlapped=True, graphs=False)
+    tolled = engine(overlapped=True, graphs=False, bridge_toll_us=200)
+    assert tolled.runner.bridge.toll.seconds == 200e-6
+    assert [o.outputs[0].token_ids for o in tolled.generate(prompts, params)] == \
+        [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+
+
+# ----- the source: no transfer outside the bridge ------------------------------------------------------
+
+SCANNED = ("engine", "kernels")
+BRIDGE = "engine/bridge.py"
+HOST_READS = {"cpu", "item", "tolist", "numpy", "pin_memory"}
+# Every transfer outside the bridge that the scan finds, with why it never crosses on the engine's path.
+ALLOWED = {
+    ("kernels/reference.py", "zero_blocks", "to"): "ids already on the cache's device (the engine's come through "
+                                                   "its bridge); only the dtype changes",
+    ("kernels/reference.py", "mark_residue", "to"): "as for zero_blocks",
+    ("kernels/reference.py", "paged_attention", "tolist"): "the reference kernels are the CPU path and the test "
+                                                           "oracle: on CUDA the engine runs Triton's",
+    ("kernels/validation.py", "_check_sequence_values", "tolist"): "called only for CPU tensors",
+    ("kernels/dispatch.py", "find_residue", "to"): "a kernel API for tests and tools: the engine checks residue "
+                                                   "through its bridge (ModelRunner.find_residue)",
+    ("kernels/dispatch.py", "find_residue", "tolist"): "as above",
+    ("kernels/dispatch.py", "_upload", "to"): "host ids from tests and tools; the engine passes ids it uploaded "
+                                              "(ids_in_range) and never reaches this",
+    ("kernels/dispatch.py", "_upload", "pin_memory"): "as above",
+    ("kernels/paged_batch.py", "build_paged_batch", "tolist"): "builds random batches for kernel tests and "
+                                                               "benchmarks, not on the engine's path",
+    ("kernels/paged_batch.py", "build_paged_batch", "to"): "as above",
+    ("kernels/paged_batch.py", "build_paged_batch", "tensor"): "as above",
+    ("engine/structured.py", "masks", "numpy"): "a host tensor: the grammar masks are filled on the host and "
+                                                "cross in the step's upload",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    path: str
+    function: str
+    call: str
+    line: int
+
+
+def transfers_in(path: Path) -> list[Transfer]:
+    return transfers_in_source(path.read_text(encoding="utf-8"), path.relative_to(REPO_ROOT).as_posix())
+
+
+def transfers_in_source(source: str, relative: str) -> list[Transfer]:
+    """Calls in the source that move tensor data between host and device, by the enclosing function."""
+    found: list[Transfer] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call):
+                call = _transfer_call(child)
+                if call is not None:
+                    found.append(Transfer(relative, function, call, child.lineno))
+            visit(child, inner)
+
+    visit(ast.parse(source), "<module>")
+    return found
+
+
+def _transfer_call(call: ast.Call) -> str | None:
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return None
+    if func.attr in HOST_READS:
+        return func.attr
+    if func.attr == "to" and _names_a_device(call):
+        return "to"
+    if func.attr in ("tensor", "as_tensor") and any(k.arg == "device" for k in call.keywords):
+        return "tensor"  # host values built straight onto a device
+    return None
+
+
+def _names_a_device(call: ast.Call) -> bool:
+    """.to(...) given a device (by keyword, a device-named value, a string, or torch.device(...))."""
+    if any(k.arg == "device" for k in call.keywords):
+        return True
+    for arg in call.args:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return True
+        name = arg.attr if isinstance(arg, ast.Attribute) else arg.id if isinstance(arg, ast.Name) else ""
+        if "device" in name.lower():
+            return True
+        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr == "device":
+            return True
+    return False
+
+
+def scanned_files() -> list[Path]:
+    files = [path for package in SCANNED for path in sorted((REPO_ROOT / package).rglob("*.py"))]
+    # Triton kernels' `.to(tl.float32)` are casts inside a kernel, not transfers.
+    return [path for path in files if path.relative_to(REPO_ROOT).as_posix() != BRIDGE
+            and not path.name.startswith("triton_")]
+
+
+def test_no_module_of_the_engine_or_the_kernels_transfers_outside_the_bridge():
+    found = [t for path in scanned_files() for t in transfers_in(path)]
+    stray = [t for t in found if (t.path, t.function, t.call) not in ALLOWED]
+    assert stray == [], "transfers outside engine/bridge.py: " + ", ".join(
+        f"{t.path}:{t.line} {t.function}() .{t.call}" for t in stray)
+    unused = set(ALLOWED) - {(t.path, t.function, t.call) for t in found}
+    assert unused == set(), f"allow-list entries that match nothing any more: {sorted(unused)}"
+
+
+@pytest.mark.parametrize("source", [
+    "def f(x, device):\n    return x.to(device)\n",
+    "def f(x):\n    return x.to(x.device, non_blocking=True)\n",
+    "def f(x):\n    return x.cpu()\n",
+    "def f(x):\n    return x.item()\n",
+    "def f(x):\n    return x.tolist()\n",
+    "def f(values, device):\n    return torch.tensor(values, device=device)\n",
+    "def f(x):\n    return x.to('cuda')\n",
+])
+def test_the_scan_finds_each_kind_of_transfer(source):
+    [transfer] = transfers_in_source(source, "engine/probe.py")
+    assert transfer.function == "f"
+
+
+def test_the_scan_lets_dtype_casts_and_device_side_fills_be():
+    source = ("def f(x):\n    return x.to(torch.int64), x.to(dtype=torch.float32), x.float(), "
+              "torch.zeros(3, device=x.device)\n")
+    assert transfers_in_source(source, "engine/probe.py") == []
