@@ -135,7 +135,9 @@ def _top_k(body: dict) -> int:
 
 
 def _flag(body: dict, name: str) -> bool:
-    value = body.get(name, False)
+    value = body.get(name)
+    if value is None:  # null is the field left out, as for every other field
+        return False
     if not isinstance(value, bool):
         raise ApiError(400, "invalid_request", f"'{name}' must be true or false", param=name)
     return value

@@ -84,7 +84,6 @@ def test_each_unsupported_openai_field_is_refused_by_name(api, name: str) -> Non
     ("logit_bias", {"5": 10}), ("presence_penalty", 1.0), ("frequency_penalty", -1.0), ("repetition_penalty", 1.2),
     ("response_format", {"type": "json_object"}), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
     ("guided_choice", ["a"]), ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"json": {}}),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
 ])
 def test_engine_fields_are_refused_by_name_until_the_engine_applies_them(api, name: str, value: object) -> None:
     assert name in ENGINE_FIELDS
@@ -195,6 +194,14 @@ def test_fields_that_change_nothing_are_accepted_and_the_answer_is_the_same(api)
              "repetition_penalty": 1.0, "logit_bias": {}, "tools": [], "tool_choice": "none",
              "parallel_tool_calls": True, "response_format": {"type": "text"}, "functions": None}
     got, answer = post(api, CHAT, chat(temperature=0, **inert))
+    assert got == 200 and answer["choices"] == plain["choices"]
+
+
+def test_null_stands_for_a_field_left_out(api) -> None:
+    _, plain = post(api, COMPLETIONS, completion(temperature=0))
+    nulls = {"stream": None, "echo": None, "ignore_eos": None, "best_of": None, "suffix": None, "user": None,
+             "stream_options": None, "logprobs": None, "stop": None}
+    got, answer = post(api, COMPLETIONS, completion(temperature=0, **nulls))
     assert got == 200 and answer["choices"] == plain["choices"]
 
 
