@@ -32,6 +32,7 @@ _EXPORTS = {
     "RequestRejected": "engine.errors",
     "SamplingParams": "engine.sampling_params",
     "StreamDelta": "engine.outputs",
+    "StructuredOutput": "engine.sampling_params",
     "TokenLogprob": "engine.sequence",
     "Tokenizer": "engine.tokenizer",
     "ToolCall": "engine.chat_template",
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from engine.errors import EngineError, ModelLoadError, RequestRejected, UnknownRequestError
     from engine.llm_engine import LLMEngine
     from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, StreamDelta
-    from engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
+    from engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams, StructuredOutput
     from engine.sequence import FinishReason, TokenLogprob
     from engine.chat_template import ToolCall
     from engine.tokenizer import ChatMessage, Tokenizer
