@@ -1,0 +1,136 @@
+"""Tool calls read out of model text: the format chosen from the chat template, whole and streamed answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from enclave.tool_calls import (
+    FORCED_JSON,
+    HERMES,
+    LLAMA_JSON,
+    Parsed,
+    parse_whole,
+    parser_for,
+    tool_format,
+)
+from engine.tiny import CHAT_TEMPLATE
+
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+TIME = '{"name": "get_time", "arguments": {"zone": "CET", "exact": true}}'
+
+
+def streamed(format: str, pieces: list[str]) -> tuple[str, list[tuple[str, dict]]]:
+    """The content and the calls (name, arguments) a stream of pieces gives."""
+    parser = parser_for(format)
+    total = Parsed()
+    for piece in pieces:
+        total.extend(parser.feed(piece))
+    total.extend(parser.finish())
+    return total.content, [(c.name, json.loads(c.arguments)) for c in total.calls]
+
+
+def whole(format: str, text: str) -> tuple[str, list[tuple[str, dict]]]:
+    parsed = parse_whole(format, text)
+    return parsed.content, [(c.name, json.loads(c.arguments)) for c in parsed.calls]
+
+
+def every_split(format: str, text: str) -> None:
+    """Split at every character boundary (and one character at a time), the stream adds up to the whole."""
+    expected = whole(format, text)
+    for cut in range(len(text) + 1):
+        assert streamed(format, [text[:cut], text[cut:]]) == expected
+    assert streamed(format, list(text)) == expected
+
+
+@pytest.mark.parametrize(("template", "format"), [
+    ("qwen2.5", HERMES), ("qwen3", HERMES), ("llama3.1", LLAMA_JSON), ("llama3.2", LLAMA_JSON), ("mistral", None),
+])
+def test_the_format_is_read_from_the_chat_template(template: str, format: str | None) -> None:
+    assert tool_format((TEMPLATES / f"{template}.jinja").read_text()) == format
+
+
+def test_a_template_that_shows_no_call_format_has_none() -> None:
+    assert tool_format(CHAT_TEMPLATE) is None and tool_format(None) is None
+
+
+HERMES_CASES = [
+    (f"<tool_call>\n{WEATHER}\n</tool_call>", "", [("get_weather", {"city": "Paris"})]),
+    (f"<tool_call>\n{WEATHER}\n</tool_call>\n<tool_call>\n{TIME}\n</tool_call>\n", "",
+     [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET", "exact": True})]),
+    (f"Let me look.\n\n<tool_call>\n{WEATHER}\n</tool_call>", "Let me look.", [("get_weather", {"city": "Paris"})]),
+    (f"<tool_call>\n{WEATHER}", "", [("get_weather", {"city": "Paris"})]),  # stopped before the closing tag
+    (f"<tool_call>\n{WEATHER}\n</tool_call>\nDone.", "\nDone.", [("get_weather", {"city": "Paris"})]),
+    ("Plain answer, <b>no</b> call.\n\n", "Plain answer, <b>no</b> call.\n\n", []),
+    ("Almost a tag: <tool_", "Almost a tag: <tool_", []),
+    ("A\n<tool_call>not json</tool_call> B", "A\n<tool_call>not json</tool_call> B", []),
+    ('<tool_call>{"name": "x", "arguments": [1]}</tool_call>', '<tool_call>{"name": "x", "arguments": [1]}</tool_call>', []),
+    ('<tool_call>{"arguments": {}, "name": "no_args_first"}</tool_call>', "", [("no_args_first", {})]),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), HERMES_CASES)
+def test_hermes_blocks_become_calls_whole_and_streamed(text: str, content: str, calls: list) -> None:
+    assert whole(HERMES, text) == (content, calls)
+    every_split(HERMES, text)
+
+
+LLAMA_CASES = [
+    ('{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [("get_weather", {"city": "Paris"})]),
+    ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [("get_weather", {"city": "Paris"})]),
+    (' {"name": "a", "parameters": {}}; {"name": "b", "parameters": {"k": 1}}', "", [("a", {}), ("b", {"k": 1})]),
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', "", [("get_weather", {"city": "Paris"})]),
+    ("  The weather is {mild}.", "  The weather is {mild}.", []),
+    ('{"city": "Paris"}', '{"city": "Paris"}', []),
+    ("Sure: {\"name\": \"a\", \"parameters\": {}}", "Sure: {\"name\": \"a\", \"parameters\": {}}", []),
+    ("<|py", "<|py", []),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), LLAMA_CASES)
+def test_llama_json_answers_become_calls_whole_and_streamed(text: str, content: str, calls: list) -> None:
+    assert whole(LLAMA_JSON, text) == (content, calls)
+    every_split(LLAMA_JSON, text)
+
+
+def test_a_forced_answer_is_a_list_of_calls() -> None:
+    text = '[{"name": "a", "parameters": {"x": 1}}, {"name": "b", "parameters": {}}]'
+    assert whole(FORCED_JSON, text) == ("", [("a", {"x": 1}), ("b", {})])
+    assert whole(LLAMA_JSON, text)[1] == []  # a list is only read where the grammar forced it
+
+
+def test_content_streams_before_the_answer_ends() -> None:
+    """Plain text is given out as it comes (all but what may start a tag, or whitespace that may precede one)."""
+    parser = parser_for(HERMES)
+    assert parser.feed("Hello there, <to").content == "Hello there,"
+    assert parser.feed("day> it is").content == " <today> it is"
+    llama = parser_for(LLAMA_JSON)
+    assert llama.feed("  It").content == "  It" and llama.feed(" rains").content == " rains"
+
+
+def test_call_ids_are_random_per_call() -> None:
+    text = f"<tool_call>{WEATHER}</tool_call><tool_call>{WEATHER}</tool_call>"
+    ids = [call.id for _ in range(3) for call in parse_whole(HERMES, text).calls]
+    assert len(set(ids)) == len(ids) == 6
+    assert all(i.startswith("call_") and len(i) == len("call_") + 24 for i in ids)
+
+
+PIECES = st.sampled_from(["<tool_call>", "</tool_call>", "<tool", "_call>", "\n", " ", "x", "{", "}", WEATHER, TIME,
+                          "<|python_tag|>", '{"name": "f", "parameters": {}}', ";", "é"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PIECES | st.text(max_size=4), max_size=10), st.sampled_from([HERMES, LLAMA_JSON]), st.data())
+def test_any_text_streams_as_its_whole_parse_and_plain_text_is_unchanged(pieces, format, data) -> None:
+    text = "".join(pieces)
+    expected = whole(format, text)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=4)))
+    split = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    assert streamed(format, split) == expected
+    if not expected[1]:
+        assert expected[0] == text
