@@ -18,10 +18,14 @@ Measured in one run:
      zero-on-free;
   4. the same requests through `transformers.generate` in static left-padded batches of --hf-batch-size
      with a static cache and `torch.compile` (each batch runs to its longest output; the workload runs
-     twice and the second pass is timed, so compilation is not).
+     twice and the second pass is timed, so compilation is not);
+  5. with --bridge-toll-us T: the same requests through an engine whose every host<->device crossing waits
+     T us, one at a time (`engine.bridge`, a confidential-computing bounce buffer simulated), against run 2.
+Also the engine's load time and the bridge crossings its weights took (they cross in large pinned chunks).
 The targets are printed next to each figure (set for the 1b preset). Progress goes to stderr.
 
     python benchmarks/engine_gpu.py [--preset 1b|8b] [--batches 1 16 64 256] [--requests 256] [--eager] [--sync-scheduling]
+                                    [--bridge-toll-us 300]
 
 Needs CUDA: without a CUDA device it exits with status 2.
 """
@@ -49,6 +53,7 @@ DECODE_TARGET_MS = {1: 2.0, 64: 4.0, 256: 8.0}
 OFFLINE_TARGET_TOKENS_PER_S = 25_000
 OFFLINE_TARGET_RATIO = 3.0
 ZEROING_TARGET_PERCENT = 2.0
+TOLL_TARGET_RATIO = 0.95  # throughput through a simulated 300 us bridge toll, of the toll-free throughput
 PROMPT_RANGE, OUTPUT_RANGE = (64, 1024), (32, 512)
 SHARD_BYTES = 4 << 30
 
@@ -301,6 +306,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-transformers", action="store_true",
                         help="leave out the transformers baseline (no ratio is printed)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the workload and the weights (default: 1234)")
+    parser.add_argument("--bridge-toll-us", type=float, default=0.0,
+                        help="also run the offline workload with every host<->device crossing waiting this long "
+                             "(a simulated confidential-computing bridge) and compare it with the toll-free run")
     return parser.parse_args(argv)
 
 
@@ -326,14 +334,18 @@ def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device:
     targets = args.preset == "1b"
     bandwidth = copy_bandwidth(device)
     progress("loading the engine ...")
+    started = time.perf_counter()
     engine = LLMEngine(model_dir, engine_config(args))
+    load_s, loaded = time.perf_counter() - started, engine.runner.bridge.total.copy()
     weights = weight_bytes(engine.runner.model)
     floor_ms = 1000 * weights / bandwidth
     mode = engine_mode(engine)
     lines = [f"device: {torch.cuda.get_device_name(device)}, copy bandwidth {bandwidth / 1e12:.2f} TB/s",
              f"model: random {args.preset} Llama, {weights / 1e9:.2f} GB of bf16 weights; "
              f"weights-only floor {floor_ms:.2f} ms/step" + ("" if targets else " (targets are set for the 1b preset)"),
-             memory_line(engine)]
+             memory_line(engine),
+             f"load: {load_s:.1f} s from disk to device (graphs captured), weights in {loaded.h2d} bridge crossings "
+             f"of {loaded.h2d_bytes / 1e9:.2f} GB"]
     for batch in args.batches:
         progress(f"decode at batch {batch} ({mode}) ...")
         ms = decode_ms_per_step(engine, batch, args.decode_prompt_len, args.decode_steps, shape.vocab_size)
@@ -346,6 +358,8 @@ def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device:
     del engine
     free_device_memory()
     lines += price_zeroing(args, model_dir, workload, engine_rate)
+    if args.bridge_toll_us:
+        lines += price_toll(args, model_dir, workload, engine_rate)
     if not args.skip_transformers:
         hf_rate = workload.output_tokens / run_transformers_compiled(model_dir, workload, args.hf_batch_size)
         ratio = engine_rate / hf_rate
@@ -356,13 +370,33 @@ def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device:
     return lines
 
 
-def engine_config(args: argparse.Namespace, skip_zeroing: bool = False):
+def engine_config(args: argparse.Namespace, skip_zeroing: bool = False, toll_us: float = 0.0):
     from engine import EngineConfig
 
     return EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization, cuda_graphs=False if args.eager else None,
-        async_scheduling=False if args.sync_scheduling else None, unsafe_skip_zeroing=skip_zeroing)
+        async_scheduling=False if args.sync_scheduling else None, unsafe_skip_zeroing=skip_zeroing,
+        bridge_toll_us=toll_us)
+
+
+def price_toll(args: argparse.Namespace, model_dir: str, workload: Workload, engine_rate: float) -> list[str]:
+    """The offline workload again through a simulated confidential bridge: what its tolls cost."""
+    from engine import LLMEngine, SamplingParams
+
+    progress(f"engine offline with a bridge toll of {args.bridge_toll_us:g} us per crossing ...")
+    engine = LLMEngine(model_dir, engine_config(args, toll_us=args.bridge_toll_us))
+    engine.generate([workload.prompts[0]], SamplingParams(max_tokens=8, temperature=0.0))  # compiles, as the first did
+    with engine.runner.bridge.counting() as crossed:
+        steps = engine.runner.bridge.steps
+        tolled_rate = workload.output_tokens / run_engine_offline(engine, workload)
+        steps = engine.runner.bridge.steps - steps
+    del engine
+    free_device_memory()
+    ratio = tolled_rate / engine_rate
+    return [f"offline, veil engine, bridge toll {args.bridge_toll_us:g} us: {tolled_rate:10.1f} output tok/s, "
+            f"{crossed.h2d / steps:.2f} + {crossed.d2h / steps:.2f} crossings per step",
+            f"ratio tolled / toll-free: {ratio:.3f}  [target >= {TOLL_TARGET_RATIO}: {verdict(ratio >= TOLL_TARGET_RATIO)}]"]
 
 
 def price_zeroing(args: argparse.Namespace, model_dir: str, workload: Workload, engine_rate: float) -> list[str]:

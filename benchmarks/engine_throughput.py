@@ -4,11 +4,15 @@ Workload: 64 requests, prompt lengths 32-512 and output lengths 16-256 (seeded),
 built-in ~46M-parameter random-weight Llama. Three runs in one process, same requests:
   1. transformers.generate in static, left-padded batches (each batch runs to its longest output);
   2. Veil with zero-on-free (the only way a node runs);
-  3. Veil with zeroing skipped, to price it (2 and 3 alternate, best of --repeats each).
-Prints output tokens/s for each and the ratios, and the time spent inside the zeroing calls of run 2
-(on a CPU every call completes before it returns, so that share is free of the noise between runs).
+  3. Veil with zeroing skipped, to price it (2 and 3 alternate, best of --repeats each);
+  4. with --bridge-toll-us T: Veil with zero-on-free where every host<->device crossing waits T us, one
+     at a time (`engine.bridge`: a confidential-computing bounce buffer simulated on any device),
+     alternating with 2 so that its ratio to the toll-free run is taken in the same conditions.
+Prints output tokens/s for each and the ratios, the bridge crossings per step, and the time spent inside
+the zeroing calls of run 2 (on a CPU every call completes before it returns, so that share is free of
+the noise between runs).
 
-    python benchmarks/engine_throughput.py [--requests 64] [--hf-batch-size 16] [--quick]
+    python benchmarks/engine_throughput.py [--requests 64] [--hf-batch-size 16] [--quick] [--bridge-toll-us 300]
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class VeilRun:
     seconds: float
     blocks_zeroed: int
     zeroing_seconds: float  # wall time inside the zeroing calls
+    steps: int
+    h2d: int  # bridge crossings in the run, each way
+    d2h: int
 
 
 @contextmanager
@@ -54,10 +61,10 @@ def timed_zeroing() -> Iterator[list[float]]:
     real_zero_blocks = kernels.zero_blocks
     spent = [0.0]
 
-    def zero_blocks(kv_cache, block_ids) -> None:
+    def zero_blocks(kv_cache, block_ids, **options) -> None:
         started = time.perf_counter()
         try:
-            real_zero_blocks(kv_cache, block_ids)
+            real_zero_blocks(kv_cache, block_ids, **options)
         finally:
             spent[0] += time.perf_counter() - started
 
@@ -68,22 +75,26 @@ def timed_zeroing() -> Iterator[list[float]]:
         kernels.zero_blocks = real_zero_blocks
 
 
-def run_veil(model_dir: str, workload: Workload, skip_zeroing: bool) -> VeilRun:
+def run_veil(model_dir: str, workload: Workload, skip_zeroing: bool, toll_us: float = 0.0) -> VeilRun:
     from engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(
         model_dir,
-        EngineConfig(kv_cache_gib=2.0, max_num_seqs=64, max_num_batched_tokens=2048, unsafe_skip_zeroing=skip_zeroing),
+        EngineConfig(kv_cache_gib=2.0, max_num_seqs=64, max_num_batched_tokens=2048, unsafe_skip_zeroing=skip_zeroing,
+                     bridge_toll_us=toll_us),
     )
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in workload.output_lens]
     engine.generate([workload.prompts[0]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
-    with timed_zeroing() as zeroing:
+    bridge = engine.runner.bridge
+    steps_before = bridge.steps
+    with timed_zeroing() as zeroing, bridge.counting() as crossed:
         started = time.perf_counter()
         outputs = engine.generate(workload.prompts, params)
         elapsed = time.perf_counter() - started
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert produced == workload.output_tokens, "every request must produce exactly its max_tokens"
-    return VeilRun(elapsed, engine.block_manager.blocks_scrubbed, zeroing[0])
+    return VeilRun(elapsed, engine.block_manager.blocks_scrubbed, zeroing[0], bridge.steps - steps_before,
+                   crossed.h2d, crossed.d2h)
 
 
 def run_transformers(model_dir: str, workload: Workload, batch_size: int) -> float:
@@ -124,6 +135,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny model and short requests (a smoke run)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each Veil configuration (best is kept)")
+    parser.add_argument("--bridge-toll-us", type=float, default=0.0,
+                        help="also run Veil with every host<->device crossing waiting this long (a simulated "
+                             "confidential-computing bridge) and compare it with the toll-free run")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -144,12 +158,15 @@ def main() -> None:
         hf_seconds = run_transformers(model_dir, workload, args.hf_batch_size)
         # Zeroing on and off alternate, best of --repeats each, so that a busy moment on a shared
         # machine does not land on one side only.
-        veil_runs, unsafe_runs = [], []
+        veil_runs, unsafe_runs, tolled_runs = [], [], []
         for repeat in range(1, args.repeats + 1):
             progress(f"veil with zero-on-free, run {repeat} of {args.repeats} ...")
             veil_runs.append(run_veil(model_dir, workload, skip_zeroing=False))
             progress(f"veil with zeroing skipped, run {repeat} of {args.repeats} ...")
             unsafe_runs.append(run_veil(model_dir, workload, skip_zeroing=True))
+            if args.bridge_toll_us:
+                progress(f"veil with a bridge toll of {args.bridge_toll_us:g} us, run {repeat} of {args.repeats} ...")
+                tolled_runs.append(run_veil(model_dir, workload, skip_zeroing=False, toll_us=args.bridge_toll_us))
         veil = min(veil_runs, key=lambda run: run.seconds)
         unsafe_seconds = min(run.seconds for run in unsafe_runs)
 
@@ -163,6 +180,19 @@ def main() -> None:
           "two runs compared, so machine noise included)")
     print(f"time inside zeroing: {1000 * veil.zeroing_seconds:.1f} ms of the zero-on-free run, "
           f"{100 * veil.zeroing_seconds / veil.seconds:.2f}% of it  (target < 2%; measured within one run)")
+    print(f"bridge crossings: {veil.h2d} host-to-device and {veil.d2h} device-to-host in {veil.steps} steps "
+          f"({veil.h2d / veil.steps:.2f} and {veil.d2h / veil.steps:.2f} per step)")
+    if tolled_runs:
+        tolled = min(tolled_runs, key=lambda run: run.seconds)
+        tolled_rate = tokens / tolled.seconds
+        print(f"veil, bridge toll {args.bridge_toll_us:g} us per crossing:    {tolled_rate:9.1f} output tokens/s "
+              f"({tolled.seconds:.1f} s)")
+        print(f"ratio tolled / toll-free: {tolled_rate / veil_rate:.3f}  (target >= 0.90; runs alternate, so machine "
+              f"noise included; all runs: toll-free {_rates(veil_runs, tokens)}, tolled {_rates(tolled_runs, tokens)})")
+
+
+def _rates(runs: list[VeilRun], tokens: int) -> str:
+    return "/".join(f"{tokens / run.seconds:.0f}" for run in runs)
 
 
 def _config_vocab(model_dir: str) -> int:

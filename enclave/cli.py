@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="CUDA: run every engine step eagerly, no decode graphs (default: graphs on CUDA)")
     node.add_argument("--sync-scheduling", action="store_true",
                       help="CUDA: read each step's tokens before launching the next (default: async steps on CUDA)")
+    node.add_argument("--bridge-toll-us", type=float, default=0.0,
+                      help="simulate a confidential-computing bridge: every host<->device crossing of the engine "
+                           "waits this long (default: 0, none)")
     node.set_defaults(handler=_run_node)
 
 
@@ -44,7 +47,7 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
         model=args.model, policy=args.policy, attestation=args.attestation, listen=args.listen,
         port_file=args.port_file, capacity=args.capacity, audit=args.audit, key_rotation_s=args.key_rotation_s,
         key_grace_s=args.key_grace_s, model_name=args.model_name, kv_cache_gib=args.kv_cache_gib,
-        cuda_graphs=not args.eager, async_scheduling=not args.sync_scheduling,
+        cuda_graphs=not args.eager, async_scheduling=not args.sync_scheduling, bridge_toll_us=args.bridge_toll_us,
     )
 
 

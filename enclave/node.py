@@ -78,7 +78,7 @@ def engine_config(settings: NodeSettings, limits: EngineLimits) -> EngineConfig:
     return EngineConfig(
         kv_cache_gib=limits.kv_cache_gib, max_model_len=limits.max_model_len, max_num_seqs=max(64, settings.capacity),
         cuda_graphs=None if settings.cuda_graphs else False,
-        async_scheduling=None if settings.async_scheduling else False,
+        async_scheduling=None if settings.async_scheduling else False, bridge_toll_us=settings.bridge_toll_us,
     )
 
 

@@ -23,3 +23,6 @@ class NodeSettings:
     # Turning either off is an operator's escape hatch; neither changes what is zeroed or audited.
     cuda_graphs: bool = True
     async_scheduling: bool = True
+    # A simulated confidential-computing bridge (`engine.bridge`): every host<->device crossing of the
+    # engine waits this long, for measuring a node as it would run under CC on hardware without it.
+    bridge_toll_us: float = 0.0

@@ -263,3 +263,17 @@ def test_the_scan_lets_dtype_casts_and_device_side_fills_be():
     source = ("def f(x):\n    return x.to(torch.int64), x.to(dtype=torch.float32), x.float(), "
               "torch.zeros(3, device=x.device)\n")
     assert transfers_in_source(source, "engine/probe.py") == []
+
+
+def test_veil_node_passes_its_bridge_toll_to_the_engine():
+    from enclave.cli import node_settings
+    from enclave.node import engine_config as node_engine_config
+    from enclave.selfcheck import EngineLimits
+    from veil.cli import build_parser
+
+    node = ["node", "--model", str(tiny_model_dir())]
+    limits = EngineLimits(max_model_len=512, kv_cache_gib=0.05)
+    parser = build_parser()
+    assert node_engine_config(node_settings(parser.parse_args(node)), limits).bridge_toll_us == 0
+    tolled = node_settings(parser.parse_args([*node, "--bridge-toll-us", "300"]))
+    assert node_engine_config(tolled, limits).bridge_toll_us == 300
