@@ -9,14 +9,15 @@ the engine).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from engine import EngineCoreClient, EngineError, RequestOutput, RequestRejected, StreamDelta, Tokenizer
-from enclave import request_fields
+from engine import EngineCoreClient, EngineError, RequestOutput, RequestRejected, SamplingParams, StreamDelta, Tokenizer
+from enclave import request_fields, tool_fields
 from enclave.api_types import ApiError, InnerResponse, error_response
 from enclave.openai_shapes import ResponseShape
 from enclave.replay_window import REQUEST_DATE_WINDOW_S, DateOutOfWindow, check_date
@@ -79,9 +80,10 @@ class InnerApi:
 
     def _chat(self, request: Request) -> InnerResponse:
         body = self._json_body(request)
+        tools = tool_fields.tool_request(body)
         messages = request_fields.messages(body.get("messages"))
-        prompt = self.tokenizer.encode_chat(messages)
-        return self._generate(body, prompt, chat=True)
+        prompt = self.tokenizer.encode_chat(messages, tools=tools.tools)
+        return self._generate(body, prompt, chat=True, tools=tools)
 
     def _completions(self, request: Request) -> InnerResponse:
         body = self._json_body(request)
@@ -115,12 +117,16 @@ class InnerApi:
                            param="model")
         return body
 
-    def _generate(self, body: dict, prompt: str | list[int], chat: bool, echo: str = "") -> InnerResponse:
-        params = request_fields.sampling_params(body, chat, self.max_tokens_limit)
+    def _generate(self, body: dict, prompt: str | list[int], chat: bool, echo: str = "",
+                  tools: tool_fields.ToolRequest | None = None) -> InnerResponse:
+        tools = tools or tool_fields.ToolRequest()
+        params = _with_tool_grammar(request_fields.sampling_params(body, chat, self.max_tokens_limit), tools)
+        call_format = tools.call_format(self.tokenizer.chat_template(with_tools=True))
         handle = self.engine.submit(prompt, params)
         completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         shape = ResponseShape(completion_id, self.model_name, chat, int(time.time()),
-                       logprobs=params.logprobs is not None, token_text=self._token_text, echo=echo)
+                              logprobs=params.logprobs is not None, token_text=self._token_text, echo=echo,
+                              tool_format=call_format, parallel_tool_calls=tools.parallel)
         include_usage = request_fields.include_usage(body)
         if body.get("stream") is True:
             batches = handle.delta_batches()
@@ -142,7 +148,18 @@ class InnerApi:
 
 # The fields an engine refusal can name: its messages begin with the field's name.
 _SAMPLING_NAMES = frozenset({"max_tokens", "temperature", "top_k", "top_p", "min_p", "n", "seed", "stop",
-                             "stop_token_ids", "logprobs"})
+                             "stop_token_ids", "logprobs", "tool_choice"})
+
+
+def _with_tool_grammar(params: SamplingParams, tools: tool_fields.ToolRequest) -> SamplingParams:
+    """A forced tool choice constrains the answer as a structured output does: one constraint per answer."""
+    grammar = tools.grammar()
+    if grammar is None:
+        return params
+    if params.structured is not None:
+        raise ApiError(400, "unsupported_parameter", "a forced 'tool_choice' cannot be combined with another "
+                       "constraint on the answer (response_format, structured_outputs, guided_*)", param="tool_choice")
+    return dataclasses.replace(params, structured=grammar)
 
 
 def _param_of(message: str) -> str | None:

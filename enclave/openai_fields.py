@@ -18,14 +18,14 @@ _COMMON = frozenset({
     "user", "service_tier", "store", "metadata",
     "top_k", "min_p", "stop_token_ids", "ignore_eos",
 })
-CHAT_ONLY = frozenset({"messages", "top_logprobs", "max_completion_tokens", "modalities", "safety_identifier"})
+CHAT_ONLY = frozenset({"messages", "top_logprobs", "max_completion_tokens", "modalities", "safety_identifier",
+                       "tools", "tool_choice", "parallel_tool_calls"})  # `tool_fields` reads the last three
 COMPLETIONS_ONLY = frozenset({"prompt", "echo", "best_of", "suffix"})
 
 # The engine part of issue 20 applies these; `request_fields.engine_fields` reads them (one place).
 ENGINE_FIELDS = frozenset({
     "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty",
     "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "tools", "tool_choice", "parallel_tool_calls",
 })
 
 # Fields OpenAI defines that this node refuses whenever they are set (not null), and why.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from engine import RequestMetrics, RequestOutput, StreamDelta, TokenLogprob
 from enclave.api_types import InnerResponse
+from enclave.tool_calls import ChoiceCalls
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,8 @@ class ResponseShape:
     logprobs: bool = False  # whether the request asked for them
     token_text: Callable[[int], str] = str
     echo: str = ""  # completions' `echo`: the prompt's text, put before each choice's text
+    tool_format: str | None = None  # chat: the format tool calls are read from (`tool_calls`); None: not read
+    parallel_tool_calls: bool = True
 
     def whole(self, output: RequestOutput) -> dict:
         choices = [self._choice(o.index, o.text, _reason(o.finish_reason), o.logprobs) for o in output.outputs]
@@ -47,16 +50,34 @@ class ResponseShape:
 
     def _choice(self, index: int, text: str, finish_reason: str | None, logprobs: list[TokenLogprob]) -> dict:
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": text},
+            message: dict = {"role": "assistant", "content": text}
+            if self.tool_format is not None:
+                calls = self._calls()
+                parsed = calls.read(text, last=True)
+                message["content"] = (parsed.content or None) if parsed.calls else parsed.content
+                if parsed.calls:
+                    message["tool_calls"] = [call.openai() for call in parsed.calls]
+                finish_reason = calls.finish_reason(finish_reason)
+            return {"index": index, "message": message,
                     "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
         return {"index": index, "text": self.echo + text, "finish_reason": finish_reason,
                 "logprobs": self._logprobs(logprobs)}
 
-    def chunk(self, delta: StreamDelta, first_of_choice: bool) -> dict:
+    def _calls(self) -> ChoiceCalls:
+        return ChoiceCalls(self.tool_format, self.parallel_tool_calls)
+
+    def chunk(self, delta: StreamDelta, first_of_choice: bool, calls: ChoiceCalls | None = None) -> dict:
+        """One streamed delta; with `calls` (the choice's tool calls so far), its text is read for calls."""
         finish = _reason(delta.finish_reason)
         logprobs = self._logprobs(list(delta.logprobs))
         if self.chat:
             content = {"role": "assistant", "content": delta.text} if first_of_choice else {"content": delta.text}
+            if calls is not None:
+                parsed = calls.read(delta.text, last=delta.finish_reason is not None)
+                content["content"] = parsed.content
+                if parsed.calls:
+                    content["tool_calls"] = calls.fragments(parsed.calls)
+                finish = calls.finish_reason(finish)
             choice = {"index": delta.index, "delta": content, "logprobs": logprobs, "finish_reason": finish}
         else:
             text = self.echo + delta.text if first_of_choice else delta.text
@@ -74,7 +95,7 @@ class ResponseShape:
         include_usage: bool = False,
     ) -> Iterator[bytes]:
         """Server-sent events, one piece per batch of deltas (one event per delta within it)."""
-        started: set[int] = set()
+        started: dict[int, ChoiceCalls | None] = {}
         try:
             for batch in itertools.chain([first], rest):
                 for delta in batch:
@@ -87,10 +108,12 @@ class ResponseShape:
         finally:
             handle.close()
 
-    def _event(self, delta: StreamDelta, started: set[int]) -> bytes:
+    def _event(self, delta: StreamDelta, started: dict[int, ChoiceCalls | None]) -> bytes:
         first_of_choice = delta.index not in started
-        started.add(delta.index)
-        return b"data: " + json.dumps(self.chunk(delta, first_of_choice)).encode() + b"\n\n"
+        if first_of_choice:
+            started[delta.index] = self._calls() if self.chat and self.tool_format is not None else None
+        chunk = self.chunk(delta, first_of_choice, started[delta.index])
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
     def _logprobs(self, entries: list[TokenLogprob]) -> dict | None:

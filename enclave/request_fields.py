@@ -7,6 +7,7 @@ why). Every check names the field that was wrong in the error's `param` and neve
 from __future__ import annotations
 
 from engine import DEFAULT_MAX_TOKENS, ChatMessage, SamplingParams
+from enclave import tool_fields
 from enclave.api_types import ApiError
 from enclave.openai_fields import check_names
 
@@ -88,8 +89,8 @@ def _inert_fields(body: dict, chat: bool) -> None:
 
 
 # ===== Issue 20, engine part: the fields the engine applies. ===========================================
-# logit_bias, the penalties, structured outputs (response_format, structured_outputs, guided_*) and tools
-# are recognized in this one place, so that none is ever silently ignored. Types and ranges are checked
+# logit_bias, the penalties and structured outputs (response_format, structured_outputs, guided_*)
+# are recognized in this one place (tools in `tool_fields`), so that none is ever silently ignored. Types and ranges are checked
 # here; a value that changes nothing passes; any other is refused by name until the engine applies it:
 # replace a refusal with the SamplingParams keyword the engine takes.
 
@@ -104,7 +105,6 @@ def engine_fields(body: dict) -> dict:
             raise ApiError(400, "unsupported_parameter", f"'{name}' {_NOT_YET}", param=name)
     if not 0.0 < _number(body, "repetition_penalty", float, 1.0) <= 2.0:
         raise ApiError(400, "invalid_request", "'repetition_penalty' must be in (0, 2]", param="repetition_penalty")
-    _flag(body, "parallel_tool_calls")  # means nothing without tools, which are refused below
     for name, neutral in _NEUTRAL.items():
         if body.get(name) is not None and body[name] != neutral:
             raise ApiError(400, "unsupported_parameter", f"'{name}' {_NOT_YET}", param=name)
@@ -112,8 +112,8 @@ def engine_fields(body: dict) -> dict:
 
 
 # The value of each field that asks for nothing (None: no value does).
-_NEUTRAL = {"repetition_penalty": 1.0, "logit_bias": {}, "response_format": {"type": "text"}, "tools": [],
-            "tool_choice": "none", "structured_outputs": None, "guided_json": None, "guided_regex": None,
+_NEUTRAL = {"repetition_penalty": 1.0, "logit_bias": {}, "response_format": {"type": "text"},
+            "structured_outputs": None, "guided_json": None, "guided_regex": None,
             "guided_choice": None, "guided_grammar": None}
 
 
@@ -199,13 +199,33 @@ def messages(raw: object) -> list[ChatMessage]:
     if not isinstance(raw, list) or not 0 < len(raw) <= MAX_MESSAGES:
         raise ApiError(400, "invalid_request", f"'messages' must be a list of 1-{MAX_MESSAGES} messages",
                        param="messages")
-    messages = []
-    for entry in raw:
-        if not isinstance(entry, dict) or not isinstance(entry.get("role"), str):
-            raise ApiError(400, "invalid_request", "each message needs a 'role' and a 'content'", param="messages")
-        content = _text_content(entry.get("content"))
-        messages.append(ChatMessage(check_unicode(entry["role"], "messages"), check_unicode(content, "messages")))
-    return messages
+    return [_message(entry, index) for index, entry in enumerate(raw)]
+
+
+def _message(entry: object, index: int) -> ChatMessage:
+    """One message. An assistant's may call tools (`tool_calls`, content then optional); a tool's result
+    names the call it answers (`tool_call_id`)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("role"), str):
+        raise _message_error(index, "needs a 'role' and a 'content'")
+    role = check_unicode(entry["role"], "messages")
+    calls = tool_fields.tool_calls(entry.get("tool_calls")) if role == "assistant" else ()
+    if entry.get("content") is None and not calls:
+        raise _message_error(index, "needs a 'content' (only an assistant message with 'tool_calls' may have none)")
+    content = None if entry.get("content") is None else check_unicode(_text_content(entry["content"]), "messages")
+    call_id = entry.get("tool_call_id") if role == "tool" else None
+    if role == "tool" and not (isinstance(call_id, str) and call_id):
+        raise _message_error(index, "is a 'tool' message without the 'tool_call_id' of the call it answers")
+    name = entry.get("name")
+    if name is not None and not isinstance(name, str):
+        raise _message_error(index, "has a 'name' that is not a string")
+    for text in (call_id, name, *(call.id for call in calls)):
+        if text is not None:
+            check_unicode(text, "messages")
+    return ChatMessage(role, content, calls, call_id, name)
+
+
+def _message_error(index: int, problem: str) -> ApiError:
+    return ApiError(400, "invalid_request", f"messages[{index}] {problem}", param="messages")
 
 
 def _text_content(content: object) -> str:

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from enclave.api_types import ApiError
 from enclave.tool_calls import FORCED_JSON, tool_format, valid_function_name
-from engine import ToolCall
-from engine.sampling_params import StructuredOutput
+from engine import StructuredOutput, ToolCall
 
 MAX_TOOLS = 128
 MAX_TOOL_CALLS = 128  # in one assistant message of the conversation

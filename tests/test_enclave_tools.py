@@ -1,0 +1,243 @@
+"""Tools at the node's inner API, with a real engine core and a tiny random-weight model with a Qwen-style template:
+tool turns replayed in the conversation, tools rendered, calls forced by `tool_choice` returned as OpenAI's
+`tool_calls` whole and streamed, and every malformed tool field refused by name without echoing it.
+
+With random weights the model never writes a call on its own, so "auto" is tested for its shape here and
+its parsing on texts in tests/test_tool_calls.py; calls reach the response here through a forced choice.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from enclave.api import InnerApi
+from engine import ChatMessage, EngineConfig, Tokenizer, ToolCall
+from engine.core_client import EngineCoreClient
+from ohttp.bhttp import Request
+from tests.engine_models import tiny_model_dir
+
+CANARY = "CANARY-tools-77b1-AMBER-HERON"
+MODEL = "tiny-qwen"
+CHAT = b"/v1/chat/completions"
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The forecast",
+                                      "parameters": WEATHER_PARAMETERS}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"], "additionalProperties": False}}},
+]
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+REPLAY = [
+    {"role": "user", "content": f"Weather in Paris? {CANARY}"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+
+
+def qwen_style_model(root: Path) -> Path:
+    folder = root / "tiny-qwen"
+    shutil.copytree(tiny_model_dir(), folder)
+    shutil.copy(TEMPLATES / "qwen2.5.jinja", folder / "chat_template.jinja")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> tuple[Path, Path]:
+    return qwen_style_model(tmp_path_factory.mktemp("tools")), tiny_model_dir()
+
+
+@pytest.fixture(scope="module")
+def api(folders) -> Iterator[InnerApi]:
+    core = EngineCoreClient(folders[0], EngineConfig(kv_cache_gib=0.05, device="cpu"))
+    core.start()
+    yield InnerApi(core, Tokenizer(folders[0]), MODEL)
+    core.stop()
+
+
+def post(api: InnerApi, body: dict) -> tuple[int, dict | list[dict]]:
+    response = api.handle(Request(b"POST", b"https", b"node", CHAT, [], json.dumps(body).encode()))
+    if response.streaming:
+        events = b"".join(response.events).split(b"\n\n")
+        return response.status, [json.loads(e[6:]) for e in events if e.startswith(b"data: {")]
+    return response.status, json.loads(response.body)
+
+
+def chat(**fields) -> dict:
+    return {"model": MODEL, "messages": REPLAY, "max_tokens": 4, "seed": 1, "tools": TOOLS, **fields}
+
+
+def refused(api: InnerApi, body: dict, param: str, words: str) -> None:
+    status, answer = post(api, body)
+    assert status == 400, answer
+    assert answer["error"]["param"] == param and words in answer["error"]["message"]
+    assert CANARY not in json.dumps(answer)
+
+
+# ----- tool turns in the conversation ----------------------------------------------------------------------
+
+def test_a_replayed_tool_turn_is_accepted_and_rendered(api, folders) -> None:
+    status, answer = post(api, chat())
+    assert status == 200, answer
+    rendered = Tokenizer(folders[0]).encode_chat([
+        ChatMessage("user", REPLAY[0]["content"]),
+        ChatMessage("assistant", None, (ToolCall("call_1", "get_weather", {"city": "Paris", "days": 1}),)),
+        ChatMessage("tool", "sunny", tool_call_id="call_1")], tools=TOOLS)
+    assert answer["usage"]["prompt_tokens"] == len(rendered)
+    without_tools = Tokenizer(folders[0]).encode_chat([ChatMessage("user", REPLAY[0]["content"])])
+    assert len(rendered) > len(without_tools) + 100  # the tools, the call and its result are all in the prompt
+
+
+@pytest.mark.parametrize(("message", "words"), [
+    ({"role": "tool", "content": CANARY}, "tool_call_id"),
+    ({"role": "assistant", "content": None}, "needs a 'content'"),
+    ({"role": "assistant", "content": None, "tool_calls": []}, "tool_calls"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                            "function": {"name": "f", "arguments": CANARY}}]},
+     "'arguments' must be a JSON object"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                            "function": {"name": CANARY + " x", "arguments": "{}"}}]},
+     "name"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "f"}}]}, "'id'"),
+])
+def test_a_malformed_tool_turn_is_refused_naming_what_is_wrong(api, message: dict, words: str) -> None:
+    refused(api, chat(messages=[*REPLAY, message]), "messages", words)
+
+
+def test_a_refusal_says_which_message_was_wrong(api) -> None:
+    status, answer = post(api, chat(messages=[*REPLAY, {"role": "tool", "content": "x"}]))
+    assert status == 400 and "messages[3]" in answer["error"]["message"]
+
+
+# ----- tools and tool_choice ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tools": [{"type": "function", "function": {"name": CANARY + "!"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": CANARY}}]}, "tools"),
+    ({"tools": [{"type": "retrieval"}]}, "tools"),
+    ({"tools": TOOLS + TOOLS[:1]}, "tools"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_news"}}}, "tool_choice"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": None, "tool_choice": "auto"}, "tool_choice"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+])
+def test_malformed_tool_fields_are_refused_by_name(api, fields: dict, param: str) -> None:
+    status, answer = post(api, chat(**fields))
+    assert status == 400 and answer["error"]["param"] == param, answer
+    assert CANARY not in json.dumps(answer)
+
+
+def test_tools_are_a_chat_field_only(api) -> None:
+    response = api.handle(Request(b"POST", b"https", b"node", b"/v1/completions", [],
+                                  json.dumps({"model": MODEL, "prompt": "x", "tools": TOOLS}).encode()))
+    assert response.status == 400 and json.loads(response.body)["error"]["param"] == "tools"
+
+
+def test_auto_with_a_template_that_shows_no_call_format_is_refused(folders) -> None:
+    core = EngineCoreClient(folders[1], EngineConfig(kv_cache_gib=0.05, device="cpu"))
+    core.start()
+    try:
+        status, answer = post(InnerApi(core, Tokenizer(folders[1]), MODEL), chat())
+        assert status == 400 and answer["error"]["param"] == "tool_choice"
+        status, answer = post(InnerApi(core, Tokenizer(folders[1]), MODEL), chat(tool_choice="none"))
+        assert status == 200
+    finally:
+        core.stop()
+
+
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_an_answer_without_calls_is_plain_content(api, choice: str) -> None:
+    """Random weights write no call: the answer is its text, as without tools, and ends as it ended."""
+    for stream in (False, True):
+        status, answer = post(api, chat(tool_choice=choice, stream=stream, temperature=0))
+        assert status == 200
+        if stream:
+            assert all("tool_calls" not in c["choices"][0]["delta"] for c in answer)
+            assert answer[-1]["choices"][0]["finish_reason"] == "length"
+        else:
+            [choice_] = answer["choices"]
+            assert "tool_calls" not in choice_["message"] and isinstance(choice_["message"]["content"], str)
+            assert choice_["finish_reason"] == "length"
+
+
+# ----- forced calls: required and named --------------------------------------------------------------------
+
+FORCED = {"max_tokens": 400, "temperature": 1.0}
+
+
+def assert_valid_calls(calls: list[dict], names: set[str]) -> None:
+    assert calls
+    for call in calls:
+        assert call["type"] == "function" and call["id"].startswith("call_") and call["function"]["name"] in names
+        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+
+
+def streamed_calls(chunks: list[dict]) -> dict[int, list[dict]]:
+    """Each choice's calls, put together from `delta.tool_calls` fragments as OpenAI's SDK does."""
+    calls: dict[int, dict[int, dict]] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            for fragment in choice["delta"].get("tool_calls", []):
+                call = calls.setdefault(choice["index"], {}).setdefault(
+                    fragment["index"], {"type": "function", "function": {"name": "", "arguments": ""}})
+                call["id"] = fragment.get("id", call.get("id"))
+                call["function"]["name"] += fragment["function"].get("name", "")
+                call["function"]["arguments"] += fragment["function"].get("arguments", "")
+    return {index: [by_index[k] for k in sorted(by_index)] for index, by_index in calls.items()}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_required_always_yields_valid_tool_calls(api, seed: int) -> None:
+    status, answer = post(api, chat(tool_choice="required", seed=seed, **FORCED))
+    assert status == 200, answer
+    [choice] = answer["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert_valid_calls(choice["message"]["tool_calls"], set(SCHEMAS))
+
+
+def test_a_named_choice_calls_that_function_once(api) -> None:
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for seed in (1, 2):
+        status, answer = post(api, chat(tool_choice=named, seed=seed, **FORCED))
+        [choice] = answer["choices"]
+        assert status == 200 and choice["finish_reason"] == "tool_calls"
+        assert len(choice["message"]["tool_calls"]) == 1
+        assert_valid_calls(choice["message"]["tool_calls"], {"get_time"})
+
+
+def test_parallel_tool_calls_false_gives_one_call(api) -> None:
+    status, answer = post(api, chat(tool_choice="required", parallel_tool_calls=False, **FORCED))
+    assert status == 200 and len(answer["choices"][0]["message"]["tool_calls"]) == 1
+
+
+def test_streamed_calls_add_up_to_the_whole_answer(api) -> None:
+    body = chat(tool_choice="required", n=2, **FORCED)
+    _, whole = post(api, body)
+    status, chunks = post(api, {**body, "stream": True})
+    assert status == 200
+    calls = streamed_calls(chunks)
+    finish = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]}
+    assert finish == {0: "tool_calls", 1: "tool_calls"}
+    for choice in whole["choices"]:
+        expected = choice["message"]["tool_calls"]
+        got = calls[choice["index"]]
+        assert [c["function"] for c in got] == [c["function"] for c in expected]  # same seed, same calls
+        assert {c["id"] for c in got}.isdisjoint({c["id"] for c in expected})  # ids are random per call
+        assert_valid_calls(got, set(SCHEMAS))
+    assert all(c["choices"][0]["delta"].get("content") in ("", None) for c in chunks)
+
+
+def test_a_forced_choice_cannot_be_combined_with_another_constraint(api) -> None:
+    status, answer = post(api, chat(tool_choice="required", response_format={"type": "json_object"}))
+    assert status == 400 and answer["error"]["param"] in ("tool_choice", "response_format")
