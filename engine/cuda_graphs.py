@@ -36,6 +36,7 @@ import gc
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import torch
@@ -195,8 +196,7 @@ class StepBuffers:
         upload.add(GRAPH_LONGS, padded.input_ids + padded.positions + padded.slot_mapping, torch.int64, (3, rows))
         upload.add(GRAPH_CONTEXTS, padded.context_lens, torch.int32)
         width = len(lists.block_tables[0])
-        upload.add(GRAPH_TABLES, [block for table in lists.block_tables for block in table], torch.int32,
-                   (lists.num_seqs, width))
+        upload.add(GRAPH_TABLES, list(chain.from_iterable(lists.block_tables)), torch.int32, (lists.num_seqs, width))
         upload.add(GRAPH_SAMPLE_ROWS, lists.sample_rows, torch.int64)
 
     def load(self, views: dict[str, Tensor], batch_size: int) -> None:

@@ -8,6 +8,7 @@ the residue count come back in one download.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 
@@ -251,8 +252,7 @@ def pack_step(upload: Upload, lists: StepLists) -> None:
     upload.add(STEP_LONGS, lists.input_ids + lists.positions + lists.slot_mapping + lists.sample_rows, torch.int64)
     upload.add(STEP_INTS, lists.context_lens + lists.cu_seqlens_q, torch.int32)
     width = len(lists.block_tables[0])
-    upload.add(STEP_TABLES, [block for table in lists.block_tables for block in table], torch.int32,
-               (lists.num_seqs, width))
+    upload.add(STEP_TABLES, list(chain.from_iterable(lists.block_tables)), torch.int32, (lists.num_seqs, width))
 
 
 def step_inputs(views: dict[str, torch.Tensor], lists: StepLists) -> StepInputs:
@@ -273,17 +273,24 @@ def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:
     cu_seqlens = [0]
     context_lens: list[int] = []
     sample_rows: list[int] = []
+    total = 0
     for chunk in chunks:
-        seq = chunk.seq
-        start, end = seq.num_computed_tokens, seq.num_computed_tokens + chunk.num_tokens
+        seq, count = chunk.seq, chunk.num_tokens
+        start = seq.num_computed_tokens
+        end = start + count
         input_ids += seq.tokens_between(start, end)
-        positions += range(start, end)
         table = seq.block_table
-        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
-        cu_seqlens.append(cu_seqlens[-1] + chunk.num_tokens)
+        if count == 1:  # decode: most chunks of most steps, so no range or comprehension for them
+            positions.append(start)
+            slots.append(table[start // block_size] * block_size + start % block_size)
+        else:
+            positions += range(start, end)
+            slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        total += count
+        cu_seqlens.append(total)
         context_lens.append(end)
-        if chunk.samples:
-            sample_rows.append(cu_seqlens[-1] - 1)
+        if end == seq.num_tokens:  # the chunk reaches the sequence's end: its last row samples
+            sample_rows.append(total - 1)
     width = max(len(c.seq.block_table) for c in chunks)
     tables = [c.seq.block_table + [-1] * (width - len(c.seq.block_table)) for c in chunks]
     return StepLists(input_ids, positions, slots, cu_seqlens, context_lens, tables, sample_rows,

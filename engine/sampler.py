@@ -205,7 +205,9 @@ def _draw(logits: torch.Tensor, step: StepSettings, fallback: torch.Tensor) -> t
     """
     # Rows under the floor are greedy and never get here; the clamp keeps every division finite regardless.
     probs = torch.softmax(logits / step.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1), dim=-1)
-    is_distribution = torch.isfinite(probs).all(dim=-1) & (probs >= 0).all(dim=-1)
+    # Softmax gives values in [0, 1] or NaN (from an infinite or NaN logit): a row is a distribution when
+    # its sum is finite, one reduction where checking each value took two passes and two.
+    is_distribution = torch.isfinite(probs.sum(dim=-1))
     probs = filter_batch(probs, step.filters)
     is_distribution &= probs.sum(dim=-1) > 0
     noise = exponential_noise(step.seeds, step.positions, probs.shape[-1])
