@@ -30,6 +30,7 @@ from audit.events import (
 )
 from audit.sink import open_sink
 from enclave.api import InnerApi
+from enclave.health import NodeHealth
 from enclave.keys import NodeKeys
 from enclave.selfcheck import EngineLimits, check_node_settings
 from enclave.service import NodeService, Outcome
@@ -98,16 +99,22 @@ class NodeServer:
         self._zeroed_lock = threading.Lock()
         self.engine.on_exit(self._engine_lost)
         api = InnerApi(self.engine, Tokenizer(settings.model), settings.model_name or Path(settings.model).name)
+        # grpc.health.v1: SERVING only while the core runs, the evidence is fresh and the node is not draining.
+        self.health = NodeHealth(lambda: self.engine.alive, self.self_attest, settings.evidence_check_s)
         self.service = NodeService(
             keyring=lambda: self.keys.keyring, api=api, attest=self._attest, node_id=lambda: self.node_id,
-            capacity=settings.capacity, on_finished=self._audit_request,
+            capacity=settings.capacity, on_finished=self._audit_request, healthy=lambda: self.health.serving,
         )
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=settings.capacity + 8, thread_name_prefix="veil-rpc"),
             options=[("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES)],
+                     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+                     # gRPC shares ports by default: a second node on a taken port would start and
+                     # take half of the first one's connections. A taken port is refused instead.
+                     ("grpc.so_reuseport", 0)],
         )
         node_pb2_grpc.add_NodeServicer_to_server(self.service, self._server)
+        self.health.add_to(self._server)
         self.port: int | None = None
 
     @property
@@ -126,12 +133,17 @@ class NodeServer:
 
     def start(self) -> int:
         self.self_attest()
-        self.port = self._server.add_insecure_port(self.settings.listen)
+        try:
+            self.port = self._server.add_insecure_port(self.settings.listen)
+        except RuntimeError:  # what gRPC raises for a port it cannot bind (older versions returned 0)
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {self.settings.listen}")
+            raise OSError(f"cannot listen on {self.settings.listen}: the port is taken or the address is not "
+                          "this machine's; choose another")
         self.engine.start()  # loads the model; only a node that passed its self-checks spends that time
         self.keys.start()
         self._server.start()
+        self.health.start()  # self_attest above is its first fresh evidence
         backend = AttestationBackend(getattr(self.backend, "name", self.settings.attestation or "sim"))
         self.audit.emit(NodeStarted(self.node_id, self.policy.digest.hex(), RELEASE, backend))
         # Durable before anyone is told the node is up: operators map node ids to processes by it.
@@ -143,8 +155,19 @@ class NodeServer:
     def rotate_key(self) -> None:
         self.keys.rotate()
 
+    def drain(self, drain_s: float) -> bool:
+        """Stop admitting (health NOT_SERVING, new requests refused as never taken) and wait up to
+        `drain_s` for the requests in flight to finish; True if they all did."""
+        self.service.serving = False
+        self.health.drain()
+        deadline = time.monotonic() + drain_s
+        while self.service.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.service.in_flight == 0
+
     def stop(self, grace: float = 1.0) -> None:
         self.service.serving = False
+        self.health.stop()
         self._server.stop(grace).wait()
         self.engine.stop()  # its last zeroing report arrives before this returns
         self._flush_zeroed()
@@ -193,6 +216,7 @@ class NodeServer:
         """The engine core died: this node can serve nobody, so it says so to health checks at once."""
         if hasattr(self, "service"):
             self.service.serving = False
+            self.health.update()
         self.audit.emit(NodeStopped(self.node_id, StopReason.ENGINE_ERROR))
         self.audit.flush()
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    model = subparsers.add_parser("model", help="create or inspect model folders")
+    model = subparsers.add_parser("model", help="write the built-in tiny model folder (init-tiny)")
     model_commands = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     init = model_commands.add_parser("init-tiny", help="write the built-in random-weight Llama (nothing is downloaded)")
     init.add_argument("dir", type=Path, help="folder to write the model into")
@@ -55,7 +55,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 def _init_tiny(args: argparse.Namespace) -> int:
     from engine.tiny import write_tiny_model
 
-    folder = write_tiny_model(args.dir, preset=args.preset, seed=args.seed)
+    try:
+        folder = write_tiny_model(args.dir, preset=args.preset, seed=args.seed)
+    except OSError as error:
+        print(f"veil model init-tiny: cannot write the model to {args.dir} ({error.strerror})", file=sys.stderr)
+        return 1
     print(f"wrote the {args.preset} model (seed {args.seed}) to {folder}")
     return 0
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 # Modules that contribute subcommands, in the order `veil --help` lists them.
 # A module that is missing (a package not built yet) is simply left out.
@@ -23,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "enclave.cli",
     "gateway.cli",
     "gateway.issuer.cli",
+    "gateway.transparency.cli",
     "audit.cli",
 )
 
@@ -71,12 +74,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def server_option_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options the serving commands share (--listen, --port-file), or None.
+
+    Checked here, before a command starts anything: gRPC would read a port past 65535 modulo 65536 and
+    serve where nobody asked, and a port file that cannot be written would fail a server already up.
+    """
+    listen = getattr(args, "listen", None)
+    if isinstance(listen, str):
+        host, _, port = listen.rpartition(":")
+        if not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+            return "--listen must look like HOST:PORT with a port from 0 to 65535 (for example 127.0.0.1:8000)"
+    port_file = getattr(args, "port_file", None)
+    if port_file is not None:
+        folder = Path(port_file).parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            return f"--port-file: {folder} is not a folder this user can write in"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
+        return 2
+    problem = server_option_problem(args)
+    if problem is not None:
+        print(f"veil {args.command}: {problem}", file=sys.stderr)
         return 2
     try:
         return int(handler(args) or 0)

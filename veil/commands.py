@@ -83,6 +83,7 @@ def _add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
 def _chat(args: argparse.Namespace) -> int:
     from client.errors import VeilClientError
     from client.sdk import Client
+    from policy import PolicyError
 
     try:
         with Client(args.gateway, policy=args.policy, candidates=args.candidates, fresh_evidence=args.fresh_evidence) as client:
@@ -92,7 +93,7 @@ def _chat(args: argparse.Namespace) -> int:
     except VeilClientError as error:
         print(f"veil chat: {error}", file=sys.stderr)
         return 1
-    except (OSError, ValueError) as error:
+    except (PolicyError, OSError, ValueError) as error:
         print(f"veil chat: {error}", file=sys.stderr)
         return 2
     if args.show_attestation:
@@ -153,15 +154,15 @@ def _up(args: argparse.Namespace) -> int:
     from attestation.sim_root import sim_root_dir
     from veil.fleet import Fleet, FleetError, FleetSettings
 
-    # The default simulated root, so that `veil chat` in another shell trusts this fleet as is.
-    settings = FleetSettings(nodes=args.nodes, gateway_port=args.gateway_port, model_dir=args.model,
-                             workdir=args.workdir, sim_root_dir=sim_root_dir(), capacity=args.capacity,
-                             relay=args.relay)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
-    print(f"veil up: starting {args.nodes} node(s) and a gateway (SIMULATED attestation, development policy)",
-          file=sys.stderr)
     try:
+        # The default simulated root, so that `veil chat` in another shell trusts this fleet as is.
+        settings = FleetSettings(nodes=args.nodes, gateway_port=args.gateway_port, model_dir=args.model,
+                                 workdir=args.workdir, sim_root_dir=sim_root_dir(), capacity=args.capacity,
+                                 relay=args.relay)
+        print(f"veil up: starting {args.nodes} node(s) and a gateway (SIMULATED attestation, development policy)",
+              file=sys.stderr)
         with Fleet(settings) as fleet:
             print(fleet.client_url, flush=True)
             if fleet.relay is not None:
@@ -182,22 +183,42 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _proxy(args: argparse.Namespace) -> int:
+    from client.sdk import Client
+    from gateway.serve import GatewayStartError, bind_listener
+    from policy import PolicyError
+
+    try:
+        client = Client(args.gateway, policy=args.policy, candidates=args.candidates,
+                        fresh_evidence=args.fresh_evidence)
+    except (PolicyError, ValueError) as error:
+        print(f"veil proxy: {error}", file=sys.stderr)
+        return 2
+    with client:
+        try:
+            # Bound before anything is announced: a taken port is an error, never a banner then a failure.
+            sock = bind_listener(args.listen)
+        except GatewayStartError as error:
+            print(f"veil proxy: {error}", file=sys.stderr)
+            return 2
+        _warn_if_development(client.policy)
+        host = args.listen.rpartition(":")[0]  # its form was checked with the other serving options (veil.cli)
+        print(f"veil proxy: OpenAI-compatible API on http://{host}:{sock.getsockname()[1]}/v1, forwarding to "
+              f"{args.gateway}", file=sys.stderr, flush=True)
+        _serve_proxy(client, sock)
+    return 0
+
+
+def _serve_proxy(client: Any, sock: Any) -> None:
     import uvicorn
 
     from client.proxy import create_proxy_app
-    from client.sdk import Client
 
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        print("veil proxy: --listen must look like HOST:PORT, for example 127.0.0.1:8080", file=sys.stderr)
-        return 2
-    with Client(args.gateway, policy=args.policy, candidates=args.candidates, fresh_evidence=args.fresh_evidence) as client:
-        _warn_if_development(client.policy)
-        print(f"veil proxy: OpenAI-compatible API on http://{host}:{port}/v1, forwarding to {args.gateway}",
-              file=sys.stderr, flush=True)
-        uvicorn.run(create_proxy_app(client), host=host, port=int(port), access_log=False,
-                    server_header=False, date_header=False, log_level="warning")
-    return 0
+    config = uvicorn.Config(create_proxy_app(client), access_log=False, server_header=False, date_header=False,
+                            log_level="warning")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 # ----- veil demo ---------------------------------------------------------------------------------
@@ -205,5 +226,10 @@ def _proxy(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from veil.demo import run_demo
+    from veil.fleet import FleetError
 
-    return run_demo(nodes=args.nodes, model_dir=args.model, tokens=args.tokens, relay=args.relay)
+    try:
+        return run_demo(nodes=args.nodes, model_dir=args.model, tokens=args.tokens, relay=args.relay)
+    except FleetError as error:
+        print(f"veil demo: {error}", file=sys.stderr)
+        return 1

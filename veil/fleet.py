@@ -128,7 +128,10 @@ class Fleet:
         self.settings = settings or FleetSettings()
         self._owns_workdir = self.settings.workdir is None
         root = self.settings.workdir or Path(tempfile.mkdtemp(prefix="veil-fleet-"))
-        self.paths = _Paths(root)
+        try:
+            self.paths = _Paths(root)
+        except OSError as error:
+            raise FleetError(f"cannot use {root} as the fleet's work folder ({error.strerror})") from None
         self.workdir = root
         self.sim_root_dir = self.settings.sim_root_dir or root / "sim-root"
         self.model_dir = self.settings.model_dir or DEFAULT_MODEL_DIR
@@ -281,6 +284,10 @@ class Fleet:
     def _ensure_model(self) -> None:
         if (self.model_dir / "config.json").is_file():
             return
+        if self.settings.model_dir is not None:
+            # A folder the user named is theirs: a random model is never written, nor served, in its place.
+            raise FleetError(f"no model in {self.model_dir} (no config.json); name a Hugging Face model folder, "
+                             "or leave the model out for the built-in tiny one")
         result = subprocess.run(
             [sys.executable, "-m", "veil", "model", "init-tiny", str(self.model_dir)],
             env=self._env(), capture_output=True, text=True, timeout=300,

@@ -64,7 +64,7 @@ def load_nvml() -> ModuleType:
         if getattr(error, "value", None) in _LIBRARY_MISSING:
             raise NvmlMissingError(
                 "NVML is missing: the NVIDIA driver library (libnvidia-ml.so.1) could not be loaded. "
-                "Install the NVIDIA driver on a confidential-computing GPU host, or use --backend sim for development"
+                "Install the NVIDIA driver on a confidential-computing GPU host, or use --attestation sim for development"
             ) from None
         raise BackendUnavailableError(f"NVML could not start: {error}") from None
     return pynvml

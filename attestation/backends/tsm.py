@@ -37,7 +37,7 @@ def tsm_quote(report_data: bytes, root: Path = TSM_REPORT_ROOT) -> tuple[str, by
     if not tsm_available(root):
         raise TsmUnavailableError(
             f"configfs-tsm is not available ({root} is missing): this is not a TDX or SEV-SNP guest, "
-            "or configfs is not mounted; use --backend nvml or sim"
+            "or configfs is not mounted; use --attestation nvml or sim"
         )
     entry = root / f"veil-{os.getpid()}-{secrets.token_hex(4)}"
     try:

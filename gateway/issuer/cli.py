@@ -42,7 +42,10 @@ def run_issuer(args: argparse.Namespace) -> int:
     try:
         if args.add_key_not_before is not None:
             not_before = args.add_key_not_before or int(time.time())
-            key = add_key(args.keys, not_before)
+            try:
+                key = add_key(args.keys, not_before)
+            except OSError as error:
+                raise GatewayStartError(f"cannot write a key in {args.keys} ({error.strerror})") from None
             print(f"veil issuer: added token key {key.token_key.key_id.hex()} valid from {not_before}; "
                   "list this id in the gateway policy's [authorization] issuer_keys")
             return 0
