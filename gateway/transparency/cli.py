@@ -1,0 +1,178 @@
+"""`veil log init|append|serve|audit` for the operator and monitors, and `veil witness`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add `veil log …` and `veil witness` to the command line."""
+    parser = subparsers.add_parser(
+        "log", help="the transparency log of releases and node keys: create, append, serve, audit",
+        description="A C2SP log (RFC 6962 tree, signed-note checkpoint, static tiles) of release and key "
+                    "statements, kept in a directory that any HTTP file server can publish.")
+    commands = parser.add_subparsers(dest="log_command", metavar="ACTION", required=True)
+
+    init = commands.add_parser("init", help="create an empty log and its signing key; print the log's public key")
+    init.add_argument("directory", type=Path, help="the log's directory (what gets published)")
+    init.add_argument("--origin", required=True, help="the log's unique name, e.g. log.example.com/veil")
+    init.add_argument("--key", type=Path, required=True, help="where to write the signing key (kept secret, 0600)")
+    init.set_defaults(handler=_init)
+
+    append = commands.add_parser("append", help="append release or key statements and sign a new checkpoint")
+    append.add_argument("directory", type=Path, help="the log's directory")
+    append.add_argument("--key", type=Path, required=True, help="the log's signing key file")
+    append.add_argument("--statement", type=Path, action="append", default=[], required=True, metavar="FILE",
+                        help="a JSON file holding one statement or a list of them, repeatable")
+    append.add_argument("--witness", action="append", default=[], metavar="URL",
+                        help="a witness to cosign the new checkpoint, repeatable (default: none)")
+    append.set_defaults(handler=_append)
+
+    serve = commands.add_parser("serve", help="serve a log's directory read-only over HTTP")
+    serve.add_argument("directory", type=Path, help="the log's directory")
+    serve.add_argument("--listen", default="127.0.0.1:8300", help="HOST:PORT to serve on (port 0 picks a free one)")
+    serve.add_argument("--port-file", type=Path, help="write the chosen port here once serving (default: none)")
+    serve.set_defaults(handler=_serve)
+
+    audit = commands.add_parser("audit", help="fetch a whole log, recompute it and list its statements")
+    audit.add_argument("source", help="the log's directory or http(s) URL")
+    audit.add_argument("--log-key", required=True, help="the log's public key (name+hash+base64) or a file holding it")
+    audit.add_argument("--state", type=Path, required=True,
+                       help="the auditor's own file of the last checkpoint it saw (created on first audit)")
+    audit.add_argument("--trusted", type=Path,
+                       help="file of code digests (hex, one a line) the auditor trusts; releases of others are "
+                            "flagged (default: none, nothing flagged)")
+    audit.set_defaults(handler=_audit)
+    _register_witness(subparsers)
+
+
+def _register_witness(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "witness", help="run a witness that cosigns a log's checkpoints only when they extend the last one",
+        description="Keep the last checkpoint cosigned per log in a state file; cosign (cosignature/v1) a newer "
+                    "one only with a valid consistency proof; refuse rollbacks and forks. No access log.")
+    parser.add_argument("--key", type=Path, required=True, help="the witness's signing key file")
+    parser.add_argument("--new-key", metavar="NAME",
+                        help="write a new witness key named NAME to --key, print its public key and exit "
+                             "(default: none, serve instead)")
+    parser.add_argument("--log", action="append", default=[], metavar="KEY",
+                        help="a log's public key (or a file holding it) to follow, repeatable (default: none)")
+    parser.add_argument("--state", type=Path, default=Path("witness-state.json"), help="the witness's state file")
+    parser.add_argument("--listen", default="127.0.0.1:8310", help="HOST:PORT to serve on (port 0 picks a free one)")
+    parser.add_argument("--port-file", type=Path, help="write the chosen port here once serving (default: none)")
+    parser.set_defaults(handler=_witness)
+
+
+def _fail(command: str, message: object, status: int = 2) -> int:
+    print(f"veil {command}: {message}", file=sys.stderr)
+    return status
+
+
+def _init(args: argparse.Namespace) -> int:
+    from attestation.transparency.errors import TransparencyError
+    from attestation.transparency.note import generate_signer
+    from gateway.transparency.keys import write_key
+    from gateway.transparency.log import init_log
+
+    try:
+        signer = generate_signer(args.origin)
+        if (args.directory / "checkpoint").exists():
+            return _fail("log init", f"{args.directory} already holds a log; choose an empty directory")
+        write_key(args.key, signer.encode())
+        init_log(args.directory, signer)
+    except TransparencyError as error:
+        return _fail("log init", error)
+    print(f"veil log init: created an empty log in {args.directory}; its key is in {args.key}", file=sys.stderr)
+    print(signer.verifier.encode())
+    return 0
+
+
+def _append(args: argparse.Namespace) -> int:
+    import httpx
+
+    from attestation.transparency.errors import TransparencyError
+    from gateway.transparency.cosign import cosign_checkpoint
+    from gateway.transparency.keys import read_signer, read_statements
+    from gateway.transparency.log import append_entries, read_checkpoint
+
+    try:
+        signer = read_signer(args.key)
+        entries = [entry for path in args.statement for entry in read_statements(path)]
+        before = read_checkpoint(args.directory, signer).checkpoint.size
+        signed = append_entries(args.directory, signer, entries)
+        print(f"veil log append: appended {len(entries)} entries at {before} to {signed.checkpoint.size - 1}; "
+              f"checkpoint size {signed.checkpoint.size}", file=sys.stderr)
+        if args.witness:
+            with httpx.Client(timeout=30.0) as client:
+                cosigned = cosign_checkpoint(args.directory, signer, args.witness, client)
+            print(f"veil log append: cosigned by {', '.join(sig.name for sig in cosigned)}", file=sys.stderr)
+    except TransparencyError as error:
+        return _fail("log append", error, 1)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.serve import GatewayStartError, serve_app
+    from gateway.settings import GatewaySettings
+    from gateway.transparency.apps import log_app
+
+    if not (args.directory / "checkpoint").is_file():
+        return _fail("log serve", f"{args.directory} holds no log; run `veil log init` first")
+    try:
+        return serve_app(log_app(args.directory), GatewaySettings(listen=args.listen, port_file=args.port_file),
+                         name="veil log serve")
+    except GatewayStartError as error:
+        return _fail("log serve", f"cannot start: {error}")
+
+
+def _audit(args: argparse.Namespace) -> int:
+    import httpx
+
+    from attestation.transparency.errors import TransparencyError
+    from gateway.transparency.audit import audit_log
+    from gateway.transparency.fetch import source_fetch
+    from gateway.transparency.keys import read_trusted, read_verifier
+    from gateway.transparency.report import print_report
+
+    try:
+        log_key = read_verifier(args.log_key)
+        trusted = read_trusted(args.trusted) if args.trusted else None
+        with httpx.Client(timeout=30.0) as client:
+            print(f"veil log audit: fetching {args.source}", file=sys.stderr)
+            report = audit_log(source_fetch(args.source, client), log_key, args.state, trusted)
+    except TransparencyError as error:
+        return _fail("log audit", f"FAILED: {error}", 1)
+    return print_report(report)
+
+
+def _witness(args: argparse.Namespace) -> int:
+    from attestation.transparency.cosignature import CosignatureSigner, generate_cosigner
+    from attestation.transparency.errors import TransparencyError
+    from gateway.serve import GatewayStartError, serve_app
+    from gateway.settings import GatewaySettings
+    from gateway.transparency.apps import witness_app
+    from gateway.transparency.keys import read_signer, read_verifier, write_key
+    from gateway.transparency.witness import Witness
+
+    try:
+        if args.new_key:
+            signer = generate_cosigner(args.new_key)
+            write_key(args.key, signer.encode())
+            print(signer.verifier.encode())
+            return 0
+        signer = read_signer(args.key)
+        if not isinstance(signer, CosignatureSigner):
+            return _fail("witness", f"{args.key} is not a witness key (cosignature/v1); make one with --new-key")
+        if not args.log:
+            return _fail("witness", "name at least one log to follow with --log KEY")
+        witness = Witness(signer, [read_verifier(key) for key in args.log], args.state)
+        print(f"veil witness: {signer.verifier.encode()} follows {len(witness.logs)} log(s)", file=sys.stderr)
+        return serve_app(witness_app(witness), GatewaySettings(listen=args.listen, port_file=args.port_file),
+                         name="veil witness")
+    except TransparencyError as error:
+        return _fail("witness", error)
+    except GatewayStartError as error:
+        return _fail("witness", f"cannot start: {error}")
