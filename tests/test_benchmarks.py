@@ -89,3 +89,17 @@ def test_the_host_time_benchmark_splits_each_step_into_forward_and_host() -> Non
     for _, _, step, forward, host, _ in rows:
         assert float(forward) > 0 and abs(float(step) - float(forward) - float(host)) < 0.02
     assert "8 ms at 256" in out
+
+
+def test_the_structured_outputs_benchmark_reports_compiles_masks_and_both_throughputs() -> None:
+    out = run_benchmark("structured.py", "--quick", "--batch", "4", "--max-tokens", "12", "--compiles", "2",
+                        "--repeats", "1")
+    assert "a fresh matcher each, no cache" in out
+    assert len(re.findall(rf"^\s+\w+\s+median\s+{NUMBER} ms$", out, re.M)) >= 15  # one line per shipped schema
+    assert re.search(rf"compile p50: {NUMBER} ms  p99: {NUMBER} ms  \[target p99 <= 20 ms: (met|NOT met)\]", out)
+    mask = re.search(rf"per-step mask cost: ({NUMBER}) us a step, {NUMBER} us a row \((\d+) rows in (\d+) steps\)", out)
+    assert mask and float(mask.group(1)) > 0 and int(mask.group(2)) >= int(mask.group(3)) > 0
+    plain = re.search(rf"unconstrained:\s+{NUMBER} output tokens/s \((\d+) tokens", out)
+    constrained = re.search(rf"json_schema:\s+{NUMBER} output tokens/s \((\d+) tokens", out)
+    assert plain and constrained and plain.group(1) == constrained.group(1)  # the same work in both runs
+    assert re.search(rf"ratio json_schema / unconstrained at batch 4: {NUMBER}  \[target >= 0.85: (met|NOT met)\]", out)
