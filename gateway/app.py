@@ -108,7 +108,11 @@ def create_app(
                 await tallies.stop()
             runtime.auditor.close()
 
-    app = FastAPI(title="Veil gateway", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # No API documentation, as on the relay, issuer and proxy: FastAPI's /docs and /redoc pages load
+    # their scripts from a public CDN, telling a third party who looks at this gateway, and a schema
+    # without its page is half a feature. The README lists the routes; `app.openapi()` still gives the schema.
+    app = FastAPI(title="Veil gateway", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     app.state.runtime = runtime
     install_error_handlers(app)
     _install_routes(app, runtime)
