@@ -74,3 +74,19 @@ def test_refuses_to_start_without_keys_or_config_and_help_shows_defaults(tmp_pat
     flat = " ".join(text.split())
     for option, default in (("--config", "issuer.toml"), ("--keys", "issuer-keys"), ("--listen", "127.0.0.1:8100")):
         assert option in flat and f"(default: {default})" in flat
+
+
+def test_the_readmes_issuer_toml_is_a_configuration_the_issuer_loads(tmp_path: Path) -> None:
+    """The README's example, with a real key where it shows `...`, loads as written, defaults and all."""
+    from gateway.issuer.config import load_config
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    [example] = re.findall(r"```toml\n(issuer_name = .*?)```", readme, flags=re.DOTALL)
+    pem = es256_account("alice").public_pem().strip()
+    assert example.count('"""-----BEGIN PUBLIC KEY-----\n...\n-----END PUBLIC KEY-----"""') == 1
+    (tmp_path / "issuer.toml").write_text(example.replace(
+        "-----BEGIN PUBLIC KEY-----\n...\n-----END PUBLIC KEY-----", pem))
+    config = load_config(tmp_path / "issuer.toml")
+    assert (config.issuer_name, config.tokens_per_period, config.period_s) == ("issuer.example", 1000, 86400)
+    assert config.request_uri == "https://issuer.example/token-request"
+    assert list(config.accounts) == ["alice"] and config.accounts["alice"].algorithm == "ES256"
