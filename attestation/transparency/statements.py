@@ -81,7 +81,7 @@ def decode_statement(entry: bytes) -> Statement:
         value = json.loads(entry.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise StatementFormatError("a log entry is not UTF-8 JSON without duplicate keys") from None
-    statement = _from_value(value)
+    statement = statement_from_value(value)
     if encode_statement(statement) != entry:
         raise StatementFormatError("a log entry is not in its statement's canonical encoding")
     return statement
@@ -93,7 +93,8 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _from_value(value: Any) -> Statement:
+def statement_from_value(value: Any) -> Statement:
+    """A statement from parsed JSON (an operator's file: any key order, rtmrs may be left out)."""
     if not isinstance(value, dict):
         raise StatementFormatError("a log entry must be a JSON object")
     fields = dict(value)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from attestation.transparency.errors import StatementFormatError
 from attestation.transparency.note import NoteSigner, NoteVerifier, parse_signer, parse_verifier
-from attestation.transparency.statements import canonical_json, decode_statement, encode_statement
+from attestation.transparency.statements import encode_statement, statement_from_value
 from gateway.transparency.errors import LogStoreError
 
 MAX_FILE_BYTES = 1 << 20
@@ -59,7 +59,7 @@ def read_statements(path: Path) -> list[bytes]:
     entries = []
     for number, item in enumerate(items):
         try:
-            entries.append(encode_statement(decode_statement(canonical_json(item))))
+            entries.append(encode_statement(statement_from_value(item)))
         except StatementFormatError as error:
             raise StatementFormatError(f"{path}, statement {number}: {error}") from None
     return entries

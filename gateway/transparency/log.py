@@ -69,7 +69,8 @@ def append_entries(directory: Path, signer: NoteSigner, entries: Sequence[bytes]
         return _write_checkpoint(directory, signer, Checkpoint(signer.name, new, root))
 
 
-def add_cosignatures(directory: Path, signer: NoteSigner, expected: Checkpoint, cosignatures: Sequence[Signature]) -> None:
+def add_cosignatures(directory: Path, signer: NoteSigner, expected: Checkpoint,
+                     cosignatures: Sequence[Signature]) -> None:
     """Staple witnesses' cosignatures to the checkpoint, if it is still `expected` (no append since)."""
     with _locked(directory):
         current = read_checkpoint(directory, signer)

@@ -91,7 +91,8 @@ def load_state(path: Path) -> dict[str, Seen]:
         value = json.loads(text)
         return {origin: _seen(item) for origin, item in value["logs"].items()}
     except (ValueError, KeyError, TypeError, AttributeError):
-        raise LogStoreError(f"the witness state {path} is corrupt; restore it from a backup, never start afresh") from None
+        raise LogStoreError(f"the witness state {path} is corrupt; restore it from a backup, "
+                            "never start afresh") from None
 
 
 def _seen(item: dict) -> Seen:
