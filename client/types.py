@@ -93,10 +93,53 @@ def _header(data: Any, expected_object: str) -> tuple[str, str, int, str]:
 # --- chat ----------------------------------------------------------------------------------
 
 
+# Left out of the wire shape when None, as OpenAI leaves them out of answers that have none.
+_OPTIONAL = {"omit_if_none": True}
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    """A streamed fragment carries a part of these (a name once, the arguments' JSON text in pieces)."""
+
+    name: str | None = field(default=None, metadata=_OPTIONAL)
+    arguments: str | None = field(default=None, metadata=_OPTIONAL)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> FunctionCall:
+        return cls(_get(data, "name", str, None), _get(data, "arguments", str, None))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call in an answer; streamed, `index` says which call of the choice a fragment extends."""
+
+    function: FunctionCall
+    id: str | None = field(default=None, metadata=_OPTIONAL)
+    type: str | None = field(default=None, metadata=_OPTIONAL)
+    index: int | None = field(default=None, metadata=_OPTIONAL)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ToolCall:
+        return cls(FunctionCall.from_dict(_get(data, "function", dict, {})), _get(data, "id", str, None),
+                   _get(data, "type", str, None), _get(data, "index", int, None))
+
+
+def _tool_calls(data: Any) -> tuple[ToolCall, ...] | None:
+    raw = _get(data, "tool_calls", list, None)
+    return None if raw is None else tuple(ToolCall.from_dict(call) for call in raw)
+
+
 @dataclass(frozen=True, slots=True)
 class ChatCompletionMessage:
     role: str
-    content: str
+    content: str | None  # None only beside tool_calls, as OpenAI sends it
+    tool_calls: tuple[ToolCall, ...] | None = field(default=None, metadata=_OPTIONAL)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ChatCompletionMessage:
+        calls = _tool_calls(data)
+        content = None if calls and _get(data, "content", str, None) is None else _get(data, "content", str, "")
+        return cls(_get(data, "role", str, "assistant"), content, calls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +154,7 @@ class ChatChoice:
         message = _get(data, "message", dict)
         return cls(
             _get(data, "index", int),
-            ChatCompletionMessage(_get(message, "role", str, "assistant"), _get(message, "content", str, "")),
+            ChatCompletionMessage.from_dict(message),
             _get(data, "finish_reason", str, None),
             _get(data, "logprobs", dict, None),
         )
@@ -143,6 +186,7 @@ class ChatCompletion:
 class ChoiceDelta:
     role: str | None
     content: str | None
+    tool_calls: tuple[ToolCall, ...] | None = field(default=None, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +201,7 @@ class ChatChunkChoice:
         delta = _get(data, "delta", dict, {})
         return cls(
             _get(data, "index", int),
-            ChoiceDelta(_get(delta, "role", str, None), _get(delta, "content", str, None)),
+            ChoiceDelta(_get(delta, "role", str, None), _get(delta, "content", str, None), _tool_calls(delta)),
             _get(data, "finish_reason", str, None),
             _get(data, "logprobs", dict, None),
         )
@@ -265,7 +309,8 @@ def _wire(result: Any) -> dict[str, Any]:
 
 def _to_plain(value: Any) -> Any:
     if hasattr(value, "__dataclass_fields__"):
-        return {name: _to_plain(getattr(value, name)) for name in value.__dataclass_fields__}
+        return {name: _to_plain(getattr(value, name)) for name, spec in value.__dataclass_fields__.items()
+                if not (spec.metadata.get("omit_if_none") and getattr(value, name) is None)}
     if isinstance(value, tuple):
         return [_to_plain(item) for item in value]
     return value

@@ -16,6 +16,7 @@ from engine import StructuredOutput, ToolCall
 
 MAX_TOOLS = 128
 MAX_TOOL_CALLS = 128  # in one assistant message of the conversation
+MAX_FORCED_CALLS = 16  # in one forced answer: bounded, so a bounded schema's answer always ends
 _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 
 
@@ -51,10 +52,9 @@ class ToolRequest:
         if not self.forced:
             return None
         chosen = [t["function"] for t in self.tools if self.function in (None, t["function"]["name"])]
-        calls = {"type": "array", "minItems": 1,
+        one = self.function is not None or not self.parallel
+        calls = {"type": "array", "minItems": 1, "maxItems": 1 if one else MAX_FORCED_CALLS,
                  "items": {"anyOf": [_call_schema(function) for function in chosen]}}
-        if self.function is not None or not self.parallel:
-            calls["maxItems"] = 1
         return StructuredOutput("json_schema", json.dumps(calls), field="tool_choice")
 
 

@@ -1,0 +1,111 @@
+"""Tool calling as an OpenAI application does it: the real `openai` package through `veil proxy`, a real
+gateway and a `veil node` process serving a tiny random-weight model whose chat template is Qwen-style.
+
+A forced choice ("required", a named function) always yields valid `tool_calls` with finish_reason
+"tool_calls", whole and streamed; the calls, sent back with the tools' results, are a conversation the
+node accepts and renders; the SDK's types keep every tool field on the way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+
+from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
+from client.sdk import Client
+from engine.tiny import write_tiny_model
+from tests.test_e2e_models import _proxy
+from veil.fleet import Fleet, FleetSettings
+
+pytestmark = pytest.mark.slow
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+FORECAST = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "days"], "additionalProperties": False}
+NOTHING = {"type": "object", "properties": {}, "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_forecast", "description": "The forecast", "parameters": FORECAST}},
+         {"type": "function", "function": {"name": "get_time", "parameters": NOTHING}}]
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+QUESTION = [{"role": "user", "content": "What will the weather be in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def oa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    root = tmp_path_factory.mktemp("e2e-tools")
+    model = write_tiny_model(root / "tiny-qwen")
+    shutil.copy(TEMPLATES / "qwen2.5.jinja", model / "chat_template.jinja")
+    sim_root = root / "sim-root"
+    load_or_create_sim_root(sim_root)
+    settings = FleetSettings(nodes=1, model_dir=model, workdir=root / "fleet", sim_root_dir=sim_root, torch_threads=1)
+    previous_root = os.environ.get(ROOT_DIR_ENV)
+    os.environ[ROOT_DIR_ENV] = str(sim_root)  # the client's dev policy trusts the fleet's simulated root
+    try:
+        with Fleet(settings) as fleet, Client(fleet.gateway_url, policy="dev") as sdk:
+            fleet.wait_for_pool(1, timeout_s=90)
+            with _proxy(sdk) as proxy_url:
+                yield openai.OpenAI(base_url=f"{proxy_url}/v1", api_key="unused-by-veil", max_retries=0, timeout=120)
+    finally:
+        if previous_root is None:
+            os.environ.pop(ROOT_DIR_ENV, None)
+        else:
+            os.environ[ROOT_DIR_ENV] = previous_root
+
+
+def ask(oa: openai.OpenAI, **fields):
+    return oa.chat.completions.create(model="tiny-qwen", messages=fields.pop("messages", QUESTION), tools=TOOLS,
+                                      **{"max_tokens": 1000, **fields})
+
+
+def check_calls(calls, names: set[str]) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_") and call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_yields_valid_tool_calls_whole_and_streamed(oa: openai.OpenAI) -> None:
+    for seed in (1, 2):
+        whole = ask(oa, tool_choice="required", seed=seed)
+        [choice] = whole.choices
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        check_calls(choice.message.tool_calls, set(SCHEMAS))
+        chunks = list(ask(oa, tool_choice="required", seed=seed, stream=True))
+        fragments = [call for c in chunks for choice in c.choices for call in choice.delta.tool_calls or []]
+        streamed = {}
+        for fragment in fragments:  # put together as OpenAI's own stream helpers do
+            call = streamed.setdefault(fragment.index, {"name": "", "arguments": ""})
+            call["name"] += fragment.function.name or ""
+            call["arguments"] += fragment.function.arguments or ""
+        assert [streamed[k] for k in sorted(streamed)] == [
+            {"name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+
+def test_a_named_choice_calls_that_function(oa: openai.OpenAI) -> None:
+    answer = ask(oa, tool_choice={"type": "function", "function": {"name": "get_forecast"}})
+    [call] = answer.choices[0].message.tool_calls
+    check_calls([call], {"get_forecast"})
+
+
+def test_a_tool_call_conversation_round_trips(oa: openai.OpenAI) -> None:
+    first = ask(oa, tool_choice="required", parallel_tool_calls=False)
+    message = first.choices[0].message
+    [call] = message.tool_calls
+    history = [*QUESTION, message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"forecast": "sunny"})}]
+    second = ask(oa, messages=history, tool_choice="none", max_tokens=3, temperature=0)
+    assert second.choices[0].message.tool_calls is None and isinstance(second.choices[0].message.content, str)
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result are in the prompt
+
+
+def test_a_malformed_tool_field_is_refused_naming_it(oa: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        ask(oa, tool_choice={"type": "function", "function": {"name": "get_news"}})
+    assert raised.value.body["param"] == "tool_choice"
