@@ -37,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     node.add_argument("--bridge-toll-us", type=float, default=0.0,
                       help="simulate a confidential-computing bridge: every host<->device crossing of the engine "
                            "waits this long (default: 0, none)")
+    node.add_argument("--drain-s", type=float, default=30.0,
+                      help="on SIGTERM, stop admitting and let requests in flight finish for up to this long "
+                           "before zeroing and exiting (default: %(default)s)")
+    node.add_argument("--evidence-check-s", type=float, default=300.0,
+                      help="re-attest this node to itself this often; grpc.health.v1 reads NOT_SERVING once the "
+                           "last passing check is two intervals old (default: %(default)s)")
     node.set_defaults(handler=_run_node)
 
 
@@ -48,6 +54,7 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
         port_file=args.port_file, capacity=args.capacity, audit=args.audit, key_rotation_s=args.key_rotation_s,
         key_grace_s=args.key_grace_s, model_name=args.model_name, kv_cache_gib=args.kv_cache_gib,
         cuda_graphs=not args.eager, async_scheduling=not args.sync_scheduling, bridge_toll_us=args.bridge_toll_us,
+        drain_s=args.drain_s, evidence_check_s=args.evidence_check_s,
     )
 
 
@@ -79,6 +86,11 @@ def _run_node(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)
     stopped.wait()
-    node.stop()
-    print("veil node: stopped", file=sys.stderr)
+    # Drain: health turns NOT_SERVING and new requests are refused (the gateway fails them over), the
+    # requests in flight finish within --drain-s; then the engine zeroes its blocks and the node exits.
+    print(f"veil node: draining (up to {settings.drain_s:g} s)", file=sys.stderr, flush=True)
+    drained = node.drain(settings.drain_s)
+    node.stop(grace=0.0 if drained else 1.0)
+    print("veil node: stopped" if drained else "veil node: stopped; requests still running at --drain-s were ended",
+          file=sys.stderr)
     return 0

@@ -1,4 +1,4 @@
-"""The gRPC service: Attest, Infer, Health. Nothing else is exposed.
+"""The gRPC service: Attest, Infer, Health (and `grpc.health.v1`, `enclave.health`). Nothing else is exposed.
 
 Infer decapsulates with the node's keys, says at once that it accepted the request (a message with
 no data, before any work on its content), answers through the inner API, and seals the answer back:
@@ -32,6 +32,7 @@ from protocol import node_pb2, node_pb2_grpc
 from protocol.constants import MAX_ENCAPSULATED_BYTES, NODE_ID_HEADER
 
 NOT_DECAPSULATED = "the request could not be decapsulated"
+NOT_ADMITTING = "the node is draining or not serving and took nothing of this request; send it to another node"
 KEY_UNKNOWN = "the request names a key or suite this node does not hold; fetch its key configuration again"
 _SSE_CONTENT_TYPE = [(b"content-type", b"text/event-stream")]
 _JSON_CONTENT_TYPE = [(b"content-type", b"application/json")]
@@ -60,6 +61,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
         node_id: Callable[[], str],
         capacity: int,
         on_finished: Callable[[Outcome], None],
+        healthy: Callable[[], bool] = lambda: True,
     ) -> None:
         self._keyring = keyring
         self._api = api
@@ -70,7 +72,17 @@ class NodeService(node_pb2_grpc.NodeServicer):
         self._slots = threading.BoundedSemaphore(capacity)
         self._in_flight = 0
         self._lock = threading.Lock()
-        self.serving = True
+        self._healthy = healthy
+        self._admitting = True
+
+    @property
+    def serving(self) -> bool:
+        """Whether the node takes new requests: not draining, and healthy (core running, evidence fresh)."""
+        return self._admitting and self._healthy()
+
+    @serving.setter
+    def serving(self, admitting: bool) -> None:
+        self._admitting = admitting
 
     # ----- Attest and Health --------------------------------------------------------------------
 
@@ -89,7 +101,9 @@ class NodeService(node_pb2_grpc.NodeServicer):
 
     def Infer(self, request: node_pb2.InferRequest, context: grpc.ServicerContext) -> Iterator[node_pb2.InferChunk]:
         if not self.serving:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the node is shutting down")
+            # Refused before anything of the request is read: the gateway knows this node never took
+            # it and sends it to another candidate.
+            context.abort(grpc.StatusCode.UNAVAILABLE, NOT_ADMITTING)
         if not self._slots.acquire(blocking=False):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the node is at capacity; try another node")
         started = time.monotonic()

@@ -26,3 +26,8 @@ class NodeSettings:
     # A simulated confidential-computing bridge (`engine.bridge`): every host<->device crossing of the
     # engine waits this long, for measuring a node as it would run under CC on hardware without it.
     bridge_toll_us: float = 0.0
+    # Drain on SIGTERM: stop admitting, let requests in flight finish for up to this long, then zero and exit.
+    drain_s: float = 30.0
+    # How often the node re-attests itself (a fresh nonce, verified under its own policy); its health is
+    # SERVING only while the last such check passed within two intervals.
+    evidence_check_s: float = 300.0

@@ -46,6 +46,7 @@ from gateway.models import (
     parse_register_body,
 )
 from gateway.pool import NodePool
+from gateway.probes import install_probes
 from gateway.relay_only import only_from_relays
 from gateway.responses import install_error_handlers, read_bounded, relay_response
 from gateway.results import ResultSigner
@@ -147,6 +148,8 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
     @app.get("/v1/health", summary="Liveness and the number of admitted nodes")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "nodes": len(runtime.pool)}
+
+    install_probes(app, lambda: len(runtime.pool) > 0)
 
     @app.post(INFER_PATH, responses=_ERRORS, openapi_extra=_body_schema(InferBody), dependencies=from_relays,
               summary="Forward one of the client's encapsulations to a uniformly chosen healthy candidate")

@@ -49,6 +49,7 @@ from gateway.app import refuse_expectations, request_media_type
 from gateway.backpressure import InFlightLimiter, Permit
 from gateway.errors import GatewaySettingsError, GatewayUnreachableError, NotFoundError
 from gateway.models import NODE_ID_PATTERN
+from gateway.probes import READINESS_PATH, install_probes
 from gateway.responses import install_error_handlers, read_bounded
 from gateway.settings import GatewaySettings
 from protocol.constants import (
@@ -72,6 +73,7 @@ _JSON = "application/json"
 _NODE_ID = re.compile(NODE_ID_PATTERN, re.ASCII)
 _GATEWAY_DEFAULTS = GatewaySettings()
 _UNREACHABLE = "the relay could not reach the gateway; retry later"
+PROBE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,14 @@ class Upstream:
             permit.release()
             raise
         return ForwardedAnswer(answer, permit)
+
+    async def gateway_ready(self) -> bool:
+        """Whether the gateway answers its readiness probe (a fixed GET that carries nothing of a client)."""
+        try:
+            answer = await self._http.get(READINESS_PATH, timeout=PROBE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return False
+        return answer.status_code == 200
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -203,6 +213,8 @@ def create_relay_app(settings: RelaySettings) -> FastAPI:
     app.state.upstream = upstream
     install_error_handlers(app)
     _install_routes(app, upstream, settings.max_body_bytes)
+    # Ready while its gateway is: a relay in front of a gateway with no node can forward nothing useful.
+    install_probes(app, upstream.gateway_ready)
     return app
 
 

@@ -23,6 +23,7 @@ from gateway.issuer.config import IssuerConfig
 from gateway.issuer.errors import TokenRequestError
 from gateway.issuer.keys import IssuerKeyring
 from gateway.issuer.quota import QuotaLedger
+from gateway.probes import install_probes
 from gateway.responses import install_error_handlers, read_bounded
 from ohttp.privacypass import (
     TOKEN_REQUEST_MEDIA_TYPE,
@@ -55,6 +56,8 @@ def create_issuer_app(
     app.state.runtime = runtime
     install_error_handlers(app)
     request_path = urlsplit(config.request_uri).path or "/token-request"
+    # Ready while a key signs now: before its first key's not-before an issuer could only refuse.
+    install_probes(app, lambda: any(dated.not_before <= clock() for dated in keyring.published(clock())))
 
     @app.get(WELL_KNOWN_PATH)
     async def directory() -> Response:
