@@ -29,8 +29,10 @@ from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.5
-# How long past its timeout a slow connection may stay open: scheduling on a busy machine, never more.
-SLACK_S = 5.0
+# How long past its timeout a slow connection may stay open. The test notices a close only between
+# rounds of 64 drips and two requests, which a loaded machine can stretch to seconds; a connection the
+# gateway never closed would still drip past 30 s, so this bound tells the two apart on any machine.
+SLACK_S = 30.0
 
 
 @pytest.fixture(scope="module")
