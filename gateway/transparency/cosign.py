@@ -22,9 +22,8 @@ def cosign_checkpoint(directory: Path, signer: NoteSigner, witness_urls: Sequenc
     The log keeps no record of where each witness is: it first claims size 0, and a witness that
     is further answers with its size, from which the log sends a consistency proof (built from tiles).
     """
-    fetch = directory_fetch(directory)
-    reader = LogReader(fetch, signer.verifier)
-    note = fetch("checkpoint") or b""
+    reader = LogReader(directory_fetch(directory), signer.verifier)
+    note = reader.checkpoint_note
     signatures = [_cosign(client, url, reader, note) for url in witness_urls]
     add_cosignatures(directory, signer, reader.signed.checkpoint, signatures)
     return signatures

@@ -17,6 +17,7 @@ class LogReader:
         if data is None:
             raise LogFetchError("the log has no checkpoint")
         self.fetch = fetch
+        self.checkpoint_note = data  # as served: the proofs below are against exactly this checkpoint
         self.signed: SignedCheckpoint = open_checkpoint(data, log_key)
         self.size = self.signed.checkpoint.size
         self.hashes = TileHashes(fetch, self.size)
