@@ -47,6 +47,9 @@ class ParsedCall:
     def openai(self) -> dict:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
+    def __repr__(self) -> str:
+        return f"ParsedCall({len(self.arguments)} characters of arguments)"
+
 
 @dataclass(slots=True)
 class Parsed:

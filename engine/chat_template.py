@@ -45,6 +45,9 @@ class ToolCall:
     name: str
     arguments: dict = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        return f"ToolCall({len(self.arguments)} arguments)"  # reprs reach tracebacks: nothing the call says
+
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
@@ -55,6 +58,10 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None  # a "tool" message: the call it answers
     name: str | None = None
+
+    def __repr__(self) -> str:
+        size = 0 if self.content is None else len(self.content)
+        return f"ChatMessage({size} characters, {len(self.tool_calls)} tool calls)"
 
     def template_data(self) -> dict:
         """The message as transformers gives it to a template: keys set to None are left out."""

@@ -134,3 +134,13 @@ def test_any_text_streams_as_its_whole_parse_and_plain_text_is_unchanged(pieces,
     assert streamed(format, split) == expected
     if not expected[1]:
         assert expected[0] == text
+
+
+def test_reprs_show_nothing_a_call_or_message_says() -> None:
+    from engine import ChatMessage, ToolCall
+
+    canary = "CANARY-repr-31f"
+    call = ToolCall(canary, canary, {canary: canary})
+    shown = [repr(call), repr(ChatMessage("user", canary, (call,), canary, canary)),
+             repr(parse_whole(HERMES, '<tool_call>{"name": "f", "arguments": {"k": "%s"}}</tool_call>' % canary).calls[0])]
+    assert all(canary not in text for text in shown)
