@@ -72,7 +72,7 @@ def parse_bundle(data: bytes | str) -> ProofBundle:
     try:
         value = json.loads(data)
         return ProofBundle(*(_stapled(value.get(name)) for name in ("release", "node_key")))
-    except (ValueError, AttributeError, TypeError, binascii.Error, RecursionError):
+    except (ValueError, KeyError, AttributeError, TypeError, binascii.Error, RecursionError):
         raise StatementFormatError("a transparency proof bundle is not JSON of base64 entries and proofs") from None
 
 
