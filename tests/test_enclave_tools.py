@@ -21,6 +21,7 @@ from engine import ChatMessage, EngineConfig, Tokenizer, ToolCall
 from engine.core_client import EngineCoreClient
 from ohttp.bhttp import Request
 from tests.engine_models import tiny_model_dir
+from tests.test_enclave_fields import post as post_to
 
 CANARY = "CANARY-tools-77b1-AMBER-HERON"
 MODEL = "tiny-qwen"
@@ -67,11 +68,7 @@ def api(folders) -> Iterator[InnerApi]:
 
 
 def post(api: InnerApi, body: dict) -> tuple[int, dict | list[dict]]:
-    response = api.handle(Request(b"POST", b"https", b"node", CHAT, [], json.dumps(body).encode()))
-    if response.streaming:
-        events = b"".join(response.events).split(b"\n\n")
-        return response.status, [json.loads(e[6:]) for e in events if e.startswith(b"data: {")]
-    return response.status, json.loads(response.body)
+    return post_to(api, CHAT, body)
 
 
 def chat(**fields) -> dict:
