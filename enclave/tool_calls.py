@@ -4,8 +4,9 @@ Which format a model writes is read from its chat template (`tool_format`): a te
 model `<tool_call>` tags gets the Hermes parser (Qwen2.5, Qwen3 and other Hermes-style models: each
 call a `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block); a template with Llama 3.1's
 ipython environment and `"parameters"` gets the Llama JSON parser (the whole answer one JSON object
-`{"name": ..., "parameters": {...}}`, or several joined by ";"). Any other template has no format this
-node reads, so `tool_choice: "auto"` is refused for it.
+`{"name": ..., "parameters": {...}}`, or several joined by ";"); a template with Mistral's
+`[TOOL_CALLS]` gets the Mistral parser (a JSON list of `{"name", "arguments"}` after that marker). Any
+other template has no format this node reads, so `tool_choice: "auto"` is refused for it.
 
 One parser per sample reads the text as it streams (`ToolCallParser.feed`, then `finish`); a whole
 answer is the same parser fed at once, so a streamed answer's pieces always add up to the whole one.
@@ -20,9 +21,9 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-HERMES, LLAMA_JSON, FORCED_JSON = "hermes", "llama3_json", "forced_json"
+HERMES, LLAMA_JSON, MISTRAL_JSON, FORCED_JSON = "hermes", "llama3_json", "mistral_json", "forced_json"
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_PYTHON_TAG = "<|python_tag|>"
+_PYTHON_TAG, _MISTRAL_CALLS = "<|python_tag|>", "[TOOL_CALLS]"
 
 
 def tool_format(template: str | None) -> str | None:
@@ -31,6 +32,8 @@ def tool_format(template: str | None) -> str | None:
         return None
     if _OPEN in template:
         return HERMES
+    if _MISTRAL_CALLS in template:
+        return MISTRAL_JSON
     if '"parameters"' in template and (_PYTHON_TAG in template or "ipython" in template):
         return LLAMA_JSON
     return None
@@ -66,8 +69,12 @@ class Parsed:
 def parser_for(format: str | None) -> ToolCallParser | None:
     if format == HERMES:
         return HermesParser()
-    if format in (LLAMA_JSON, FORCED_JSON):
-        return JsonAnswerParser(arguments_key="parameters", allow_list=format == FORCED_JSON)
+    if format == LLAMA_JSON:
+        return JsonAnswerParser("parameters", prefix=_PYTHON_TAG)
+    if format == MISTRAL_JSON:
+        return JsonAnswerParser("arguments", prefix=_MISTRAL_CALLS, allow_list=True)
+    if format == FORCED_JSON:
+        return JsonAnswerParser("parameters", allow_list=True)
     return None
 
 
@@ -172,12 +179,13 @@ class HermesParser(ToolCallParser):
 
 
 class JsonAnswerParser(ToolCallParser):
-    """An answer that is JSON calls as a whole (Llama 3.1's format, or a forced call): decided at the end.
+    """An answer that is JSON calls as a whole, perhaps after a marker (Llama 3.1's `<|python_tag|>`,
+    Mistral's `[TOOL_CALLS]` list, a forced list): decided at the end.
 
     Text that starts otherwise is content from its first character on, and streams as such."""
 
-    def __init__(self, arguments_key: str, allow_list: bool = False) -> None:
-        self._key, self._allow_list = arguments_key, allow_list
+    def __init__(self, arguments_key: str, prefix: str = "", allow_list: bool = False) -> None:
+        self._key, self._prefix, self._allow_list = arguments_key, prefix, allow_list
         self._held = ""
         self._mode: str | None = None  # None: undecided; "content" or "json"
 
@@ -187,10 +195,8 @@ class JsonAnswerParser(ToolCallParser):
         self._held += text
         if self._mode == "json":
             return Parsed()
-        body = self._held.lstrip()
-        if body.startswith(_PYTHON_TAG):
-            body = body[len(_PYTHON_TAG):].lstrip()
-        if not body or _PYTHON_TAG.startswith(body):
+        body = _unmarked(self._held, self._prefix)
+        if not body or (self._prefix.startswith(body) and body[0] not in "{["):
             return Parsed()  # nothing tells yet
         if body[0] in "{[":
             self._mode = "json"
@@ -201,14 +207,17 @@ class JsonAnswerParser(ToolCallParser):
 
     def finish(self) -> Parsed:
         held, self._held = self._held, ""
-        calls = _json_calls(held, self._key, self._allow_list) if self._mode == "json" else None
+        body = _unmarked(held, self._prefix).rstrip()
+        calls = _json_calls(body, self._key, self._allow_list) if self._mode == "json" else None
         return Parsed("", calls) if calls else Parsed(held)
 
 
-def _json_calls(text: str, key: str, allow_list: bool) -> list[ParsedCall] | None:
-    body = text.strip()
-    if body.startswith(_PYTHON_TAG):
-        body = body[len(_PYTHON_TAG):].strip()
+def _unmarked(text: str, prefix: str) -> str:
+    body = text.lstrip()
+    return body[len(prefix):].lstrip() if prefix and body.startswith(prefix) else body
+
+
+def _json_calls(body: str, key: str, allow_list: bool) -> list[ParsedCall] | None:
     value = _json(body)
     if isinstance(value, list) and allow_list:
         calls = [_call_of(entry, key) for entry in value]

@@ -13,6 +13,7 @@ from enclave.tool_calls import (
     FORCED_JSON,
     HERMES,
     LLAMA_JSON,
+    MISTRAL_JSON,
     Parsed,
     parse_whole,
     parser_for,
@@ -49,7 +50,7 @@ def every_split(format: str, text: str) -> None:
 
 
 @pytest.mark.parametrize(("template", "format"), [
-    ("qwen2.5", HERMES), ("qwen3", HERMES), ("llama3.1", LLAMA_JSON), ("llama3.2", LLAMA_JSON), ("mistral", None),
+    ("qwen2.5", HERMES), ("qwen3", HERMES), ("llama3.1", LLAMA_JSON), ("llama3.2", LLAMA_JSON), ("mistral", MISTRAL_JSON),
 ])
 def test_the_format_is_read_from_the_chat_template(template: str, format: str | None) -> None:
     assert tool_format((TEMPLATES / f"{template}.jinja").read_text()) == format
@@ -98,6 +99,21 @@ def test_llama_json_answers_become_calls_whole_and_streamed(text: str, content: 
     every_split(LLAMA_JSON, text)
 
 
+MISTRAL_CASES = [
+    ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", [("get_weather", {"city": "Paris"})]),
+    (' [{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"k": 1}}]', "", [("a", {}), ("b", {"k": 1})]),
+    ("[1] is the first source.", "[1] is the first source.", []),
+    ("[TOOL_CALLS] not json", "[TOOL_CALLS] not json", []),
+    ("Sunny, 20 degrees.", "Sunny, 20 degrees.", []),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), MISTRAL_CASES)
+def test_mistral_call_lists_become_calls_whole_and_streamed(text: str, content: str, calls: list) -> None:
+    assert whole(MISTRAL_JSON, text) == (content, calls)
+    every_split(MISTRAL_JSON, text)
+
+
 def test_a_forced_answer_is_a_list_of_calls() -> None:
     text = '[{"name": "a", "parameters": {"x": 1}}, {"name": "b", "parameters": {}}]'
     assert whole(FORCED_JSON, text) == ("", [("a", {"x": 1}), ("b", {})])
@@ -121,11 +137,12 @@ def test_call_ids_are_random_per_call() -> None:
 
 
 PIECES = st.sampled_from(["<tool_call>", "</tool_call>", "<tool", "_call>", "\n", " ", "x", "{", "}", WEATHER, TIME,
-                          "<|python_tag|>", '{"name": "f", "parameters": {}}', ";", "é"])
+                          "<|python_tag|>", '{"name": "f", "parameters": {}}', ";", "é", "[TOOL_CALLS]", "[", "]"])
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(PIECES | st.text(max_size=4), max_size=10), st.sampled_from([HERMES, LLAMA_JSON]), st.data())
+@given(st.lists(PIECES | st.text(max_size=4), max_size=10), st.sampled_from([HERMES, LLAMA_JSON, MISTRAL_JSON]),
+       st.data())
 def test_any_text_streams_as_its_whole_parse_and_plain_text_is_unchanged(pieces, format, data) -> None:
     text = "".join(pieces)
     expected = whole(format, text)
