@@ -1,13 +1,17 @@
 """The C2SP formats Veil builds on, past the published vectors: cosignatures, checkpoints, tiles,
-policies, statements, and proofs built from tiles that the vector-tested verifiers accept."""
+policies, statements, proofs built from tiles that the vector-tested verifiers accept, and every
+parser fed arbitrary bytes."""
 
 from __future__ import annotations
 
 import hashlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attestation.transparency.checkpoint import Checkpoint, open_checkpoint, parse_checkpoint
+from attestation.transparency.client_check import parse_bundle as parse_proof_bundle
 from attestation.transparency.cosignature import CosignatureVerifier, generate_cosigner
 from attestation.transparency.errors import (
     CheckpointFormatError,
@@ -17,6 +21,7 @@ from attestation.transparency.errors import (
     PolicyFormatError,
     StatementFormatError,
     TileError,
+    TransparencyError,
 )
 from attestation.transparency.merkle import (
     consistency_proof,
@@ -29,6 +34,7 @@ from attestation.transparency.merkle import (
 )
 from attestation.transparency.note import generate_signer, parse_note, parse_signer, parse_verifier, sign_note
 from attestation.transparency.policy import parse_policy
+from attestation.transparency.proof import parse_proof
 from attestation.transparency.statements import (
     IssuerKeyStatement,
     LaunchMeasurement,
@@ -48,6 +54,7 @@ from attestation.transparency.tiles import (
     parse_tile_path,
     tiles_for,
 )
+from gateway.transparency.protocol import parse_add_checkpoint
 
 ROOT = hashlib.sha256(b"root").digest()
 
@@ -266,3 +273,38 @@ def test_statements_out_of_shape_are_refused_at_encoding() -> None:
     for statement in bad:
         with pytest.raises(StatementFormatError):
             encode_statement(statement)
+
+
+# ----- arbitrary input ---------------------------------------------------------------------------------------
+
+_LOG = generate_signer("log.example")
+_PARSERS = {
+    "note": lambda data: parse_note(data),
+    "checkpoint": lambda data: open_checkpoint(data, _LOG.verifier),
+    "checkpoint body": lambda data: parse_checkpoint(data.decode("utf-8", "replace")),
+    "tile path": lambda data: parse_tile_path(data.decode("utf-8", "replace")),
+    "bundle": lambda data: parse_bundle(data, 3),
+    "statement": decode_statement,
+    "policy": lambda data: parse_policy(data.decode("utf-8", "replace")),
+    "verifier key": lambda data: parse_verifier(data.decode("utf-8", "replace")),
+    "signer key": lambda data: parse_signer(data.decode("utf-8", "replace")),
+    "tlog-proof": parse_proof,
+    "proof bundle": parse_proof_bundle,
+    "add-checkpoint": parse_add_checkpoint,
+}
+# Bytes near the formats (their keywords, separators and a valid note) find deeper paths than noise alone.
+_PIECES = st.sampled_from([b"\n", b"\n\n", b" ", b"+", b"\xe2\x80\x94 ", b"old 1", b"index 0", b"tile/0/",
+                           b".p/", b"x001/", b"{", b"}", b'"type":', b"log ", b"witness ", b"quorum ",
+                           b"c2sp.org/tlog-proof@v1", sign_note("log.example\n1\n" + "A" * 43 + "=\n", _LOG).encode(),
+                           b"AAAA", b"\xff", b"0"])
+_INPUT = st.one_of(st.binary(max_size=300), st.lists(_PIECES, max_size=12).map(b"".join))
+
+
+@pytest.mark.parametrize("parser", _PARSERS.values(), ids=_PARSERS.keys())
+@settings(max_examples=150, deadline=None)
+@given(data=_INPUT)
+def test_any_bytes_parse_or_end_in_a_transparency_error(parser, data: bytes) -> None:
+    try:
+        parser(data)
+    except TransparencyError:
+        pass

@@ -106,6 +106,8 @@ def test_a_log_two_witnesses_and_an_audit_over_http(tmp_path: Path, capsys: pyte
         assert httpx.get(f"{log_url}/tile/0/000.p/4").status_code == 200
         for path in ("/.lock", "/tile/0/../../log.key", "/tile/0/000.p/9", "/tile/entries/0001"):
             assert httpx.get(f"{log_url}{path}").status_code == 404
+        for url in (log_url, *(url for _, url in servers)):  # no API documentation, as no Veil server has
+            assert all(httpx.get(f"{url}{path}").status_code == 404 for path in ("/docs", "/openapi.json"))
     finally:
         stderrs = [_stop(process) for process, _ in [*servers, (served, log_url)]]
     assert all("serving on 127.0.0.1:" in stderr and "POST" not in stderr and "GET" not in stderr
