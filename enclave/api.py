@@ -148,7 +148,9 @@ class InnerApi:
 
 # The fields an engine refusal can name: its messages begin with the field's name.
 _SAMPLING_NAMES = frozenset({"max_tokens", "temperature", "top_k", "top_p", "min_p", "n", "seed", "stop",
-                             "stop_token_ids", "logprobs", "tool_choice"})
+                             "stop_token_ids", "logprobs", "tool_choice", "logit_bias", "presence_penalty",
+                             "frequency_penalty", "repetition_penalty", "response_format", "structured_outputs",
+                             "guided_json", "guided_regex", "guided_choice", "guided_grammar"})
 
 
 def _with_tool_grammar(params: SamplingParams, tools: tool_fields.ToolRequest) -> SamplingParams:
@@ -163,7 +165,7 @@ def _with_tool_grammar(params: SamplingParams, tools: tool_fields.ToolRequest) -
 
 
 def _param_of(message: str) -> str | None:
-    first = message.split(" ", 1)[0]
+    first = message.split(" ", 1)[0].split(".", 1)[0]  # a constraint's refusal names its path: response_format.x
     if first in _SAMPLING_NAMES:
         return first
     return "stop" if "stop strings" in message else None

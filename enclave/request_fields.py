@@ -7,7 +7,7 @@ why). Every check names the field that was wrong in the error's `param` and neve
 from __future__ import annotations
 
 from engine import DEFAULT_MAX_TOKENS, ChatMessage, SamplingParams
-from enclave import tool_fields
+from enclave import structured_fields, tool_fields
 from enclave.api_types import ApiError
 from enclave.openai_fields import check_names
 
@@ -89,40 +89,13 @@ def _inert_fields(body: dict, chat: bool) -> None:
 
 
 # ===== Issue 20, engine part: the fields the engine applies. ===========================================
-# logit_bias, the penalties and structured outputs (response_format, structured_outputs, guided_*)
-# are recognized in this one place (tools in `tool_fields`), so that none is ever silently ignored. Types and ranges are checked
-# here; a value that changes nothing passes; any other is refused by name until the engine applies it:
-# replace a refusal with the SamplingParams keyword the engine takes.
-
-PENALTY_RANGE = (-2.0, 2.0)
-_NOT_YET = "is not applied by this node yet"
+# logit_bias, the penalties and structured outputs (response_format, structured_outputs, guided_*) are
+# read in `structured_fields` (tools in `tool_fields`), so that none is ever silently ignored.
 
 
 def engine_fields(body: dict) -> dict:
-    """The SamplingParams keywords for the engine's fields (none yet: each one set is refused)."""
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _penalty(body, name) != 0.0:
-            raise ApiError(400, "unsupported_parameter", f"'{name}' {_NOT_YET}", param=name)
-    if not 0.0 < _number(body, "repetition_penalty", float, 1.0) <= 2.0:
-        raise ApiError(400, "invalid_request", "'repetition_penalty' must be in (0, 2]", param="repetition_penalty")
-    for name, neutral in _NEUTRAL.items():
-        if body.get(name) is not None and body[name] != neutral:
-            raise ApiError(400, "unsupported_parameter", f"'{name}' {_NOT_YET}", param=name)
-    return {}
-
-
-# The value of each field that asks for nothing (None: no value does).
-_NEUTRAL = {"repetition_penalty": 1.0, "logit_bias": {}, "response_format": {"type": "text"},
-            "structured_outputs": None, "guided_json": None, "guided_regex": None,
-            "guided_choice": None, "guided_grammar": None}
-
-
-def _penalty(body: dict, name: str) -> float:
-    value = _number(body, name, float, 0.0)
-    low, high = PENALTY_RANGE
-    if not low <= value <= high:
-        raise ApiError(400, "invalid_request", f"'{name}' must be between {low:g} and {high:g}", param=name)
-    return value
+    """The SamplingParams keywords for the engine's fields: bias, penalties, the output constraint."""
+    return structured_fields.pick_fields(body)
 
 
 # ===== End of the engine part. ==========================================================================
