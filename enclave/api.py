@@ -148,7 +148,7 @@ class InnerApi:
 
 # The fields an engine refusal can name: its messages begin with the field's name.
 _SAMPLING_NAMES = frozenset({"max_tokens", "temperature", "top_k", "top_p", "min_p", "n", "seed", "stop",
-                             "stop_token_ids", "logprobs", "tool_choice", "logit_bias", "presence_penalty",
+                             "stop_token_ids", "logprobs", "tool_choice", "messages", "logit_bias", "presence_penalty",
                              "frequency_penalty", "repetition_penalty", "response_format", "structured_outputs",
                              "guided_json", "guided_regex", "guided_choice", "guided_grammar"})
 

@@ -116,12 +116,12 @@ class ChatTemplates:
         }
         try:
             return self._compiled[name].render(context)
-        except _TemplateRefusal as refusal:
+        except _TemplateRefusal as refusal:  # messages first: the inner API names the field a refusal begins with
             raise RequestRejected("invalid_messages", self._refusal_text(name, refusal.text)) from None
         except Exception:  # noqa: BLE001 - the template is code run on the request's messages: any failure is theirs
             # Jinja's own message may quote the conversation, so it is not passed on.
             raise RequestRejected(
-                "invalid_messages", "the model's chat template does not accept these messages (check roles and order)"
+                "invalid_messages", "messages do not fit the model's chat template (check roles and order)"
             ) from None
 
     def _name(self, with_tools: bool) -> str | None:
@@ -134,8 +134,8 @@ class ChatTemplates:
     def _refusal_text(self, name: str, text: str) -> str:
         literal = text in self._sources[name] and 0 < len(text) <= _MAX_SHOWN_REFUSAL and _SHOWABLE.fullmatch(text)
         if literal:
-            return f"the model's chat template refused these messages: {text}"
-        return "the model's chat template refused these messages (check roles and order)"
+            return f"messages refused by the model's chat template: {text}"
+        return "messages refused by the model's chat template (check roles and order)"
 
 
 def _template_sources(folder: Path, settings: dict) -> dict[str, str]:

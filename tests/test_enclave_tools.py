@@ -117,6 +117,17 @@ def test_a_refusal_says_which_message_was_wrong(api) -> None:
     assert status == 400 and "messages[3]" in answer["error"]["message"]
 
 
+def test_a_conversation_the_template_refuses_is_a_400_naming_messages(api, tmp_path) -> None:
+    """Mistral's format refuses two user turns in a row: its own words come back, never the conversation."""
+    mistral = shutil.copytree(tiny_model_dir(), tmp_path / "mistral", ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copy(TEMPLATES / "mistral.jinja", mistral / "chat_template.jinja")
+    strict = InnerApi(api.engine, Tokenizer(mistral), MODEL)  # the same tokenizer.json as the served model's
+    body = chat(messages=[{"role": "user", "content": CANARY}, {"role": "user", "content": CANARY}], tools=None)
+    status, answer = post(strict, body)
+    assert status == 400 and answer["error"]["param"] == "messages" and answer["error"]["code"] == "invalid_messages"
+    assert "Roles must alternate user/assistant" in answer["error"]["message"] and CANARY not in json.dumps(answer)
+
+
 # ----- tools and tool_choice ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("fields", "param"), [
