@@ -50,7 +50,9 @@ def load_config(path: Path) -> IssuerConfig:
     """Read and check the configuration file, or raise IssuerConfigError saying what to fix."""
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+    except OSError as error:  # in words: a missing file is the likeliest mistake on the command line
+        raise IssuerConfigError(f"cannot read the issuer configuration {path}: {error.strerror}") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise IssuerConfigError(f"cannot read the issuer configuration {path}: {type(error).__name__}") from None
     return parse_config(document)
 
