@@ -85,10 +85,11 @@ def test_a_log_two_witnesses_and_an_audit_over_http(tmp_path: Path, capsys: pyte
 
         (tmp_path / "trusted").write_text(f"{CODE}  # release 1.0\n")
         status = main(["log", "audit", log_url, "--log-key", log_key, "--state", str(tmp_path / "audit.json"),
-                       "--trusted", str(tmp_path / "trusted")])
+                       "--trusted", str(tmp_path / "trusted"), "--witness-key", witness_keys[0]])
         out = capsys.readouterr().out
         assert status == 1  # the special release is flagged
-        assert "4 entries" in out and "w1.example, w2.example" in out
+        assert "4 entries" in out and "cosigned by: w1.example\n" in out
+        assert "not verified, no key given): w2.example" in out
         assert f"trusted 1.0 code {CODE}" in out and "FLAGGED untrusted release 1.1-special" in out
         assert "node key " + "12" * 32 in out
 

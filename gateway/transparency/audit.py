@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attestation.transparency.cosignature import CosignatureVerifier
 from attestation.transparency.errors import (
     ConsistencyProofError,
     ForkError,
@@ -43,7 +44,8 @@ class AuditReport:
     size: int
     root: bytes
     previous_size: int | None
-    cosigners: tuple[str, ...]
+    cosigners: tuple[str, ...]  # witnesses whose cosignature verified under a key the auditor gave
+    unverified: tuple[str, ...]  # names on other signature lines: claimed, not checked
     entries: list[AuditedEntry] = field(default_factory=list)
 
     @property
@@ -55,8 +57,8 @@ class AuditReport:
         return [entry for entry in self.entries if entry.statement is None]
 
 
-def audit_log(fetch: Fetch, log_key: NoteVerifier, state_path: Path,
-              trusted_code: frozenset[str] | None = None) -> AuditReport:
+def audit_log(fetch: Fetch, log_key: NoteVerifier, state_path: Path, trusted_code: frozenset[str] | None = None,
+              witnesses: tuple[CosignatureVerifier, ...] = ()) -> AuditReport:
     """Audit the log behind `fetch`; raise a TransparencyError on the first inconsistency found.
 
     The state file is updated only when everything checked out.
@@ -74,9 +76,12 @@ def audit_log(fetch: Fetch, log_key: NoteVerifier, state_path: Path,
     if previous is not None:
         _check_consistent(reader, leaves, previous)
     save_seen(state_path, checkpoint.origin, checkpoint.size, checkpoint.root)
-    cosigners = tuple(signature.name for signature in reader.signed.note.signatures if signature.name != log_key.name)
+    note = reader.signed.note
+    cosigners = tuple(witness.name for witness in witnesses if witness.timestamp(note) is not None)
+    unverified = tuple(signature.name for signature in note.signatures
+                       if signature.name != log_key.name and signature.name not in cosigners)
     report = AuditReport(checkpoint.origin, checkpoint.size, checkpoint.root,
-                         None if previous is None else previous[0], cosigners)
+                         None if previous is None else previous[0], cosigners, unverified)
     report.entries = [_audited(index, entry, trusted_code) for index, entry in enumerate(entries)]
     return report
 

@@ -45,6 +45,8 @@ def register(subparsers: Any) -> None:
     audit.add_argument("--trusted", type=Path,
                        help="file of code digests (hex, one a line) the auditor trusts; releases of others are "
                             "flagged (default: none, nothing flagged)")
+    audit.add_argument("--witness-key", action="append", default=[], metavar="KEY",
+                       help="a witness's public key (or a file holding it) whose cosignature to verify, repeatable")
     audit.set_defaults(handler=_audit)
     _register_witness(subparsers)
 
@@ -101,6 +103,8 @@ def _append(args: argparse.Namespace) -> int:
     try:
         signer = read_signer(args.key)
         entries = [entry for path in args.statement for entry in read_statements(path)]
+        if not entries:
+            return _fail("log append", "the statement files hold no statement; nothing was appended")
         before = read_checkpoint(args.directory, signer).checkpoint.size
         signed = append_entries(args.directory, signer, entries)
         print(f"veil log append: appended {len(entries)} entries at {before} to {signed.checkpoint.size - 1}; "
@@ -131,6 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     import httpx
 
+    from attestation.transparency.cosignature import CosignatureVerifier
     from attestation.transparency.errors import TransparencyError
     from gateway.transparency.audit import audit_log
     from gateway.transparency.fetch import source_fetch
@@ -140,9 +145,15 @@ def _audit(args: argparse.Namespace) -> int:
     try:
         log_key = read_verifier(args.log_key)
         trusted = read_trusted(args.trusted) if args.trusted else None
+        witnesses = []
+        for key in args.witness_key:
+            witness = read_verifier(key)
+            if not isinstance(witness, CosignatureVerifier):
+                return _fail("log audit", "a --witness-key is not a witness key (cosignature/v1, type 0x04)")
+            witnesses.append(witness)
         with httpx.Client(timeout=30.0) as client:
             print(f"veil log audit: fetching {args.source}", file=sys.stderr)
-            report = audit_log(source_fetch(args.source, client), log_key, args.state, trusted)
+            report = audit_log(source_fetch(args.source, client), log_key, args.state, trusted, tuple(witnesses))
     except TransparencyError as error:
         return _fail("log audit", f"FAILED: {error}", 1)
     return print_report(report)

@@ -12,7 +12,9 @@ def print_report(report: AuditReport) -> int:
     """Print the report; 0 when nothing is flagged, 1 when a release is untrusted or an entry malformed."""
     since = "first audit" if report.previous_size is None else f"consistent with size {report.previous_size}"
     print(f"log {report.origin}: {report.size} entries, root {base64.b64encode(report.root).decode()} ({since})")
-    print(f"cosigned by: {', '.join(report.cosigners) or 'no witness'}")
+    print(f"cosigned by: {', '.join(report.cosigners) or 'no witness whose key was given'}")
+    if report.unverified:
+        print(f"other signature lines (not verified, no key given): {', '.join(report.unverified)}")
     for entry in report.entries:
         print(describe(entry))
     flagged = len(report.untrusted_releases) + len(report.malformed)
