@@ -46,7 +46,8 @@ def register(subparsers: Any) -> None:
                        help="file of code digests (hex, one a line) the auditor trusts; releases of others are "
                             "flagged (default: none, nothing flagged)")
     audit.add_argument("--witness-key", action="append", default=[], metavar="KEY",
-                       help="a witness's public key (or a file holding it) whose cosignature to verify, repeatable")
+                       help="a witness's public key (or a file holding it) whose cosignature to verify, repeatable "
+                            "(default: none; cosignatures are then listed unverified)")
     audit.set_defaults(handler=_audit)
     _register_witness(subparsers)
 
