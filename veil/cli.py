@@ -47,8 +47,10 @@ def has_default(action: argparse.Action) -> bool:
 
 
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
-    """Gives `parser` and every subcommand parser under it the DefaultsHelpFormatter."""
+    """Gives `parser` and every subcommand parser under it the DefaultsHelpFormatter, and its full name
+    (`veil log serve`) for messages about its options."""
     parser.formatter_class = DefaultsHelpFormatter
+    parser.set_defaults(command_name=parser.prog)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for subparser in action.choices.values():
@@ -102,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     problem = server_option_problem(args)
     if problem is not None:
-        print(f"veil {args.command}: {problem}", file=sys.stderr)
+        print(f"{args.command_name}: {problem}", file=sys.stderr)
         return 2
     try:
         return int(handler(args) or 0)
