@@ -68,6 +68,9 @@ class PenaltySlots:
         """Counts each slot's picked token, on the device."""
         self.counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
 
+    # Normal tensors even when a step under inference mode grows the pool: `release` zeroes them in place
+    # outside it, which an inference tensor refuses.
+    @torch.inference_mode(False)
     def _grow(self) -> None:
         # Doubling keeps the number of reallocations logarithmic in the most samples ever penalized at once.
         old = self.counts.shape[0]

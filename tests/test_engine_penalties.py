@@ -9,16 +9,23 @@ their samples end, so nothing of one request reaches the next.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, RequestRejected, SamplingParams
+from engine import EngineConfig, LLMEngine, RequestRejected, SamplingParams, StructuredOutput
 from engine.logits_processors import Penalties, apply_bitmask, penalize
 from engine.sampling_noise import exponential_noise
-from tests.engine_models import hf_logits, one_torch_thread, random_prompts, reference_model  # noqa: F401
+from tests.engine_models import (  # noqa: F401 (fixtures)
+    hf_logits,
+    one_torch_thread,
+    random_prompts,
+    reference_model,
+    tiny_model_dir,
+)
 
 PENALIZED = {"presence_penalty": 1.5, "frequency_penalty": 0.7, "repetition_penalty": 1.8}
 # 12 blocks of 4 tokens and 16 tokens a step: three requests of ~20 tokens cannot all stay resident.
@@ -194,3 +201,17 @@ def test_bitmask_keeps_exactly_the_set_bits():
     masked = apply_bitmask(logits, torch.from_numpy(words.view(np.int32)))
     assert torch.equal(torch.isfinite(masked), allowed)
     assert torch.equal(masked[allowed], logits[allowed])
+
+
+def test_slots_taken_in_a_step_that_waits_for_a_constrained_token_are_released():
+    """Under async scheduling a step with a constrained sample picks after the previous step is read; a
+    penalized request whose slots are taken (and the pool grown) then still ends with every slot zeroed."""
+    engine = LLMEngine(tiny_model_dir(), EngineConfig(async_scheduling=True, kv_cache_gib=0.01))
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "string", "maxLength": 30}}, "required": ["a"]})
+    engine.add_request("hello", SamplingParams(max_tokens=40, seed=1, structured=StructuredOutput("json_schema", schema)))
+    for _ in range(3):
+        engine.step()
+    engine.add_request("again", SamplingParams(max_tokens=10, seed=2, n=8, **PENALIZED))
+    for _ in engine.stream():
+        pass
+    assert_nothing_held(engine)
