@@ -28,6 +28,11 @@ def token_gate_for(policy: Policy, settings: GatewaySettings) -> TokenGate | Non
     """The gate for `policy`, or None when it lists no issuer key (every request is admitted)."""
     authorization = policy.authorization
     if not authorization.issuer_keys:
+        if settings.origin or settings.issuer_directory or settings.spent_tokens:
+            # Else an operator who set up tokens would run a gateway that asks nobody for one.
+            raise GatewaySettingsError("--origin, --issuer-directory and --spent-tokens apply only when the policy "
+                                       "lists issuer keys ([authorization] issuer_keys); this one lists none, so no "
+                                       "request would need a token")
         return None
     if not authorization.issuer_name or not settings.origin or not settings.issuer_directory:
         raise GatewaySettingsError("the policy demands tokens: set authorization.issuer_name in the policy and "

@@ -85,6 +85,8 @@ def held_port() -> Iterator[int]:
     (["gateway", "--listen", "127.0.0.1:65536"], "gateway", ["HOST:PORT"]),
     (["relay", "--gateway", "http://127.0.0.1:1", "--listen", "nonsense"], "relay", ["HOST:PORT"]),
     (["issuer", "--config", "no-such-issuer.toml"], "issuer", ["no-such-issuer.toml", "No such file"]),
+    (["gateway", "--listen", "127.0.0.1:0", "--policy", "dev", "--spent-tokens", "sqlite:spent.db"], "gateway",
+     ["lists none", "--spent-tokens"]),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else None)
 def test_a_bad_option_is_a_message_and_a_non_zero_exit(args: list[str], command: str, words: list[str],
                                                        env: dict[str, str], tmp_path: Path) -> None:
