@@ -36,7 +36,6 @@ import gc
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import TYPE_CHECKING
 
 import torch
@@ -55,7 +54,7 @@ if TYPE_CHECKING:
 # What a padded row holds; the graphs' buffers hold these wherever no step's values are.
 PAD_TOKEN, PAD_POSITION, PAD_SLOT, PAD_CONTEXT, PAD_BLOCK = 0, 0, -1, 1, -1
 # The graph path's segments in a step's upload.
-GRAPH_LONGS, GRAPH_CONTEXTS, GRAPH_TABLES, GRAPH_SAMPLE_ROWS = "graph.longs", "graph.contexts", "graph.tables", "graph.rows"
+GRAPH_LONGS, GRAPH_CONTEXTS, GRAPH_SAMPLE_ROWS = "graph.longs", "graph.contexts", "graph.rows"
 # The graphs' memory is measured over a stand-in cache before the KV pool is sized. The real capture may
 # round its allocations differently (the allocator's segments are 2 or 20 MiB) and load kernel variants
 # compiled for the real cache's size, so the pool leaves this much more room.
@@ -190,17 +189,17 @@ class StepBuffers:
         )
 
     def pack(self, upload: Upload, lists: StepLists, batch_size: int) -> None:
-        """Adds a decode step's rows, padded over what the previous step used, and its tables to `upload`."""
+        """Adds a decode step's rows, padded over what the previous step used, to `upload` (its block tables
+        reach the device as diffs of their own: `engine.device_tables`)."""
         rows = max(batch_size, self.rows_in_use)
         padded = pad_decode_rows(lists, rows)
         upload.add(GRAPH_LONGS, padded.input_ids + padded.positions + padded.slot_mapping, torch.int64, (3, rows))
         upload.add(GRAPH_CONTEXTS, padded.context_lens, torch.int32)
-        width = len(lists.block_tables[0])
-        upload.add(GRAPH_TABLES, list(chain.from_iterable(lists.block_tables)), torch.int32, (lists.num_seqs, width))
         upload.add(GRAPH_SAMPLE_ROWS, lists.sample_rows, torch.int64)
 
-    def load(self, views: dict[str, Tensor], batch_size: int) -> None:
-        """Copies the packed step (device views) into rows [0, batch_size) and pads the rest the previous step used."""
+    def load(self, views: dict[str, Tensor], tables: Tensor, batch_size: int) -> None:
+        """Copies the packed step (device views) and its tables [seqs, width] (on the device) into rows
+        [0, batch_size), and pads the rest the previous step used."""
         longs = views[GRAPH_LONGS]
         rows = longs.shape[1]
         for buffer, values in zip((self.input_ids, self.positions, self.slot_mapping), longs):
@@ -209,7 +208,6 @@ class StepBuffers:
         if self.rows_in_use > batch_size:
             self.hidden[batch_size : self.rows_in_use].zero_()
         self.block_tables[: self.table_rows, : self.table_width].fill_(PAD_BLOCK)
-        tables = views[GRAPH_TABLES]
         self.block_tables[: tables.shape[0], : tables.shape[1]].copy_(tables)
         self.rows_in_use, self.table_rows, self.table_width = batch_size, tables.shape[0], tables.shape[1]
 
@@ -246,7 +244,7 @@ class DecodeGraphs:
 
     def batch_size_for(self, lists: StepLists) -> int | None:
         """The batch size of the graph this step replays; None when the step must run eagerly."""
-        if lists.max_seqlen_q != 1 or len(lists.block_tables[0]) > self.buffers.block_tables.shape[1]:
+        if lists.max_seqlen_q != 1 or lists.width > self.buffers.block_tables.shape[1]:
             return None
         return bucket_for(lists.num_seqs, self.batch_sizes)
 
@@ -255,13 +253,13 @@ class DecodeGraphs:
         check_decode_lists(lists, self.num_slots, self.block_size)
         self.buffers.pack(upload, lists, batch_size)
 
-    def replay(self, views: dict[str, Tensor], lists: StepLists, batch_size: int,
+    def replay(self, views: dict[str, Tensor], tables: Tensor, lists: StepLists, batch_size: int,
                in_flight_ids: Tensor | None = None) -> Tensor:
         """Runs the packed step through the graph of batch_size; returns the final hidden states of its rows.
 
         in_flight_ids: the picked ids that replace the step's placeholders (`engine.overlap`), if any.
         """
-        self.buffers.load(views, batch_size)
+        self.buffers.load(views, tables, batch_size)
         if in_flight_ids is not None:
             fill_placeholders(self.buffers.input_ids[: lists.num_seqs], in_flight_ids)
         if self.captured:

@@ -7,8 +7,7 @@ the residue count come back in one download.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import chain
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,6 +15,7 @@ from engine import block_ops
 from engine.block_ops import PendingBlockOps
 from engine.bridge import Bridge, Download, DownloadPlan, Upload
 from engine.config import EngineConfig
+from engine.device_tables import DeviceBlockTables
 from engine.cuda_graphs import (
     DecodeGraphs,
     cuda_graphs_enabled,
@@ -33,7 +33,7 @@ from engine.scheduler import ScheduledChunk
 
 _GIB = 1 << 30
 # The runner's segments in a step's crossings.
-STEP_LONGS, STEP_INTS, STEP_TABLES = "step.longs", "step.ints", "step.tables"
+STEP_LONGS, STEP_INTS = "step.longs", "step.ints"
 RESIDUE_FOUND, RESIDUE_FLAGS, CHECK_IDS = "residue.found", "residue.flags", "residue.check_ids"
 
 
@@ -46,9 +46,15 @@ class StepLists:
     slot_mapping: list[int]
     cu_seqlens_q: list[int]
     context_lens: list[int]
-    block_tables: list[list[int]]  # a row per sequence, padded with -1 to the widest
+    block_tables: list[list[int]]  # a row per sequence (they reach the device as diffs: `engine.device_tables`)
     sample_rows: list[int]
     max_seqlen_q: int
+    seq_ids: list[int] = field(default_factory=list)  # whose rows of the device tables the step reads
+
+    @property
+    def width(self) -> int:
+        """Columns of the step's block tables: its widest table."""
+        return max(map(len, self.block_tables))
 
     @property
     def num_seqs(self) -> int:
@@ -105,6 +111,7 @@ class ModelRunner:
         self.kv_cache = torch.zeros(self._kv_shape(self.num_blocks), dtype=self.dtype, device=self.device)
         self.graphs = self._capture_graphs() if self.graph_batch_sizes else None
         self.block_ops = PendingBlockOps(self.num_blocks)
+        self.tables = DeviceBlockTables(self.device, self.max_blocks_per_seq)
         # Residue found by the checks queued here, summed on the device; every step's download carries it.
         self.residue_found = torch.zeros((), dtype=torch.int64, device=self.device)
         self.residue_read = 0  # its value in the latest download read
@@ -153,11 +160,12 @@ class ModelRunner:
             pack_step(upload, lists)
         else:
             self.graphs.pack(upload, lists, batch_size)
+        tables = self.tables.pack(upload, lists.seq_ids, lists.block_tables)
         plan = None if picks is None else picks.sampler.pack(upload, picks.requests, self.model_config.vocab_size,
                                                              picks.masks)
         views = self.bridge.send(upload)
         block_ops.apply(ops, views, self.kv_cache, self.residue_found)
-        logits = self._forward(lists, views, batch_size, in_flight_ids)
+        logits = self._forward(lists, views, self.tables.step_tables(tables, views), batch_size, in_flight_ids)
         if picks is None:
             return StepRun(logits, None)
         download = DownloadPlan()
@@ -166,12 +174,12 @@ class ModelRunner:
         picked.copy = self.bridge.fetch(download)
         return StepRun(logits, picked)
 
-    def _forward(self, lists: StepLists, views: dict[str, torch.Tensor], batch_size: int | None,
-                 in_flight_ids: torch.Tensor | None) -> torch.Tensor:
+    def _forward(self, lists: StepLists, views: dict[str, torch.Tensor], tables: torch.Tensor,
+                 batch_size: int | None, in_flight_ids: torch.Tensor | None) -> torch.Tensor:
         if batch_size is not None:
-            hidden = self.graphs.replay(views, lists, batch_size, in_flight_ids)
+            hidden = self.graphs.replay(views, tables, lists, batch_size, in_flight_ids)
             return self.model.compute_logits(hidden.index_select(0, self.graphs.sample_rows(views)))
-        inputs = step_inputs(views, lists)
+        inputs = step_inputs(views, tables, lists)
         if in_flight_ids is not None:
             fill_placeholders(inputs.input_ids, in_flight_ids)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
@@ -195,9 +203,10 @@ class ModelRunner:
         ops = self.block_ops.pack(upload)
         lists = step_lists(chunks, self.block_size)
         pack_step(upload, lists)
+        tables = self.tables.pack(upload, lists.seq_ids, lists.block_tables)
         views = self.bridge.send(upload)
         block_ops.apply(ops, views, self.kv_cache, self.residue_found)
-        return step_inputs(views, lists)
+        return step_inputs(views, self.tables.step_tables(tables, views), lists)
 
     def copy_block(self, source: int, destination: int) -> None:
         """Copies one block's K and V in every layer (copy on write), in order with the queued zeroing."""
@@ -248,19 +257,17 @@ class ModelRunner:
 
 
 def pack_step(upload: Upload, lists: StepLists) -> None:
-    """Adds an eager step's inputs to `upload`: one int64, one int32 and one block-table segment."""
+    """Adds an eager step's inputs to `upload`: one int64 and one int32 segment (tables: `DeviceBlockTables`)."""
     upload.add(STEP_LONGS, lists.input_ids + lists.positions + lists.slot_mapping + lists.sample_rows, torch.int64)
     upload.add(STEP_INTS, lists.context_lens + lists.cu_seqlens_q, torch.int32)
-    width = len(lists.block_tables[0])
-    upload.add(STEP_TABLES, list(chain.from_iterable(lists.block_tables)), torch.int32, (lists.num_seqs, width))
 
 
-def step_inputs(views: dict[str, torch.Tensor], lists: StepLists) -> StepInputs:
+def step_inputs(views: dict[str, torch.Tensor], tables: torch.Tensor, lists: StepLists) -> StepInputs:
     """`pack_step`'s segments as the step's device tensors: views of the upload, valid until the next one."""
     tokens = len(lists.input_ids)
     input_ids, positions, slots, sample_rows = views[STEP_LONGS].split([tokens] * 3 + [len(lists.sample_rows)])
     context_lens, cu_seqlens_q = views[STEP_INTS].split([lists.num_seqs, lists.num_seqs + 1])
-    meta = AttentionMetadata(slot_mapping=slots, block_tables=views[STEP_TABLES], context_lens=context_lens,
+    meta = AttentionMetadata(slot_mapping=slots, block_tables=tables, context_lens=context_lens,
                              cu_seqlens_q=cu_seqlens_q, max_seqlen_q=lists.max_seqlen_q)
     return StepInputs(input_ids, positions, meta, sample_rows)
 
@@ -291,10 +298,8 @@ def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:
         context_lens.append(end)
         if end == seq.num_tokens:  # the chunk reaches the sequence's end: its last row samples
             sample_rows.append(total - 1)
-    width = max(len(c.seq.block_table) for c in chunks)
-    tables = [c.seq.block_table + [-1] * (width - len(c.seq.block_table)) for c in chunks]
-    return StepLists(input_ids, positions, slots, cu_seqlens, context_lens, tables, sample_rows,
-                     max(c.num_tokens for c in chunks))
+    return StepLists(input_ids, positions, slots, cu_seqlens, context_lens, [c.seq.block_table for c in chunks],
+                     sample_rows, max(c.num_tokens for c in chunks), [c.seq.seq_id for c in chunks])
 
 
 def _dtype(name: str) -> torch.dtype:

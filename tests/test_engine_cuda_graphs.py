@@ -352,7 +352,7 @@ def load(buffers: StepBuffers, lists: StepLists, batch_size: int) -> None:
     with bridge.counting() as counted:
         views = bridge.send(upload)
     assert (counted.h2d, counted.d2h) == (1, 0)
-    buffers.load(views, batch_size)
+    buffers.load(views, torch.tensor(lists.block_tables, dtype=torch.int32), batch_size)  # as the device tables give them
 
 
 def test_step_buffers_reset_what_the_previous_step_used_and_clear_to_padding():
