@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     node.add_argument("--evidence-check-s", type=float, default=300.0,
                       help="re-attest this node to itself this often; grpc.health.v1 reads NOT_SERVING once the "
                            "last passing check is two intervals old (default: %(default)s)")
+    node.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                      help="serve Prometheus metrics (aggregates of the audit events, nothing else) on HOST:PORT "
+                           "(default: none, no metrics port)")
     node.set_defaults(handler=_run_node)
 
 
@@ -54,7 +57,7 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
         port_file=args.port_file, capacity=args.capacity, audit=args.audit, key_rotation_s=args.key_rotation_s,
         key_grace_s=args.key_grace_s, model_name=args.model_name, kv_cache_gib=args.kv_cache_gib,
         cuda_graphs=not args.eager, async_scheduling=not args.sync_scheduling, bridge_toll_us=args.bridge_toll_us,
-        drain_s=args.drain_s, evidence_check_s=args.evidence_check_s,
+        drain_s=args.drain_s, evidence_check_s=args.evidence_check_s, metrics_listen=args.metrics_listen,
     )
 
 
@@ -78,6 +81,9 @@ def _run_node(args: argparse.Namespace) -> int:
               "this node protects nothing", file=sys.stderr)
     host = settings.listen.rsplit(":", 1)[0]
     print(f"veil node: serving on {host}:{port} (node {node.node_id[:16]})", file=sys.stderr, flush=True)
+    if node.metrics_server is not None:
+        metrics_host = settings.metrics_listen.rpartition(":")[0]
+        print(f"veil node: metrics on {metrics_host}:{node.metrics_server.port}", file=sys.stderr, flush=True)
     stopped = threading.Event()
 
     def shut_down(signum: int, frame: object) -> None:

@@ -28,6 +28,7 @@ from audit.events import (
     RequestStatus,
     StopReason,
 )
+from audit.metrics import Metrics, MetricsServer, MetricsSink
 from audit.sink import open_sink
 from enclave.api import InnerApi
 from enclave.health import NodeHealth
@@ -92,7 +93,11 @@ class NodeServer:
         self.backend = get_backend(settings.attestation, policy=self.policy)
         self.keys = NodeKeys(settings.key_rotation_s, settings.key_grace_s)
         # The operator's --audit overrides the sink the measured policy names.
-        self.audit = open_sink(settings.audit if settings.audit is not None else self.policy.audit.sink)
+        # Metrics count the audit events as they are emitted, so they hold nothing the audit does not.
+        self.metrics = Metrics()
+        self.audit = MetricsSink(open_sink(settings.audit if settings.audit is not None else self.policy.audit.sink),
+                                 self.metrics)
+        self.metrics_server: MetricsServer | None = None
         # The engine core runs in a process of its own: the serving threads below never stall its steps.
         self.engine = EngineCoreClient(settings.model, engine_config(settings, limits), on_zeroing=self._tally_zeroed)
         self._zeroed = ZeroingTally()
@@ -115,6 +120,8 @@ class NodeServer:
         )
         node_pb2_grpc.add_NodeServicer_to_server(self.service, self._server)
         self.health.add_to(self._server)
+        self.metrics.gauge("veil_node_in_flight", lambda: self.service.in_flight)
+        self.metrics.gauge("veil_node_capacity", lambda: settings.capacity)
         self.port: int | None = None
 
     @property
@@ -140,6 +147,8 @@ class NodeServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.settings.listen}: the port is taken or the address is not "
                           "this machine's; choose another")
+        if self.settings.metrics_listen is not None:  # bound before the model loads: a taken port fails fast
+            self.metrics_server = _metrics_server(self.metrics, self.settings.metrics_listen)
         self.engine.start()  # loads the model; only a node that passed its self-checks spends that time
         self.keys.start()
         self._server.start()
@@ -168,6 +177,8 @@ class NodeServer:
     def stop(self, grace: float = 1.0) -> None:
         self.service.serving = False
         self.health.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         self._server.stop(grace).wait()
         self.engine.stop()  # its last zeroing report arrives before this returns
         self._flush_zeroed()
@@ -228,6 +239,16 @@ class NodeServer:
             bucket_tokens(outcome.prompt_tokens), bucket_tokens(outcome.output_tokens),
             bucket_latency_ms((now - outcome.started) * 1000), ttft,
         ))
+
+
+def _metrics_server(metrics: Metrics, listen: str) -> MetricsServer:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise OSError("--metrics-listen must look like HOST:PORT (for example 127.0.0.1:9400)")
+    try:
+        return MetricsServer(metrics, host.strip("[]"), int(port))
+    except OSError as error:
+        raise OSError(f"cannot serve metrics on {listen} ({error.strerror}); choose another address") from None
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -31,3 +31,6 @@ class NodeSettings:
     # How often the node re-attests itself (a fresh nonce, verified under its own policy); its health is
     # SERVING only while the last such check passed within two intervals.
     evidence_check_s: float = 300.0
+    # Prometheus metrics (audit.metrics) on HOST:PORT; None (the default): no metrics port. A node's metrics
+    # port is a surface that leaves the enclave, so it is opened only when the operator asks for it.
+    metrics_listen: str | None = None

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Path, Request
 from fastapi.responses import Response
 
+from audit.metrics import Metrics, MetricsSink
 from audit.sink import AuditSink, open_sink
 from gateway.audit import GatewayAuditor, TokenTallyReporter
 from gateway.auth import Admission, TokenGate, authorize_anonymously
@@ -46,7 +47,7 @@ from gateway.models import (
     parse_register_body,
 )
 from gateway.pool import NodePool
-from gateway.probes import install_probes
+from gateway.probes import install_metrics, install_probes
 from gateway.relay_only import only_from_relays
 from gateway.responses import install_error_handlers, read_bounded, relay_response
 from gateway.results import ResultSigner
@@ -78,6 +79,7 @@ class GatewayRuntime:
     directory: DirectoryCache
     auditor: GatewayAuditor
     signer: ResultSigner
+    metrics: Metrics
     token_gate: TokenGate | None = None
 
 
@@ -124,13 +126,17 @@ def _build_runtime(settings: GatewaySettings, audit_sink: AuditSink | None,
                    routing_rng: random.Random | None) -> GatewayRuntime:
     policy = resolve_policy(settings.policy)
     signer = ResultSigner()
-    auditor = GatewayAuditor(audit_sink or open_sink(settings.audit), signer.gateway_id)
+    # Metrics count the audit events as they are emitted: they hold nothing the audit does not.
+    metrics = Metrics()
+    auditor = GatewayAuditor(MetricsSink(audit_sink or open_sink(settings.audit), metrics), signer.gateway_id)
     pool = NodePool(policy, signer, key_grace_s=settings.key_grace_s)
     keeper = PoolKeeper(settings, pool, auditor)
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_node, settings.retry_after_s)
     forwarder = Forwarder(keeper, limiter, auditor, settings.accept_timeout_s, routing_rng)
+    metrics.gauge("veil_gateway_nodes", lambda: len(pool))
+    metrics.gauge("veil_gateway_in_flight", lambda: limiter.in_flight)
     return GatewayRuntime(settings, pool, keeper, forwarder, DirectoryCache(pool, settings.directory_size, settings.directory_epoch_s), auditor, signer,
-                          token_gate_for(policy, settings))
+                          metrics, token_gate_for(policy, settings))
 
 
 def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
@@ -150,6 +156,7 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
         return {"status": "ok", "nodes": len(runtime.pool)}
 
     install_probes(app, lambda: len(runtime.pool) > 0)
+    install_metrics(app, runtime.metrics)
 
     @app.post(INFER_PATH, responses=_ERRORS, openapi_extra=_body_schema(InferBody), dependencies=from_relays,
               summary="Forward one of the client's encapsulations to a uniformly chosen healthy candidate")

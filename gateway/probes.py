@@ -1,4 +1,4 @@
-"""Kubernetes-style probes for the gateway, the relay and the issuer: liveness apart from readiness.
+"""Kubernetes-style probes and Prometheus' `/metrics` for the gateway, the relay and the issuer.
 
 `/livez` answers 200 while the process serves HTTP at all: restarting it would not help otherwise.
 `/readyz` answers 200 only while the server can do its work (the gateway: at least one admitted
@@ -12,9 +12,12 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+
+from audit.metrics import CONTENT_TYPE, Metrics
 
 LIVENESS_PATH = "/livez"
+METRICS_PATH = "/metrics"
 READINESS_PATH = "/readyz"
 
 Readiness = Callable[[], bool] | Callable[[], Awaitable[bool]]
@@ -34,3 +37,11 @@ def install_probes(app: FastAPI, ready: Readiness) -> None:
         if is_ready:
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "not_ready"}, status_code=503, headers={"retry-after": "1"})
+
+
+def install_metrics(app: FastAPI, metrics: Metrics) -> None:
+    """Add `/metrics`: the exposition of `metrics` (the names and labels of `audit.metrics.METRICS` only)."""
+
+    @app.get(METRICS_PATH, summary="Prometheus metrics: aggregates of the audit events", include_in_schema=False)
+    async def exposition() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)

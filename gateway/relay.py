@@ -27,7 +27,9 @@ OHTTP answer is forwarded incrementally, never buffered, RFC 9842) and only
 `FORWARDED_RESPONSE_HEADERS` (never `Set-Cookie`). Bodies are bounded (413
 above `max_body_bytes`) and so are requests in flight (503 with
 `Retry-After` at the bound); it serves with the gateway's uvicorn settings: no
-access log, no server header, deadlines for a request's head and body.
+access log, no server header, deadlines for a request's head and body. For its
+operator it answers `/livez`, `/readyz` (ready while its gateway is) and
+`/metrics` (requests by route and status class, requests in flight: no address).
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.app import refuse_expectations, request_media_type
 from gateway.backpressure import InFlightLimiter, Permit
+from audit.metrics import Metrics
 from gateway.errors import GatewaySettingsError, GatewayUnreachableError, NotFoundError
 from gateway.models import NODE_ID_PATTERN
-from gateway.probes import READINESS_PATH, install_probes
+from gateway.probes import READINESS_PATH, install_metrics, install_probes
 from gateway.responses import install_error_handlers, read_bounded
 from gateway.settings import GatewaySettings
 from protocol.constants import (
@@ -119,9 +122,15 @@ class Upstream:
     def __init__(self, settings: RelaySettings) -> None:
         self.limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight, settings.retry_after_s)
         self._http = _gateway_client(settings)
+        self.metrics = Metrics()
+        self.metrics.gauge("veil_relay_in_flight", lambda: self.limiter.in_flight)
+        self._requests = self.metrics.counter("veil_relay_requests")
 
-    async def forward(self, request: Request, path: str, media_type: str | None, max_bytes: int) -> Response:
-        """Send `path` the request's bounded body (POST) or nothing (GET); the gateway's streamed answer."""
+    async def forward(self, request: Request, route: str, path: str, media_type: str | None,
+                      max_bytes: int) -> Response:
+        """Send `path` the request's bounded body (POST) or nothing (GET); the gateway's streamed answer.
+
+        `route` is the fixed name of the relay's route, the one label its metrics give a request."""
         permit = self.limiter.admit_request()
         try:
             body = await read_bounded(request, max_bytes) if media_type else None
@@ -130,10 +139,12 @@ class Upstream:
             answer = await self._http.send(outgoing, stream=True)
         except httpx.HTTPError:
             permit.release()
+            self._requests.labels(route, "unreachable").inc()
             raise GatewayUnreachableError(_UNREACHABLE) from None
         except BaseException:
             permit.release()
             raise
+        self._requests.labels(route, f"{answer.status_code // 100}xx").inc()
         return ForwardedAnswer(answer, permit)
 
     async def gateway_ready(self) -> bool:
@@ -215,27 +226,30 @@ def create_relay_app(settings: RelaySettings) -> FastAPI:
     _install_routes(app, upstream, settings.max_body_bytes)
     # Ready while its gateway is: a relay in front of a gateway with no node can forward nothing useful.
     install_probes(app, upstream.gateway_ready)
+    install_metrics(app, upstream.metrics)
     return app
 
 
 def _install_routes(app: FastAPI, upstream: Upstream, max_body_bytes: int) -> None:
     @app.get(DIRECTORY_PATH)
     async def directory(request: Request) -> Response:
-        return await upstream.forward(request, DIRECTORY_PATH, None, 0)
+        return await upstream.forward(request, "directory", DIRECTORY_PATH, None, 0)
 
     @app.post(INFER_PATH, dependencies=[Depends(refuse_expectations)])
     async def infer(request: Request) -> Response:
-        return await upstream.forward(request, INFER_PATH, _JSON, max_body_bytes)
+        return await upstream.forward(request, "infer", INFER_PATH, _JSON, max_body_bytes)
 
     @app.post(NODE_OHTTP_PATH, dependencies=[Depends(refuse_expectations)])
     async def ohttp(request: Request, node_id: str = PathParameter(max_length=64)) -> Response:
         media_type = request_media_type(request)
         limit = min(max_body_bytes, MAX_ENCAPSULATED_BYTES)
-        return await upstream.forward(request, NODE_OHTTP_PATH.format(node_id=_checked(node_id)), media_type, limit)
+        return await upstream.forward(request, "ohttp", NODE_OHTTP_PATH.format(node_id=_checked(node_id)), media_type,
+                                      limit)
 
     @app.post(NODE_ATTEST_PATH)
     async def attest(request: Request, node_id: str = PathParameter(max_length=64)) -> Response:
-        return await upstream.forward(request, NODE_ATTEST_PATH.format(node_id=_checked(node_id)), _JSON, 1024)
+        return await upstream.forward(request, "attest", NODE_ATTEST_PATH.format(node_id=_checked(node_id)), _JSON,
+                                      1024)
 
 
 def _checked(node_id: str) -> str:

@@ -23,7 +23,8 @@ from gateway.issuer.config import IssuerConfig
 from gateway.issuer.errors import TokenRequestError
 from gateway.issuer.keys import IssuerKeyring
 from gateway.issuer.quota import QuotaLedger
-from gateway.probes import install_probes
+from audit.metrics import Metrics
+from gateway.probes import install_metrics, install_probes
 from gateway.responses import install_error_handlers, read_bounded
 from ohttp.privacypass import (
     TOKEN_REQUEST_MEDIA_TYPE,
@@ -58,6 +59,10 @@ def create_issuer_app(
     request_path = urlsplit(config.request_uri).path or "/token-request"
     # Ready while a key signs now: before its first key's not-before an issuer could only refuse.
     install_probes(app, lambda: any(dated.not_before <= clock() for dated in keyring.published(clock())))
+    metrics = Metrics()
+    install_metrics(app, metrics)
+    # Counted by outcome alone: an account's name would tell who asks when.
+    token_requests = metrics.counter("veil_issuer_token_requests")
 
     @app.get(WELL_KNOWN_PATH)
     async def directory() -> Response:
@@ -67,6 +72,15 @@ def create_issuer_app(
 
     @app.post(request_path)
     async def token_request(request: Request) -> Response:
+        try:
+            answer = await _answer(request)
+        except Exception:
+            token_requests.labels("refused").inc()
+            raise
+        token_requests.labels("issued").inc()
+        return answer
+
+    async def _answer(request: Request) -> Response:
         account = authenticate(request.headers.get("authorization"), config.accounts, config.issuer_name)
         if request.headers.get("content-type", "").split(";")[0].strip().lower() != TOKEN_REQUEST_MEDIA_TYPE:
             raise UnsupportedMediaTypeError(f"a token request must be sent as {TOKEN_REQUEST_MEDIA_TYPE}")
