@@ -20,7 +20,9 @@ since they quote the grammar. Its verbose errors and logging are turned off for 
 Async scheduling: a constrained sample's mask for step N+1 depends on step N's token, which the host
 has not read when step N+1 is launched. The engine therefore launches step N+1's forward first and
 its pick after step N's picks are read and the matchers advanced (`LLMEngine.step`): the forward
-still overlaps the host's work, and only steps with a constrained sample defer their pick.
+still overlaps the host's work, and only steps with a constrained sample defer their pick. Such a step
+sends its picks' settings and masks in an upload of their own: two host-to-device crossings instead of
+one (still one download), the price of keeping the overlap where each crossing has a toll.
 """
 
 from __future__ import annotations

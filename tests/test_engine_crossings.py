@@ -69,6 +69,10 @@ SETTINGS = {
                                         ignore_eos=True),
     "logprobs": lambda n: greedy(n, logprobs=3),
     "n=3": lambda n: SamplingParams(max_tokens=n, temperature=0.7, n=3, seed=5, ignore_eos=True),
+    # The logits processors' settings and the penalty slots' new prompt marks ride in the same upload.
+    "penalized": lambda n: SamplingParams(max_tokens=n, temperature=0.8, n=2, seed=3, ignore_eos=True,
+                                          presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+                                          logit_bias=((5, 2.0), (9, -1.0))),
 }
 
 

@@ -249,3 +249,19 @@ def test_a_constraint_that_cannot_be_served_is_refused_naming_its_field_and_not_
     assert message.startswith(constraint.field) and category in message
     assert "secret" not in message.lower() and "SECRET" not in message
     assert not engine.has_unfinished()
+
+
+@pytest.mark.parametrize("overlapped", [False, True], ids=["sync", "async"])
+def test_what_a_constrained_step_crosses(overlapped):
+    """Synchronous: the masks ride in the step's one upload. Async: a step that waits for a constrained
+    sample's token sends its picks' settings and masks in one more upload, and still downloads once."""
+    engine = LLMEngine(tiny_model_dir(), EngineConfig(async_scheduling=overlapped, **SMALL_POOL))
+    for seed in range(3):
+        engine.add_request(f"Hello {seed}", constrained(json_schema(SCHEMA), max_tokens=60, seed=seed,
+                                                        presence_penalty=0.5))
+    running = []
+    while engine.has_unfinished():
+        engine.step()
+        if engine.scheduler.has_work():  # the step after which nothing runs zeroes in a crossing of its own
+            running.append((engine.runner.bridge.step.h2d, engine.runner.bridge.step.d2h))
+    assert len(running) > 10 and set(running[1:]) == ({(2, 1)} if overlapped else {(1, 1)})  # past the prefill
