@@ -1,0 +1,85 @@
+"""Structured outputs as an OpenAI application asks for them: the real `openai` package through `veil proxy`,
+a real gateway and a `veil node` process serving the tiny random-weight model.
+
+Every `json_schema` (strict) answer parses and validates against its schema, for generated schemas
+(hypothesis), whole and streamed; `json_object` answers parse; a schema the node cannot serve is a 400
+that names `response_format`, kept by the SDK and the `openai` package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import jsonschema
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
+from client.sdk import Client
+from engine.tiny import write_tiny_model
+from tests.test_e2e_models import _proxy
+from tests.test_engine_structured import SCHEMAS
+from veil.fleet import Fleet, FleetSettings
+
+pytestmark = pytest.mark.slow
+QUESTION = [{"role": "user", "content": "Describe a place as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def oa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    root = tmp_path_factory.mktemp("e2e-structured")
+    model = write_tiny_model(root / "tiny")
+    sim_root = root / "sim-root"
+    load_or_create_sim_root(sim_root)
+    settings = FleetSettings(nodes=1, model_dir=model, workdir=root / "fleet", sim_root_dir=sim_root, torch_threads=1)
+    previous_root = os.environ.get(ROOT_DIR_ENV)
+    os.environ[ROOT_DIR_ENV] = str(sim_root)  # the client's dev policy trusts the fleet's simulated root
+    try:
+        with Fleet(settings) as fleet, Client(fleet.gateway_url, policy="dev") as sdk:
+            fleet.wait_for_pool(1, timeout_s=90)
+            with _proxy(sdk) as proxy_url:
+                yield openai.OpenAI(base_url=f"{proxy_url}/v1", api_key="unused-by-veil", max_retries=0, timeout=120)
+    finally:
+        if previous_root is None:
+            os.environ.pop(ROOT_DIR_ENV, None)
+        else:
+            os.environ[ROOT_DIR_ENV] = previous_root
+
+
+def json_schema(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                               HealthCheck.too_slow])
+@given(schema=SCHEMAS, seed=st.integers(0, 2**31))
+def test_every_strict_json_schema_answer_parses_and_validates(oa: openai.OpenAI, schema: dict, seed: int) -> None:
+    wrapped = {"type": "object", "properties": {"answer": schema}, "required": ["answer"], "additionalProperties": False}
+    whole = oa.chat.completions.create(model="tiny", messages=QUESTION, response_format=json_schema(wrapped),
+                                       max_tokens=400, seed=seed, n=2)
+    for choice in whole.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), wrapped)
+    chunks = oa.chat.completions.create(model="tiny", messages=QUESTION, response_format=json_schema(wrapped),
+                                        max_tokens=400, seed=seed, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    jsonschema.validate(json.loads(streamed), wrapped)
+
+
+def test_json_object_answers_parse(oa: openai.OpenAI) -> None:
+    answers = oa.chat.completions.create(model="tiny", messages=QUESTION, response_format={"type": "json_object"},
+                                         max_tokens=300, seed=4, n=4)
+    finished = [c.message.content for c in answers.choices if c.finish_reason == "stop"]
+    assert all(isinstance(json.loads(text), dict) for text in finished)
+
+
+def test_a_schema_the_node_cannot_serve_is_a_400_naming_response_format(oa: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        oa.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=5,
+                                   response_format=json_schema({"type": "string", "format": "no-such-format"}))
+    assert refused.value.status_code == 400 and refused.value.param == "response_format"
+    assert "no-such-format" not in str(refused.value)
