@@ -66,11 +66,23 @@ class BlockManager:
             self._ref_counts[block_id] += 1
 
     def free(self, seq: Sequence) -> None:
-        for block_id in reversed(seq.block_table):
+        self._release(seq.block_table)
+        seq.block_table = []
+
+    def trim(self, seq: Sequence) -> None:
+        """Frees the blocks past those `seq`'s computed tokens use: where only its rejected drafts were written.
+
+        They are zeroed with every other freed block; the next step reserves again what it needs.
+        """
+        keep = self.blocks_for(seq.num_computed_tokens)
+        self._release(seq.block_table[keep:])
+        del seq.block_table[keep:]
+
+    def _release(self, block_ids: list[int]) -> None:
+        for block_id in reversed(block_ids):
             self._ref_counts[block_id] -= 1
             if self._ref_counts[block_id] == 0:
                 self._freed_unscrubbed.append(block_id)
-        seq.block_table = []
 
     def scrub_freed(self) -> int:
         """Zeroes every freed block in one call and returns them to the free list."""

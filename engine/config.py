@@ -280,9 +280,14 @@ class EngineConfig:
     # Simulated confidential-computing bridge: every host<->device crossing waits this long, one at a
     # time across threads (`engine.bridge`). For benchmarks and tests; 0 on a real node.
     bridge_toll_us: float = 0.0
+    # Speculative decoding (`engine.speculative`): "ngram" drafts from each request's own tokens;
+    # None: one token per sample per step. Speculative steps run synchronously (async scheduling off).
+    speculative: str | None = None
+    num_speculative_tokens: int = 3  # drafts per sample per step, at most
 
     def __post_init__(self) -> None:
         self._check_sizes()
+        self._check_speculation()
         # A string such as "false" would be truthy: only the three documented values are accepted.
         for name in ("cuda_graphs", "async_scheduling"):
             value = getattr(self, name)
@@ -299,6 +304,14 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and not _is_count(value):
                 raise EngineError(f"{name} must be an integer >= 1, or unset (null: {unset})")
+
+
+    def _check_speculation(self) -> None:
+        if self.speculative not in (None, "ngram"):
+            raise EngineError("speculative must be \"ngram\" or unset (null: no speculation); "
+                              "draft-model speculation is not implemented yet")
+        if not _is_count(self.num_speculative_tokens):
+            raise EngineError("num_speculative_tokens must be an integer >= 1")
 
 
 def _is_count(value: object) -> bool:

@@ -282,10 +282,13 @@ def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:
     sample_rows: list[int] = []
     total = 0
     for chunk in chunks:
-        seq, count = chunk.seq, chunk.num_tokens
+        seq, count, draft = chunk.seq, chunk.num_tokens, chunk.draft
         start = seq.num_computed_tokens
         end = start + count
         input_ids += seq.tokens_between(start, end)
+        if draft:  # speculative: the drafts follow as queries of their own (`engine.speculative`)
+            input_ids += draft
+            count, end = count + len(draft), end + len(draft)
         table = seq.block_table
         if count == 1:  # decode: most chunks of most steps, so no range or comprehension for them
             positions.append(start)
@@ -296,10 +299,12 @@ def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:
         total += count
         cu_seqlens.append(total)
         context_lens.append(end)
-        if end == seq.num_tokens:  # the chunk reaches the sequence's end: its last row samples
+        if end - len(draft) == seq.num_tokens:  # the chunk reaches the sequence's end: its last row samples
+            if draft:  # and so does each draft's row, to verify it
+                sample_rows += range(total - 1 - len(draft), total - 1)
             sample_rows.append(total - 1)
     return StepLists(input_ids, positions, slots, cu_seqlens, context_lens, [c.seq.block_table for c in chunks],
-                     sample_rows, max(c.num_tokens for c in chunks), [c.seq.seq_id for c in chunks])
+                     sample_rows, max(c.num_tokens + len(c.draft) for c in chunks), [c.seq.seq_id for c in chunks])
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -38,7 +38,7 @@ class NgramDrafter:
         for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
             start = latest_match(ids, n)
             if start is not None:
-                return ids[start + n : start + n + count].tolist()
+                return list(tokens[start + n : start + n + count])
         return []
 
 

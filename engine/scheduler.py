@@ -8,7 +8,8 @@ are freed (and zeroed) and it goes back to the front of the queue. Nothing is ev
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -17,10 +18,13 @@ from engine.sequence import Sequence, SequenceStatus
 
 @dataclass(slots=True)
 class ScheduledChunk:
-    """`num_tokens` new tokens of `seq`, starting at `seq.num_computed_tokens`."""
+    """`num_tokens` new tokens of `seq`, starting at `seq.num_computed_tokens`, and any drafts after them."""
 
     seq: Sequence
     num_tokens: int
+    # Speculative decoding: tokens proposed to follow the sequence's last one, verified by this step's
+    # picks (`engine.speculative`); they take KV slots and query positions but are no part of `seq`.
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
@@ -28,8 +32,13 @@ class ScheduledChunk:
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
 
 
+# (sequence, step tokens left beside its own) -> drafts to follow its last token this step.
+Drafter = Callable[[Sequence, int], list[int]]
+
+
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, drafter: Drafter | None = None) -> None:
+        self.drafter = drafter
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.block_manager = block_manager
@@ -67,11 +76,21 @@ class Scheduler:
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if not self._make_room(seq, num_tokens):
                 break  # seq was the latest arrival and had to be preempted itself
-            self.block_manager.reserve(seq, num_tokens)
-            chunks.append(ScheduledChunk(seq, num_tokens))
-            budget -= num_tokens
+            draft = self._draft(seq, num_tokens, budget)
+            self.block_manager.reserve(seq, num_tokens + len(draft))
+            chunks.append(ScheduledChunk(seq, num_tokens, draft))
+            budget -= num_tokens + len(draft)
             index += 1
         return chunks, budget, self.num_preemptions > preemptions_before
+
+    def _draft(self, seq: Sequence, num_tokens: int, budget: int) -> list[int]:
+        """Drafts for a decoding sequence, where the budget and free blocks allow: never preempts for them."""
+        if self.drafter is None or num_tokens != 1 or seq.num_uncomputed_tokens != 1:
+            return []
+        draft = self.drafter(seq, budget - 1)
+        if draft and not self.block_manager.can_reserve(seq, 1 + len(draft)):
+            return []
+        return draft
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
         """Preempts the latest arrivals until `seq` fits; False if `seq` itself had to go."""
