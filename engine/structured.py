@@ -137,6 +137,8 @@ def _grammar(structured: StructuredOutput) -> str:
         return llguidance.LLMatcher.grammar_from_lark(structured.spec)
     except RecursionError:
         raise RequestRejected("invalid_structured_output", _refusal(structured, "recursion limit")) from None
+    except UnicodeError:  # JSON can carry lone surrogates, which are not text
+        raise RequestRejected("invalid_structured_output", f"{structured.field} must be valid Unicode") from None
     except (ValueError, TypeError) as error:
         # llguidance's JSON reader has a depth limit: valid JSON nested too deep is over a limit, not invalid.
         over = "recursion" in str(error).lower()

@@ -239,6 +239,8 @@ def test_two_requests_with_one_schema_share_no_matcher():
     (structured("grammar", "start: SECRETRULE", "guided_grammar"), "not a valid grammar"),
     (structured("regex", "a" * (MAX_STRUCTURED_SPEC_BYTES + 1), "guided_regex"), "bytes"),
     (structured("regex", "", "guided_regex"), "empty"),
+    (structured("regex", "secret\ud800", "guided_regex"), "valid Unicode"),
+    (structured("grammar", 'start: "secret\ud800"', "guided_grammar"), "valid Unicode"),
 ])
 def test_a_constraint_that_cannot_be_served_is_refused_naming_its_field_and_not_its_content(engine, constraint,
                                                                                           category):
