@@ -2,7 +2,8 @@
 
 Grammar state is request-scoped, like KV blocks. A request's schema, regex, choice list or grammar is
 compiled when the request is admitted, into a matcher that only its own samples hold (`Guide`; a
-forked sample gets a copy); the matcher is dropped when its sample ends. There is no cache of
+forked sample gets a copy); the matcher is dropped when its sample ends. A sample preempted by
+recompute keeps its output, so it keeps its matcher as it is: recomputing the KV cache consumes no token. There is no cache of
 grammars, compiled or not, across requests: a process-wide cache (vLLM's) would let one request's
 compile time tell whether someone else used the same schema recently. What every request shares is
 only the model's vocabulary as llguidance indexes it (`GrammarCompiler`), built once from the
