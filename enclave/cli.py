@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from audit.logs import add_operation_options, configure_logging
+
+_log = logging.getLogger("veil.node")
 
 if TYPE_CHECKING:
     from enclave.settings import NodeSettings
@@ -46,6 +50,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     node.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
                       help="serve Prometheus metrics (aggregates of the audit events, nothing else) on HOST:PORT "
                            "(default: none, no metrics port)")
+    node.add_argument("--max-model-len", type=int, default=None,
+                      help="longest prompt plus output, in tokens (default: the policy's engine.max_context_tokens, "
+                           "which it may not exceed)")
+    node.add_argument("--gpu-memory-utilization", type=float, default=None,
+                      help="CUDA: the fraction of the device memory free after loading the weights that the KV pool "
+                           "and decode graphs take (default: the engine's, 0.85)")
+    node.add_argument("--max-num-seqs", type=int, default=None,
+                      help="sequences the engine batches at once (default: the larger of 64 and --capacity)")
+    node.add_argument("--max-num-batched-tokens", type=int, default=None,
+                      help="tokens one engine step computes at most (default: the engine's, 1024)")
+    add_operation_options(node)
     node.set_defaults(handler=_run_node)
 
 
@@ -58,6 +73,8 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
         key_grace_s=args.key_grace_s, model_name=args.model_name, kv_cache_gib=args.kv_cache_gib,
         cuda_graphs=not args.eager, async_scheduling=not args.sync_scheduling, bridge_toll_us=args.bridge_toll_us,
         drain_s=args.drain_s, evidence_check_s=args.evidence_check_s, metrics_listen=args.metrics_listen,
+        max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
     )
 
 
@@ -69,21 +86,20 @@ def _run_node(args: argparse.Namespace) -> int:
     from engine import EngineError
     from policy import PolicyError
 
+    configure_logging(args.log_format)
     settings = node_settings(args)
     try:
         node = NodeServer(settings)
         port = node.start()
     except (PolicyError, NodeError, AttestationError, AuditError, EngineError, OSError) as error:
-        print(f"veil node: refusing to start: {error}", file=sys.stderr)
+        _log.error("veil node: refusing to start: %s", error)
         return 2
     if node.policy.is_development:
-        print(f"veil node: WARNING policy {node.policy.name!r} is a DEVELOPMENT policy; "
-              "this node protects nothing", file=sys.stderr)
+        _log.warning("veil node: policy %r is a DEVELOPMENT policy; this node protects nothing", node.policy.name)
     host = settings.listen.rsplit(":", 1)[0]
-    print(f"veil node: serving on {host}:{port} (node {node.node_id[:16]})", file=sys.stderr, flush=True)
+    _log.info("veil node: serving on %s:%s (node %s)", host, port, node.node_id[:16])
     if node.metrics_server is not None:
-        metrics_host = settings.metrics_listen.rpartition(":")[0]
-        print(f"veil node: metrics on {metrics_host}:{node.metrics_server.port}", file=sys.stderr, flush=True)
+        _log.info("veil node: metrics on %s:%s", settings.metrics_listen.rpartition(":")[0], node.metrics_server.port)
     stopped = threading.Event()
 
     def shut_down(signum: int, frame: object) -> None:
@@ -93,10 +109,12 @@ def _run_node(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, shut_down)
     stopped.wait()
     # Drain: health turns NOT_SERVING and new requests are refused (the gateway fails them over), the
-    # requests in flight finish within --drain-s; then the engine zeroes its blocks and the node exits.
-    print(f"veil node: draining (up to {settings.drain_s:g} s)", file=sys.stderr, flush=True)
+    # requests in flight finish within --drain-s; then the engine zeroes their blocks and the node exits.
+    _log.info("veil node: draining (up to %g s)", settings.drain_s)
     drained = node.drain(settings.drain_s)
     node.stop(grace=0.0 if drained else 1.0)
-    print("veil node: stopped" if drained else "veil node: stopped; requests still running at --drain-s were ended",
-          file=sys.stderr)
+    if drained:
+        _log.info("veil node: stopped")
+    else:
+        _log.warning("veil node: stopped; requests still running at --drain-s were ended")
     return 0

@@ -77,10 +77,14 @@ class ZeroingTally:
 
 def engine_config(settings: NodeSettings, limits: EngineLimits) -> EngineConfig:
     """The node's engine: the policy's limits; graphs and async steps where CUDA has them unless turned off."""
+    optional = {name: value for name in ("gpu_memory_utilization", "max_num_batched_tokens")
+                if (value := getattr(settings, name)) is not None}  # unset: the engine's own defaults
     return EngineConfig(
-        kv_cache_gib=limits.kv_cache_gib, max_model_len=limits.max_model_len, max_num_seqs=max(64, settings.capacity),
+        kv_cache_gib=limits.kv_cache_gib, max_model_len=limits.max_model_len,
+        max_num_seqs=settings.max_num_seqs or max(64, settings.capacity),
         cuda_graphs=None if settings.cuda_graphs else False,
         async_scheduling=None if settings.async_scheduling else False, bridge_toll_us=settings.bridge_toll_us,
+        **optional,
     )
 
 

@@ -44,7 +44,24 @@ def check_node_settings(settings: NodeSettings, policy: Policy, model_digest: by
         )
     if not (Path(settings.model) / "config.json").is_file():
         raise SelfCheckError(f"no model folder at {settings.model}")
-    return EngineLimits(max_model_len=engine.max_context_tokens, kv_cache_gib=requested)
+    utilization = settings.gpu_memory_utilization
+    if utilization is not None and not 0 < utilization <= 1:
+        raise SelfCheckError("--gpu-memory-utilization must be a fraction above 0 and at most 1")
+    if settings.max_num_seqs is not None and settings.max_num_seqs < settings.capacity:
+        raise SelfCheckError("--max-num-seqs must be at least --capacity: the engine must batch every request the "
+                             "node admits")
+    return EngineLimits(max_model_len=_max_model_len(settings, policy), kv_cache_gib=requested)
+
+
+def _max_model_len(settings: NodeSettings, policy: Policy) -> int:
+    """The node's context limit: the policy's, or a smaller one the operator asked for (never a larger one)."""
+    most = policy.engine.max_context_tokens
+    if settings.max_model_len is None:
+        return most
+    if not 1 <= settings.max_model_len <= most:
+        raise SelfCheckError(f"--max-model-len must be between 1 and policy {policy.name!r}'s "
+                             f"engine.max_context_tokens, {most}")
+    return settings.max_model_len
 
 
 def emitted_schema_version() -> int:

@@ -34,3 +34,9 @@ class NodeSettings:
     # Prometheus metrics (audit.metrics) on HOST:PORT; None (the default): no metrics port. A node's metrics
     # port is a surface that leaves the enclave, so it is opened only when the operator asks for it.
     metrics_listen: str | None = None
+    # The engine's serving limits (None: the policy's context limit, the engine's own defaults, and at
+    # least `capacity` sequences batched).
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None

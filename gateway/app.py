@@ -25,6 +25,7 @@ from gateway.audit import GatewayAuditor, TokenTallyReporter
 from gateway.auth import Admission, TokenGate, authorize_anonymously
 from gateway.backpressure import InFlightLimiter
 from gateway.directory import DirectoryCache
+from gateway.discovery import Resolver, resolve_addresses
 from gateway.errors import (
     ExpectationFailedError,
     MalformedRequestError,
@@ -88,13 +89,15 @@ def create_app(
     *,
     audit_sink: AuditSink | None = None,
     routing_rng: random.Random | None = None,
+    node_resolver: Resolver = resolve_addresses,
 ) -> FastAPI:
     """The gateway application for `settings` (raises PolicyError/AuditSinkError on bad configuration).
 
     `audit_sink` replaces the sink named by `settings.audit`; `routing_rng`
-    replaces the operating system's randomness, for seeded tests only.
+    replaces the operating system's randomness, for seeded tests only; `node_resolver` resolves the
+    --node-dns names (the system's resolver unless a test gives its own).
     """
-    runtime = _build_runtime(settings, audit_sink, routing_rng)
+    runtime = _build_runtime(settings, audit_sink, routing_rng, node_resolver)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -123,14 +126,14 @@ def create_app(
 
 
 def _build_runtime(settings: GatewaySettings, audit_sink: AuditSink | None,
-                   routing_rng: random.Random | None) -> GatewayRuntime:
+                   routing_rng: random.Random | None, node_resolver: Resolver) -> GatewayRuntime:
     policy = resolve_policy(settings.policy)
     signer = ResultSigner()
     # Metrics count the audit events as they are emitted: they hold nothing the audit does not.
     metrics = Metrics()
     auditor = GatewayAuditor(MetricsSink(audit_sink or open_sink(settings.audit), metrics), signer.gateway_id)
     pool = NodePool(policy, signer, key_grace_s=settings.key_grace_s)
-    keeper = PoolKeeper(settings, pool, auditor)
+    keeper = PoolKeeper(settings, pool, auditor, node_resolver)
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_node, settings.retry_after_s)
     forwarder = Forwarder(keeper, limiter, auditor, settings.accept_timeout_s, routing_rng)
     metrics.gauge("veil_gateway_nodes", lambda: len(pool))

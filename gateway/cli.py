@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from audit.logs import add_operation_options, configure_logging
 from gateway.settings import GatewaySettings
 
 DEFAULTS = GatewaySettings()
@@ -34,6 +35,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT to serve on (port 0 picks a free one)")
     parser.add_argument("--node", action="append", default=[], metavar="HOST:PORT",
                         help="a node's gRPC address to admit, repeatable (default: none)")
+    parser.add_argument("--node-dns", action="append", default=[], metavar="NAME:PORT",
+                        help="a DNS name whose every address is a node (a Kubernetes headless Service), resolved "
+                             "again every --dns-refresh-s; repeatable (default: none)")
+    parser.add_argument("--dns-refresh-s", type=float, default=DEFAULTS.dns_refresh_s,
+                        help="how often to resolve the --node-dns names again")
     parser.add_argument("--policy", default="strict", help="dev, strict or a policy file (default: strict)")
     parser.add_argument("--port-file", type=Path, help="write the chosen port here once serving (default: none, not written)")
     parser.add_argument("--audit", default="none", help="audit sink: stdout, file:PATH or none (default: none)")
@@ -64,6 +70,7 @@ def register(subparsers: Any) -> None:
                         help="the token issuer's key directory, a file or http(s) URL (default: none)")
     parser.add_argument("--spent-tokens", default="",
                         help="spent-token store, sqlite:PATH or redis://HOST:PORT/DB (default: this process only)")
+    add_operation_options(parser)
     parser.set_defaults(handler=run_gateway)
     _register_relay(subparsers)
 
@@ -88,6 +95,7 @@ def _register_relay(subparsers: Any) -> None:
     parser.add_argument("--answer-timeout-s", type=float, default=600.0,
                         help="end an answer the gateway pauses within for longer")
     add_connection_limits(parser)
+    add_operation_options(parser)
     parser.set_defaults(handler=run_relay)
 
 
@@ -97,6 +105,7 @@ def run_relay(args: argparse.Namespace) -> int:
     from gateway.relay import RelaySettings, serve_relay
     from gateway.serve import GatewayStartError
 
+    configure_logging(args.log_format)
     try:
         settings = RelaySettings(
             gateway_url=args.gateway, listen=args.listen, port_file=args.port_file, max_in_flight=args.max_in_flight,
@@ -115,9 +124,11 @@ def run_gateway(args: argparse.Namespace) -> int:
     from gateway.errors import GatewayError
     from gateway.serve import GatewayStartError, serve
 
+    configure_logging(args.log_format)
     try:
         settings = GatewaySettings(
-            nodes=tuple(args.node), policy=args.policy, listen=args.listen, port_file=args.port_file,
+            nodes=tuple(args.node), node_dns=tuple(args.node_dns), dns_refresh_s=args.dns_refresh_s,
+            policy=args.policy, listen=args.listen, port_file=args.port_file,
             audit=args.audit, allow_registration=args.allow_registration, reattest_s=args.reattest_s,
             health_s=args.health_s, key_grace_s=args.key_grace_s, max_in_flight=args.max_in_flight,
             max_in_flight_per_node=args.max_in_flight_per_node, directory_size=args.directory_size,

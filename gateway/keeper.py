@@ -6,7 +6,9 @@ the draining, re-attesting at once a node whose id changed because it rotated
 its key), re-attests nodes whose timer is due, and retries admission of every
 known node that is not in the pool and reports itself serving: a node whose
 engine core died still answers Attest, so attesting alone would readmit it.
-Evidence is verified off the event loop.
+Evidence is verified off the event loop. The known nodes are the `--node` addresses and, with
+`--node-dns`, every address the names resolve to (`gateway.discovery`): a new one is attested
+before admission as any other, one no longer listed is evicted and forgotten.
 
 A node's answers can only get that node refused. Whatever verifying its
 evidence raises, even an exception the verifier should have turned into an
@@ -30,6 +32,7 @@ from gateway.errors import (
     NodeUnreachableError,
     RegistrationError,
 )
+from gateway.discovery import NodeDiscovery, Resolver, resolve_addresses
 from gateway.node_client import AttestAnswer, NodeClient
 from gateway.pool import Admission, Eviction, HealthVerdict, NodePool, eviction_reason
 from gateway.settings import GatewaySettings, parse_address
@@ -39,16 +42,20 @@ MAX_KNOWN_NODES = 1024
 _VERDICT_REASONS = {HealthVerdict.UNREACHABLE: EvictionReason.UNREACHABLE, HealthVerdict.DRAINED: EvictionReason.DRAINED}
 NOT_SERVING = "the node reports that it is not serving; it is admitted once it serves again"
 _NOT_ADMITTED = "the node could not be attested and admitted; check its evidence and policy"
+_UNREACHABLE = "does not answer its health check; retrying every health round"
 
 
 class PoolKeeper:
     """Owns the node channels and every change to the pool."""
 
-    def __init__(self, settings: GatewaySettings, pool: NodePool, auditor: GatewayAuditor) -> None:
+    def __init__(self, settings: GatewaySettings, pool: NodePool, auditor: GatewayAuditor,
+                 resolver: Resolver = resolve_addresses) -> None:
         self.settings = settings
         self.pool = pool
         self.auditor = auditor
         self._known: list[str] = list(dict.fromkeys(settings.nodes))
+        self.discovery = NodeDiscovery(settings.node_dns, settings.dns_refresh_s, resolver)
+        self._discovered: set[str] = set()
         self._clients: dict[str, NodeClient] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._refusals: dict[str, str] = {}
@@ -63,7 +70,7 @@ class PoolKeeper:
 
     async def start(self) -> None:
         """Try to admit the configured nodes (bounded wait), then run the upkeep loop."""
-        if self._known:
+        if self._known or self.settings.node_dns:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.run_round(), self.settings.startup_admission_s)
         self._task = asyncio.create_task(self._loop(), name="veil-gateway-keeper")
@@ -79,6 +86,7 @@ class PoolKeeper:
 
     async def run_round(self) -> None:
         """One upkeep round over every known node; one node's surprise never ends it for the others."""
+        await self._discover()
         for eviction in self.pool.expire():
             self._record(eviction)
         due = set(self.pool.reattestation_due(self.settings.reattest_s, margin_s=2 * self.settings.health_s))
@@ -115,6 +123,23 @@ class PoolKeeper:
         if address not in self._known:
             self._known.append(address)
         return admission
+
+    async def _discover(self) -> None:
+        """Follow the --node-dns names: a new address is known from now on (and attested before admission,
+        as any node); an address no longer listed is evicted and forgotten, unless --node names it too."""
+        found = await self.discovery.due_addresses()
+        if found is None:
+            return
+        for address in sorted(found - self._discovered):
+            if address not in self._known and len(self._known) < MAX_KNOWN_NODES:
+                self._known.append(address)
+                _log.info("veil gateway: discovered a node address %s", address)
+        for address in self._discovered - found:
+            if address not in self.settings.nodes:
+                self._known.remove(address)
+                self._refusals.pop(address, None)
+                self._evict(address, EvictionReason.DRAINED)
+        self._discovered = found & set(self._known)
 
     def report_failure(self, address: str) -> None:
         """An inference failed at `address`: evict it until a fresh attestation readmits it."""
@@ -154,6 +179,9 @@ class PoolKeeper:
         """Admit a node that is not in the pool: only if its health check says it serves, then on its evidence."""
         verdict = await self._health(address)
         if verdict is HealthVerdict.UNREACHABLE:
+            if self._refusals.get(address) != _UNREACHABLE:  # said once while it stays silent, not every round
+                self._refusals[address] = _UNREACHABLE
+                _log.warning("veil gateway: node at %s %s", address, _UNREACHABLE)
             raise NodeUnreachableError("the node did not answer the health check")
         if verdict is HealthVerdict.DRAINED:
             error = AdmissionError(NOT_SERVING, check="health")

@@ -21,19 +21,21 @@ import logging
 import os
 import signal
 import socket
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from audit.logs import ensure_logging
 from gateway.errors import GatewayError, RequestTimeoutError
 from gateway.settings import GatewaySettings, parse_address
 from protocol.errors import error_body
 
 if TYPE_CHECKING:
     import uvicorn
+
+_log = logging.getLogger("veil.server")
 
 
 class GatewayStartError(Exception):
@@ -137,14 +139,14 @@ def serve(settings: GatewaySettings) -> int:
     from gateway.app import create_app
     from policy import PolicyError
 
-    _configure_logging()
+    ensure_logging()
     try:
         app = create_app(settings)
     except (PolicyError, AuditError, GatewayError) as error:
         raise GatewayStartError(str(error)) from None
     if app.state.runtime.pool.policy.is_development:
-        print(f"veil gateway: WARNING policy {app.state.runtime.pool.policy.name!r} admits nodes with SIMULATED "
-              "attestation; nothing protects user data on them. Development only.", file=sys.stderr)
+        _log.warning("veil gateway: policy %r admits nodes with SIMULATED attestation; nothing protects user "
+                     "data on them. Development only.", app.state.runtime.pool.policy.name)
     return serve_app(app, settings, name="veil gateway")
 
 
@@ -152,6 +154,7 @@ def serve_app(app: Any, settings: GatewaySettings, *, name: str) -> int:
     """Serve `app` on `settings.listen` with the gateway's uvicorn options until stopped (also the issuer's)."""
     import uvicorn
 
+    ensure_logging()
     sock = bind_listener(settings.listen)
     server = uvicorn.Server(uvicorn.Config(app, **uvicorn_config_options(settings)))
     # uvicorn stops cleanly on SIGINT/SIGTERM and then re-raises the signal to the handler it
@@ -175,7 +178,7 @@ async def _serve(server: uvicorn.Server, sock: socket.socket, port_file: Path | 
     host, port = sock.getsockname()[:2]
     if port_file is not None:
         write_port_file(port_file, port)
-    print(f"{name}: serving on {host}:{port}", file=sys.stderr, flush=True)
+    _log.info("%s: serving on %s:%s", name, host, port)
     await task
     return 0
 
@@ -203,13 +206,3 @@ def write_port_file(path: Path, port: int) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(f"{port}\n", encoding="ascii")
     os.replace(temporary, path)
-
-
-def _configure_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    for name, level in (("veil.gateway", logging.INFO), ("uvicorn.error", logging.WARNING)):
-        logger = logging.getLogger(name)
-        logger.addHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = False

@@ -23,6 +23,10 @@ class GatewaySettings:
     """
 
     nodes: tuple[str, ...] = ()
+    # DNS names (NAME:PORT) whose every address is a node, such as a Kubernetes headless Service; each
+    # is resolved again every `dns_refresh_s`, and every address found is attested before admission.
+    node_dns: tuple[str, ...] = ()
+    dns_refresh_s: float = 30.0
     policy: str = "strict"
     listen: str = "127.0.0.1:0"
     port_file: Path | None = None
@@ -70,8 +74,9 @@ class GatewaySettings:
     spent_tokens: str = ""
 
     def __post_init__(self) -> None:
-        for address in self.nodes:
+        for address in (*self.nodes, *self.node_dns):
             parse_address(address)
+        _require_positive("dns_refresh_s", self.dns_refresh_s)
         parse_address(self.listen)
         relay_networks(self.relay_only)
         _require_positive("reattest_s", self.reattest_s)

@@ -96,8 +96,16 @@ def server_option_problem(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from veil.config_file import ConfigFileError, apply_config_file
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        apply_config_file(parser, arguments)  # the file's options become defaults; flags still override them
+    except ConfigFileError as error:
+        print(f"veil {arguments[0]}: {error}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(arguments)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from audit.logs import add_log_format, configure_logging
 from gateway.cli import add_connection_limits
 from gateway.settings import GatewaySettings
 
@@ -20,7 +22,9 @@ def register(subparsers: Any) -> None:
         description="Authenticate accounts by JWT, count their tokens against a quota and blindly sign "
                     "token requests (RFC 9578 type 2). Keeps per-account counts only; no access log.",
     )
-    parser.add_argument("--config", type=Path, default=Path("issuer.toml"), help="issuer configuration file (TOML)")
+    parser.add_argument("--config", type=Path, default=Path("issuer.toml"),
+                        help="issuer configuration file (TOML); its [serve] table may hold this command's other "
+                             "options (keys are the long options without dashes), which flags override")
     parser.add_argument("--keys", type=Path, default=Path("issuer-keys"), help="directory of token-key-<not_before>.pem files")
     parser.add_argument("--listen", default="127.0.0.1:8100", help="HOST:PORT to serve on (port 0 picks a free one)")
     parser.add_argument("--port-file", type=Path, help="write the chosen port here once serving (default: none, not written)")
@@ -28,7 +32,8 @@ def register(subparsers: Any) -> None:
                         help="generate a signing key valid from UNIX_TIME (0: now), print its key id and exit "
                              "(default: none, serve instead)")
     add_connection_limits(parser)
-    parser.set_defaults(handler=run_issuer)
+    add_log_format(parser)
+    parser.set_defaults(handler=run_issuer, config_table="serve")
 
 
 def run_issuer(args: argparse.Namespace) -> int:
@@ -51,9 +56,10 @@ def run_issuer(args: argparse.Namespace) -> int:
             return 0
         config = load_config(args.config)
         keyring = load_keyring(args.keys)
+        configure_logging(args.log_format)
         for dated in keyring.published(time.time()):
-            print(f"veil issuer: publishing token key {dated.key.token_key.key_id.hex()} valid from {dated.not_before}",
-                  file=sys.stderr)
+            logging.getLogger("veil.issuer").info("veil issuer: publishing token key %s valid from %s",
+                                                  dated.key.token_key.key_id.hex(), dated.not_before)
         settings = GatewaySettings(listen=args.listen, port_file=args.port_file, header_timeout_s=args.header_timeout_s,
                                    body_timeout_s=args.body_timeout_s, max_connections=args.max_connections)
         return serve_app(create_issuer_app(config, keyring), settings, name="veil issuer")
