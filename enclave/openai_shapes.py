@@ -54,9 +54,10 @@ class ResponseShape:
             if self.tool_format is not None:
                 calls = self._calls()
                 parsed = calls.read(text, last=True)
-                message["content"] = (parsed.content or None) if parsed.calls else parsed.content
-                if parsed.calls:
-                    message["tool_calls"] = [call.openai() for call in parsed.calls]
+                tool_calls = [call.openai() for call in parsed.calls]
+                message["content"] = (parsed.content or None) if tool_calls else parsed.content
+                if tool_calls:
+                    message["tool_calls"] = tool_calls
                 finish_reason = calls.finish_reason(finish_reason)
             return {"index": index, "message": message,
                     "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
@@ -75,8 +76,8 @@ class ResponseShape:
             if calls is not None:
                 parsed = calls.read(delta.text, last=delta.finish_reason is not None)
                 content["content"] = parsed.content
-                if parsed.calls:
-                    content["tool_calls"] = calls.fragments(parsed.calls)
+                if parsed.pieces:
+                    content["tool_calls"] = [piece.fragment() for piece in parsed.pieces]
                 finish = calls.finish_reason(finish)
             choice = {"index": delta.index, "delta": content, "logprobs": logprobs, "finish_reason": finish}
         else:

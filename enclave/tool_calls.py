@@ -10,8 +10,10 @@ other template has no format this node reads, so `tool_choice: "auto"` is refuse
 
 One parser per sample reads the text as it streams (`ToolCallParser.feed`, then `finish`); a whole
 answer is the same parser fed at once, so a streamed answer's pieces always add up to the whole one.
-A call is given out when its text is complete and parses; text that does not parse stays content.
-Each call's id is random, never derived from what the call says.
+A Hermes call that names its function first is given out as it streams: its id and name as soon as
+the name is read, then its arguments as the model writes them (the model's own text, which, as with
+OpenAI's, may not parse). Any other call is given out whole once its text is complete and parses;
+text that does not parse stays content. Each call's id is random, never derived from the call.
 """
 
 from __future__ import annotations
@@ -39,13 +41,13 @@ def tool_format(template: str | None) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ParsedCall:
-    """One call, in OpenAI's terms: `arguments` is the arguments object as JSON text."""
+    """One whole call, in OpenAI's terms: `arguments` is the arguments object's JSON text."""
 
     name: str
     arguments: str
-    id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
+    id: str
 
     def openai(self) -> dict:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -55,15 +57,48 @@ class ParsedCall:
 
 
 @dataclass(slots=True)
+class CallPiece:
+    """A part of one call as it streams: the first names it (id, name), every one adds to its arguments."""
+
+    call: int  # which call of the answer, from 0
+    arguments: str = ""
+    name: str | None = None
+    id: str | None = None
+
+    def fragment(self) -> dict:
+        """OpenAI's streamed `delta.tool_calls` entry."""
+        if self.name is None:
+            return {"index": self.call, "function": {"arguments": self.arguments}}
+        return {"index": self.call, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+    def __repr__(self) -> str:
+        return f"CallPiece(call {self.call}, {len(self.arguments)} characters of arguments)"
+
+
+def _new_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+@dataclass(slots=True)
 class Parsed:
-    """What a piece of text turned into: content to show, and the calls completed within it."""
+    """What a piece of text turned into: content to show, and pieces of calls."""
 
     content: str = ""
-    calls: list[ParsedCall] = field(default_factory=list)
+    pieces: list[CallPiece] = field(default_factory=list)
 
     def extend(self, other: Parsed) -> None:
         self.content += other.content
-        self.calls.extend(other.calls)
+        self.pieces.extend(other.pieces)
+
+    @property
+    def calls(self) -> list[ParsedCall]:
+        """The calls the pieces make up (whole when the pieces are all of an answer's)."""
+        calls: dict[int, ParsedCall] = {}
+        for piece in self.pieces:
+            call = calls.setdefault(piece.call, ParsedCall(piece.name or "", "", piece.id or ""))
+            call.arguments += piece.arguments
+        return [calls[index] for index in sorted(calls)]
 
 
 def parser_for(format: str | None) -> ToolCallParser | None:
@@ -86,35 +121,33 @@ def parse_whole(format: str, text: str) -> Parsed:
 
 
 class ChoiceCalls:
-    """One choice's tool calls: its parser, the calls given out so far, and `parallel_tool_calls: false`
+    """One choice's tool calls: its parser, whether it has called, and `parallel_tool_calls: false`
     (only the first call is kept)."""
 
     def __init__(self, format: str, parallel: bool = True) -> None:
         self._parser = parser_for(format)
         self._parallel = parallel
-        self.count = 0  # calls given out: the next one's index within the choice
+        self.called = False
 
     def read(self, text: str, last: bool) -> Parsed:
         parsed = self._parser.feed(text)
         if last:
             parsed.extend(self._parser.finish())
         if not self._parallel:
-            parsed.calls = parsed.calls[: max(0, 1 - self.count)]
-        self.count += len(parsed.calls)
+            parsed.pieces = [piece for piece in parsed.pieces if piece.call == 0]
+        self.called = self.called or bool(parsed.pieces)
         return parsed
-
-    def fragments(self, calls: list[ParsedCall]) -> list[dict]:
-        """The calls as streamed `delta.tool_calls` entries, numbered within the choice (after `read`)."""
-        first = self.count - len(calls)
-        return [{"index": first + k, **call.openai()} for k, call in enumerate(calls)]
 
     def finish_reason(self, reason: str | None) -> str | None:
         """OpenAI's "tool_calls" where the answer ended on its own after calling."""
-        return "tool_calls" if self.count and reason == "stop" else reason
+        return "tool_calls" if self.called and reason == "stop" else reason
 
 
 class ToolCallParser:
     """Reads one sample's text, piece by piece."""
+
+    def __init__(self) -> None:
+        self._calls = 0  # calls begun
 
     def feed(self, text: str) -> Parsed:
         raise NotImplementedError
@@ -123,17 +156,31 @@ class ToolCallParser:
         """The end of the text: whatever was held back, as content or a last call."""
         raise NotImplementedError
 
+    def _whole(self, call: ParsedCall) -> CallPiece:
+        self._calls += 1
+        return CallPiece(self._calls - 1, call.arguments, call.name, call.id)
+
+
+# A Hermes call whose name comes first: its arguments stream as the model writes them.
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"arguments"\s*:\s*(?=\{)')
+
 
 class HermesParser(ToolCallParser):
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks among plain text.
 
+    A block that begins `{"name": "...", "arguments": {` is a call from there on: its id and name are
+    given out at once and its arguments' text as it comes, all but what may be the block's own closing
+    brace; a block in any other shape is read whole at its end, and stays content if it is not a call.
     Whitespace next to a call is layout, not content: it waits until what follows it is known."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._pending = ""  # text not given out yet: a possible start of a tag, whitespace, an open block
         self._gap = ""  # the whitespace before the open block: dropped if the block is a call
         self._in_call = False
         self._called = False
+        self._arguments_at: int | None = None  # where the open block's arguments begin, once its name is read
+        self._sent = 0  # how far into the open block its arguments have been given out
 
     def feed(self, text: str) -> Parsed:
         self._pending += text
@@ -145,7 +192,10 @@ class HermesParser(ToolCallParser):
     def finish(self) -> Parsed:
         if self._in_call:  # the model may stop right after its last call, without the closing tag
             body, self._pending, self._in_call = self._pending, "", False
-            return self._block(body, "")
+            parsed = Parsed()
+            self._begin(body, parsed)
+            parsed.extend(self._end(body, ""))
+            return parsed
         rest, self._pending = self._pending, ""
         return Parsed(rest.rstrip() if self._called else rest)
 
@@ -153,9 +203,12 @@ class HermesParser(ToolCallParser):
         """Gives out what the pending text settles; True while there may be more to settle."""
         if self._in_call:
             end = self._pending.find(_CLOSE)
+            body = self._pending if end < 0 else self._pending[:end]
+            self._begin(body, parsed)
             if end < 0:
+                self._stream(body, parsed)
                 return False
-            parsed.extend(self._block(self._pending[:end], _CLOSE))
+            parsed.extend(self._end(body, _CLOSE))
             self._pending, self._in_call = self._pending[end + len(_CLOSE):], False
             return True
         start = self._pending.find(_OPEN)
@@ -169,13 +222,42 @@ class HermesParser(ToolCallParser):
         self._pending, self._in_call = self._pending[start + len(_OPEN):], True
         return True
 
-    def _block(self, body: str, closing: str) -> Parsed:
-        call = _call(body, "arguments")
+    def _begin(self, body: str, parsed: Parsed) -> None:
+        """Names the call as soon as the open block shows its name and the start of its arguments."""
+        header = None if self._arguments_at is not None else _HEADER.match(body)
+        if header is None:
+            return
+        self._arguments_at = self._sent = header.end()
+        self._called = True
+        parsed.pieces.append(self._whole(ParsedCall(header.group(1), "", _new_id())))
+
+    def _stream(self, body: str, parsed: Parsed) -> None:
+        if self._arguments_at is None:
+            return
+        end = self._arguments_end(body, final=False)
+        if end > self._sent:
+            parsed.pieces.append(CallPiece(self._calls - 1, body[self._sent:end]))
+            self._sent = end
+
+    def _arguments_end(self, body: str, final: bool) -> int:
+        """Where the arguments end, as far as `body` tells: before its last "}" (perhaps the block's own),
+        never on whitespace (perhaps before that brace) nor on a part of the closing tag."""
+        brace = body.rfind("}", self._arguments_at)
+        end = brace if brace >= 0 else (len(body) if final else _safe_end(body, _CLOSE))
+        return self._arguments_at + len(body[self._arguments_at:end].rstrip())
+
+    def _end(self, body: str, closing: str) -> Parsed:
         gap, self._gap = self._gap, ""
+        if self._arguments_at is not None:  # named already: the rest of its arguments
+            end = max(self._arguments_end(body, final=True), self._sent)
+            rest = body[self._sent:end]
+            self._arguments_at = None
+            return Parsed("", [CallPiece(self._calls - 1, rest)] if rest else [])
+        call = _call(body, "arguments")
         if call is None:
             return Parsed(gap + _OPEN + body + closing)
         self._called = True
-        return Parsed("", [call])
+        return Parsed("", [self._whole(call)])
 
 
 class JsonAnswerParser(ToolCallParser):
@@ -185,6 +267,7 @@ class JsonAnswerParser(ToolCallParser):
     Text that starts otherwise is content from its first character on, and streams as such."""
 
     def __init__(self, arguments_key: str, prefix: str = "", allow_list: bool = False) -> None:
+        super().__init__()
         self._key, self._prefix, self._allow_list = arguments_key, prefix, allow_list
         self._held = ""
         self._mode: str | None = None  # None: undecided; "content" or "json"
@@ -209,7 +292,7 @@ class JsonAnswerParser(ToolCallParser):
         held, self._held = self._held, ""
         body = _unmarked(held, self._prefix).rstrip()
         calls = _json_calls(body, self._key, self._allow_list) if self._mode == "json" else None
-        return Parsed("", calls) if calls else Parsed(held)
+        return Parsed("", [self._whole(call) for call in calls]) if calls else Parsed(held)
 
 
 def _unmarked(text: str, prefix: str) -> str:
@@ -240,7 +323,7 @@ def _call_of(value: object, key: str) -> ParsedCall | None:
     arguments = value.get(key, value.get("arguments" if key == "parameters" else "parameters", {}))
     if not isinstance(arguments, dict):
         return None
-    return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+    return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False), _new_id())
 
 
 def _json(text: str) -> object:

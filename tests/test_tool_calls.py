@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enclave.tool_calls import (
+    ChoiceCalls,
     FORCED_JSON,
     HERMES,
     LLAMA_JSON,
@@ -33,12 +34,20 @@ def streamed(format: str, pieces: list[str]) -> tuple[str, list[tuple[str, dict]
     for piece in pieces:
         total.extend(parser.feed(piece))
     total.extend(parser.finish())
-    return total.content, [(c.name, json.loads(c.arguments)) for c in total.calls]
+    return total.content, [(c.name, loaded(c.arguments)) for c in total.calls]
 
 
 def whole(format: str, text: str) -> tuple[str, list[tuple[str, dict]]]:
     parsed = parse_whole(format, text)
-    return parsed.content, [(c.name, json.loads(c.arguments)) for c in parsed.calls]
+    return parsed.content, [(c.name, loaded(c.arguments)) for c in parsed.calls]
+
+
+def loaded(arguments: str) -> dict | str:
+    """The arguments as an object; as text where the model's own text is not JSON (a streamed call's)."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 def every_split(format: str, text: str) -> None:
@@ -70,6 +79,7 @@ HERMES_CASES = [
     ("Plain answer, <b>no</b> call.\n\n", "Plain answer, <b>no</b> call.\n\n", []),
     ("Almost a tag: <tool_", "Almost a tag: <tool_", []),
     ("A\n<tool_call>not json</tool_call> B", "A\n<tool_call>not json</tool_call> B", []),
+    ('<tool_call>{"name": "f", "arguments": {"a": 1</tool_call>', "", [("f", '{"a": 1')]),  # named: a call
     ('<tool_call>{"name": "x", "arguments": [1]}</tool_call>', '<tool_call>{"name": "x", "arguments": [1]}</tool_call>', []),
     ('<tool_call>{"arguments": {}, "name": "no_args_first"}</tool_call>', "", [("no_args_first", {})]),
 ]
@@ -127,6 +137,30 @@ def test_content_streams_before_the_answer_ends() -> None:
     assert parser.feed("day> it is").content == " <today> it is"
     llama = parser_for(LLAMA_JSON)
     assert llama.feed("  It").content == "  It" and llama.feed(" rains").content == " rains"
+
+
+def test_hermes_arguments_stream_before_the_call_ends() -> None:
+    """Once a block shows its name, the call is named and its arguments go out as they come."""
+    parser = parser_for(HERMES)
+    first = parser.feed('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
+    assert first.content == "Checking."
+    [header, part] = [piece.fragment() for piece in first.pieces]
+    assert header["index"] == 0 and header["id"].startswith("call_") and header["type"] == "function"
+    assert header["function"] == {"name": "get_weather", "arguments": ""}
+    assert part == {"index": 0, "function": {"arguments": '{"city": "Pa'}}
+    rest = parser.feed('ris"}}\n</tool_call>\n<tool_call>{"name": "get_time", "arguments": {}}')
+    rest.extend(parser.finish())
+    assert [p.call for p in rest.pieces] == [0, 1, 1]  # the first call's last part, the second named, its arguments
+    assert [(c.name, c.arguments) for c in Parsed("", first.pieces + rest.pieces).calls] == [
+        ("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
+    calls = ChoiceCalls(HERMES, parallel=False)
+    parsed = calls.read(f"<tool_call>{WEATHER}</tool_call>", last=False)
+    parsed.extend(calls.read(f"<tool_call>{TIME}</tool_call>", last=True))
+    assert [call.name for call in parsed.calls] == ["get_weather"] and calls.finish_reason("stop") == "tool_calls"
+    assert ChoiceCalls(HERMES).finish_reason("stop") == "stop" and calls.finish_reason("length") == "length"
 
 
 def test_call_ids_are_random_per_call() -> None:
