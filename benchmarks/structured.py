@@ -107,7 +107,8 @@ def run_engine(model_dir: str, prompts: list[str], schemas: list[dict], max_toke
             structured = StructuredOutput("json_schema", schema, "response_format.json_schema.schema")
         params.append(SamplingParams(max_tokens=max_tokens[index], temperature=1.0, seed=index, ignore_eos=True,
                                      structured=structured))
-    engine.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    # Warm-up with the run's own kind of request: the grammar compiler and its thread pool start here.
+    engine.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0, structured=params[0].structured))
     steps_before = engine.runner.bridge.steps
     with timed_masks() as spent:
         started = time.perf_counter()
