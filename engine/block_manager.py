@@ -49,8 +49,9 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def can_reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self._blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+    def can_reserve(self, seq: Sequence, num_new_tokens: int, spare: int = 0) -> bool:
+        """Whether `seq` can have slots for `num_new_tokens` more tokens and `spare` blocks stay free."""
+        return self._blocks_needed(seq, num_new_tokens) + spare <= self.num_free_blocks
 
     def reserve(self, seq: Sequence, num_new_tokens: int) -> None:
         """Gives `seq` private slots for its next `num_new_tokens` tokens."""

@@ -24,6 +24,14 @@ from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.sampling_params import SamplingParams, is_integer
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceStatus
+from engine.speculative import (
+    Drafting,
+    SpeculationStats,
+    SpeculativeBatch,
+    SpeculativePicks,
+    SpeculativeSampler,
+    VerifyRequest,
+)
 from engine.structured import GrammarCompiler, Guide, MaskRequest
 from engine.tokenizer import Tokenizer
 
@@ -47,7 +55,7 @@ class LaunchedStep:
     """A step whose forward and picks are queued: which sample each pick is for, and the picks."""
 
     samples: list[Sequence]  # in pick order
-    picked: PickedTokens
+    picked: PickedTokens | SpeculativePicks
 
 
 @dataclass(eq=False, slots=True)
@@ -71,10 +79,15 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, scrub, self.runner.copy_block
         )
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        drafting = Drafting(self.config, self.max_model_len) if self.config.speculative else None
+        self.scheduler = Scheduler(self.config, self.block_manager, drafting)
         self.sampler = Sampler(LogitsProcessors(self.model_config.vocab_size, self.runner.device), self.runner.bridge)
+        self.speculative_sampler = SpeculativeSampler(self.sampler)
+        self.speculation = SpeculationStats()
         self._grammars: GrammarCompiler | None = None  # built at the first constrained request: the vocabulary only
-        self.async_scheduling = async_scheduling_enabled(self.config, self.runner.device)
+        # Speculative steps are read before the next is scheduled: how many drafts each sample accepted
+        # sets the next step's positions, and its drafts come from the tokens it accepted.
+        self.async_scheduling = async_scheduling_enabled(self.config, self.runner.device) and drafting is None
         self._in_flight: LaunchedStep | None = None  # async: launched, its picks not read yet
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
         self._requests: dict[str, Request] = {}
@@ -179,14 +192,15 @@ class LLMEngine:
         if not chunks:
             return None
         sampling = [chunk.seq for chunk in chunks if chunk.samples]
+        drafts = {chunk.seq.seq_id: chunk.draft for chunk in chunks if chunk.draft}
         lists, in_flight_ids = step_lists(chunks, self.config.block_size), self._in_flight_ids(chunks)
-        self.num_tokens_computed += sum(chunk.num_tokens for chunk in chunks)
+        self.num_tokens_computed += sum(chunk.num_tokens + len(chunk.draft) for chunk in chunks)
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
         if any(seq.guide is not None and seq.pending_row is not None for seq in sampling):
             return ForwardOnly(sampling, self.runner.run(lists, in_flight_ids).logits)
         # The picks' settings are known before the forward, so they ride in the step's one upload.
-        picks = self._pick_request(sampling)
+        picks = self._pick_request(sampling, drafts)
         run = self.runner.run(lists, in_flight_ids, None if picks is None else picks[1])
         return None if picks is None else LaunchedStep(picks[0], run.picked)
 
@@ -210,11 +224,31 @@ class LLMEngine:
         now = time.monotonic()
         results = launched.picked.results()
         self.runner.note_read(launched.picked.copy)
+        if isinstance(launched.picked, SpeculativePicks):
+            self.speculation.add(launched.picked, results)
+            return self._read_speculative(launched.samples, results, now)
         for seq, (token, logprob) in zip(launched.samples, results):
             seq.pending_row = None
             if not seq.is_finished:  # one that stopped while this batch was in flight: its pick is dropped
                 self._accept(seq, token, logprob, now)
         return self._deltas(launched.samples)
+
+    def _read_speculative(self, samples: list[Sequence], results: list[list[tuple[int, object]]], now: float
+                          ) -> list[StreamDelta]:
+        """Applies a speculative step's tokens: each sample's accepted drafts and the token after them.
+
+        The accepted drafts' KV was computed by the step, so they count as computed; the blocks that held
+        only rejected drafts are freed (and zeroed at the step's end).
+        """
+        for seq, picks in zip(samples, results):
+            for token, logprob in picks:
+                if seq.is_finished:  # a stop token or string among them: what follows is dropped
+                    break
+                self._accept(seq, token, logprob, now)
+            if not seq.is_finished:
+                seq.num_computed_tokens += len(picks) - 1
+                self.block_manager.trim(seq)
+        return self._deltas(samples)
 
     def stream(self) -> Iterator[StreamDelta]:
         """Steps until every queued request has finished, yielding deltas as they come."""
@@ -331,18 +365,36 @@ class LLMEngine:
         samplers, request = picks
         return LaunchedStep(samplers, self.sampler.launch(logits, request.requests, request.masks))
 
-    def _pick_request(self, sampling: list[Sequence]) -> tuple[list[Sequence], PickRequest] | None:
-        """What every sample whose chunk ended its tokens picks, forking new samples first; None if none does."""
+    def _pick_request(self, sampling: list[Sequence], drafts: dict[int, list[int]] | None = None
+                      ) -> tuple[list[Sequence], PickRequest] | None:
+        """What every sample whose chunk ended its tokens picks, forking new samples first; None if none does.
+
+        `drafts` (by seq id): a drafted sample has a logits row per draft and one more, which verify them
+        (`engine.speculative`); the step's samples are then the plain ones first, the drafted ones after.
+        """
         requests: list[SampleRequest] = []
         samplers: list[Sequence] = []
         masks: list[MaskRequest] = []
-        for row, seq in enumerate(sampling):
+        verify: list[VerifyRequest] = []
+        drafted: list[Sequence] = []
+        row = 0
+        for seq in sampling:
+            draft = drafts.get(seq.seq_id) if drafts else None
+            if draft:
+                verify.append(VerifyRequest(row, draft, seq.params, seq.seed, seq.num_output_tokens))
+                drafted.append(seq)
+                row += 1 + len(draft)
+                continue
             for sample in [seq, *self._fork(seq)]:
                 requests.append(self._sample_request(row, sample, masks))
                 samplers.append(sample)
-        if not requests:
+            row += 1
+        if not requests and not verify:
             return None
         mask_bits = self._grammars.masks(masks) if masks else None
+        if verify:
+            batch = SpeculativeBatch(requests, verify)
+            return samplers + drafted, PickRequest(self.speculative_sampler, batch, mask_bits)
         return samplers, PickRequest(self.sampler, requests, mask_bits)
 
     def _sample_request(self, row: int, sample: Sequence, masks: list[MaskRequest]) -> SampleRequest:

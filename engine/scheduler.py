@@ -76,19 +76,23 @@ class Scheduler:
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if not self._make_room(seq, num_tokens):
                 break  # seq was the latest arrival and had to be preempted itself
-            draft = self._draft(seq, num_tokens, budget)
+            draft = self._draft(seq, num_tokens, budget, later=len(self.running) - index - 1)
             self.block_manager.reserve(seq, num_tokens + len(draft))
             chunks.append(ScheduledChunk(seq, num_tokens, draft))
             budget -= num_tokens + len(draft)
             index += 1
         return chunks, budget, self.num_preemptions > preemptions_before
 
-    def _draft(self, seq: Sequence, num_tokens: int, budget: int) -> list[int]:
-        """Drafts for a decoding sequence, where the budget and free blocks allow: never preempts for them."""
+    def _draft(self, seq: Sequence, num_tokens: int, budget: int, later: int) -> list[int]:
+        """Drafts for a decoding sequence, where the budget and free blocks allow.
+
+        Not at another's expense: their slots must leave a block free for each of the `later` running
+        sequences, so that drafts do not make the scheduler preempt a decoding one.
+        """
         if self.drafter is None or num_tokens != 1 or seq.num_uncomputed_tokens != 1:
             return []
         draft = self.drafter(seq, budget - 1)
-        if draft and not self.block_manager.can_reserve(seq, 1 + len(draft)):
+        if draft and not self.block_manager.can_reserve(seq, 1 + len(draft), spare=later):
             return []
         return draft
 

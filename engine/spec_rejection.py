@@ -6,7 +6,9 @@ those positions and one more in the same forward. Draft d_i is accepted with pro
 min(1, p_i(d_i) / q_i(d_i)), in order; at the first rejection the token comes from
 normalize(max(0, p_i - q_i)) instead, and when all are accepted a bonus token comes from p_{length+1}.
 Every token emitted then has exactly the target's distribution. Greedy rows accept a draft exactly when
-it is the target's argmax, so they emit the tokens plain greedy decoding does.
+it is the target's argmax, so they emit the tokens plain greedy decoding does; drawing rows with
+deterministic drafts accept one exactly when it is the target's own draw, which is the same rule and
+emits the tokens plain sampling does (`verify_deterministic`).
 
 The randomness is the sampler's counter-based noise (`engine.sampling_noise`), a pure function of
 (seed, output position, token), so a seeded row's result never depends on what shares its batch.
@@ -46,10 +48,37 @@ def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor, lengths: torch.Ten
     return best, counts  # the accepted drafts equal the argmax there, so `best` holds every emitted token
 
 
+def verify_deterministic(probs: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor, seeds: torch.Tensor,
+                         positions: torch.Tensor, fallback: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drawing rows whose drafts are deterministic (q one-hot, as n-gram drafts are): the rule above,
+    with the target's own draws as its randomness.
+
+    Each position draws the token plain sampling would draw there (the sampler's exponential race over
+    the same noise), and a draft is accepted exactly when it is that token. Its chance is p(d), which is
+    min(1, p(d)/q(d)) for a one-hot q, and a rejected position's draw is p conditioned on not being d,
+    which is normalize(max(0, p - q)): the rule's distribution, with every emitted token the one plain
+    sampling emits for that seed and position. So a seeded sample's tokens do not depend on its drafts
+    (nor on the budget and pool that sized them), as they do not depend on its batch.
+
+    probs: [rows, k+1, vocab] filtered, unnormalized, as the sampler races them; fallback: [rows, k+1]
+    the token of each position whose probabilities are no distribution (the sampler's greedy fallback).
+    """
+    rows, width, vocab = probs.shape
+    steps = torch.arange(width, device=probs.device)
+    noise = exponential_noise(seeds.repeat_interleave(width), (positions.unsqueeze(-1) + steps).reshape(-1), vocab)
+    drawn = probs.reshape(rows * width, vocab).div(noise).argmax(dim=-1).view(rows, width)
+    if fallback is not None:
+        sums = probs.sum(dim=-1)
+        drawn = torch.where(torch.isfinite(sums) & (sums > 0), drawn, fallback)
+    return drawn, accepted_counts(drafts == drawn[:, :-1], lengths) + 1
+
+
 def verify_sampled(probs: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor, seeds: torch.Tensor,
                    positions: torch.Tensor, draft_probs: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drawing rows: ([rows, k+1] tokens, [rows] how many of them are emitted).
+    """Drawing rows whose drafts were drawn from distributions (a draft model's): ([rows, k+1] tokens,
+    [rows] how many of them are emitted).
 
     probs: [rows, k+1, vocab] the target's probabilities (filtered; they need not sum to one);
     drafts: [rows, k] int64 (any value past a row's length); lengths: [rows] drafts per row;

@@ -4,13 +4,29 @@ tokens follow the target's distribution (chi-square, as the sampler's draws are 
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import pytest
 import torch
 
+from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.errors import EngineError
 from engine.ngram_draft import NgramDrafter
-from engine.spec_rejection import verify_greedy, verify_sampled
+from engine.scheduler import ScheduledChunk
+from engine.sampler import SampleRequest, Sampler
+from engine.spec_rejection import verify_deterministic, verify_greedy, verify_sampled
+from engine.speculative import SpeculativeBatch, SpeculativePicks, VerifyPlan, VerifyRequest
+from tests.engine_models import (  # noqa: F401 (fixtures)
+    REFERENCE_NAMES,
+    greedy,
+    hf_greedy,
+    one_torch_thread,
+    output_tokens,
+    random_lengths,
+    random_prompts,
+    reference_models,
+    tiny_engine,
+)
 
 # ----- n-gram drafts ------------------------------------------------------------------------
 
@@ -112,8 +128,10 @@ def run_verify(draft: torch.Tensor | None, k: int, rows: int = ROWS, salt: int =
         generator = torch.Generator().manual_seed(salt + 1)
         drafts = torch.multinomial(draft.float(), rows * k, replacement=True, generator=generator).view(rows, k)
         draft_probs = draft.float().expand(rows, k, 5).contiguous()
-    positions = torch.arange(rows) % 17
-    return verify_sampled(probs, drafts, torch.full((rows,), k), seeds(rows, salt), positions, draft_probs), drafts
+    positions, lengths = torch.arange(rows) % 17, torch.full((rows,), k)
+    if draft is None:
+        return verify_deterministic(probs, drafts, lengths, seeds(rows, salt), positions), drafts
+    return verify_sampled(probs, drafts, lengths, seeds(rows, salt), positions, draft_probs), drafts
 
 
 @pytest.mark.parametrize("draft", [None, OTHER, FIVE], ids=["deterministic", "disagreeing", "agreeing"])
@@ -152,6 +170,22 @@ def test_a_rejected_deterministic_draft_is_never_emitted_in_its_place():
     assert rejected.sum() > 0 and (tokens[rejected, 0] != 3).all()
 
 
+def test_deterministic_drafts_emit_the_tokens_plain_sampling_draws():
+    logits = torch.randn(6, 3, 40, generator=torch.Generator().manual_seed(8))
+    params = SamplingParams(temperature=0.8, seed=1)
+    row_seeds, positions = seeds(6, salt=9), torch.arange(6) * 5
+    plain = [[token for token, _ in Sampler()(logits[row], [
+        SampleRequest(i, params, int(row_seeds[row]), int(positions[row]) + i) for i in range(3)])] for row in range(6)]
+    drafts = torch.tensor(plain)[:, :2].clone()
+    drafts[1, 0] = (drafts[1, 0] + 1) % 40  # row 1 is rejected at once, row 2 after one draft
+    drafts[2, 1] = (drafts[2, 1] + 1) % 40
+    tokens, counts = verify_deterministic(torch.softmax(logits / 0.8, dim=-1), drafts, torch.full((6,), 2),
+                                          row_seeds, positions)
+    assert counts.tolist() == [3, 1, 2, 3, 3, 3]
+    for row in range(6):
+        assert tokens[row, : counts[row]].tolist() == plain[row][: counts[row]]
+
+
 def test_a_seeded_rows_verification_does_not_depend_on_its_batch():
     probs = torch.softmax(torch.randn(9, 4, 50, generator=torch.Generator().manual_seed(2)), dim=-1)
     drafts = torch.randint(0, 50, (9, 3), generator=torch.Generator().manual_seed(3))
@@ -164,3 +198,146 @@ def test_a_seeded_rows_verification_does_not_depend_on_its_batch():
         assert count.item() == counts[row].item()
         assert alone[0, : count.item()].tolist() == tokens[row, : count.item()].tolist()
     assert counts[4].item() == 1  # no drafts: the bonus token alone
+
+
+# ----- the engine ---------------------------------------------------------------------------
+
+SPECULATIVE = {"speculative": "ngram", "num_speculative_tokens": 3}
+BUDGET = 32
+# 20 blocks of 4 tokens: far less than the batch needs at once, so it must preempt (as the parity tests do).
+CROWDED = {"num_blocks": 20, "block_size": 4, "max_num_batched_tokens": BUDGET}
+
+
+@pytest.fixture(scope="module")
+def batch() -> tuple[list[list[int]], list[int]]:
+    prompts = random_prompts(18, 3, 45, seed=1)
+    prompts[0] = random_prompts(1, BUDGET + 9, BUDGET + 9, seed=2)[0]  # prefilled in chunks for sure
+    return prompts, random_lengths(18, 1, 30, seed=3)
+
+
+def chunk_recorder(engine: LLMEngine) -> list[list[tuple[int, int, int]]]:
+    """Each step's chunks as (tokens, drafts, computed before), from the real scheduler."""
+    steps: list[list[tuple[int, int, int]]] = []
+    schedule = engine.scheduler.schedule
+
+    def recording():
+        chunks = schedule()
+        steps.append([(c.num_tokens, len(c.draft), c.seq.num_computed_tokens) for c in chunks])
+        return chunks
+
+    engine.scheduler.schedule = recording
+    return steps
+
+
+@pytest.mark.parametrize("name", REFERENCE_NAMES)
+def test_greedy_speculation_matches_transformers_under_batching_chunking_and_preemption(name, batch,
+                                                                                        reference_models):
+    prompts, max_tokens = batch
+    reference = reference_models[name]
+    expected = [hf_greedy(reference.model, p, n) for p, n in zip(prompts, max_tokens)]
+    engine = LLMEngine(reference.folder, EngineConfig(**CROWDED, **SPECULATIVE))
+    steps = chunk_recorder(engine)
+    produced = output_tokens(engine, prompts, [greedy(n) for n in max_tokens])
+    for index, (got, want) in enumerate(zip(produced, expected)):
+        assert got == want, f"request {index} differs from transformers"
+    assert engine.scheduler.num_preemptions > 0
+    assert any(tokens > 1 and tokens < BUDGET for step in steps for tokens, _, _ in step)  # a partial prefill
+    # Drafted and plain rows in one step, and drafts that were accepted.
+    assert any(any(d for _, d, _ in step) and any(not d for _, d, _ in step) for step in steps)
+    assert engine.speculation.accepted > 0
+    assert engine.residue_check() == []
+
+
+def test_greedy_speculation_emits_what_plain_decoding_does_with_fewer_steps():
+    prompts = random_prompts(6, 4, 24, seed=21)
+    params = [greedy(n) for n in (40, 33, 25, 40, 12, 40)]
+    plain = tiny_engine(num_blocks=64, block_size=4)
+    speculative = tiny_engine(num_blocks=64, block_size=4, **SPECULATIVE)
+    expected = output_tokens(plain, prompts, params)
+    assert output_tokens(speculative, prompts, params) == expected
+    assert speculative.runner.bridge.steps < plain.runner.bridge.steps
+    stats = speculative.speculation
+    assert 0 < stats.accepted < stats.drafted and stats.emitted == stats.accepted + stats.rows
+
+
+def test_plain_rows_beside_drafted_ones_pick_what_they_pick_without_speculation():
+    """Logprobs, penalties and bias are never drafted for: their tokens are the plain engine's, in a mixed batch."""
+    prompts = random_prompts(5, 4, 20, seed=23)
+    params = [
+        greedy(30),
+        greedy(20, logprobs=2),
+        SamplingParams(max_tokens=20, temperature=0.8, seed=4, ignore_eos=True, presence_penalty=0.5),
+        SamplingParams(max_tokens=20, temperature=0.8, seed=5, ignore_eos=True, logit_bias=((5, 2.0),)),
+        SamplingParams(max_tokens=20, temperature=0.7, n=3, seed=6, ignore_eos=True),
+    ]
+    plain = tiny_engine(num_blocks=96, block_size=4).generate(prompts, params)
+    speculative_engine = tiny_engine(num_blocks=96, block_size=4, **SPECULATIVE)
+    speculative = speculative_engine.generate(prompts, params)
+    for index in (0, 1, 2, 3):
+        assert speculative[index].outputs[0].token_ids == plain[index].outputs[0].token_ids
+    assert [lp.logprob for lp in speculative[1].outputs[0].logprobs] == [
+        lp.logprob for lp in plain[1].outputs[0].logprobs]
+    assert [len(o.token_ids) for o in speculative[4].outputs] == [20, 20, 20]
+    assert speculative_engine.speculation.drafted > 0
+
+
+def test_a_seeded_speculative_sample_gives_the_same_tokens_in_any_batch_mix():
+    prompts = random_prompts(4, 4, 20, seed=25)
+    seeded = SamplingParams(max_tokens=24, temperature=0.6, top_k=30, seed=42, ignore_eos=True)
+    alone_engine = tiny_engine(num_blocks=64, block_size=4, **SPECULATIVE)
+    alone = alone_engine.generate([prompts[0]], seeded)[0].outputs[0].token_ids
+    assert alone_engine.speculation.drafted > 0
+    crowded = tiny_engine(num_blocks=14, block_size=4, max_num_batched_tokens=8, **SPECULATIVE)
+    others = [SamplingParams(max_tokens=14, temperature=0.9, seed=s, ignore_eos=True) for s in (1, 2)]
+    outputs = crowded.generate([prompts[1], prompts[0], prompts[2], prompts[3]],
+                               [others[0], seeded, greedy(12), others[1]])
+    assert crowded.scheduler.num_preemptions > 0
+    assert outputs[1].outputs[0].token_ids == alone
+    # Drafts only decide how many tokens a step emits: the tokens are those plain sampling draws.
+    assert tiny_engine(num_blocks=64, block_size=4).generate([prompts[0]], seeded)[0].outputs[0].token_ids == alone
+
+
+def test_stop_tokens_and_max_tokens_cut_accepted_drafts():
+    prompt = random_prompts(1, 6, 6, seed=27)[0]
+    full = output_tokens(tiny_engine(num_blocks=64, block_size=4), [prompt], greedy(40))[0]
+    speculative = tiny_engine(num_blocks=64, block_size=4, **SPECULATIVE)
+    for length in (1, 2, 7, 19):
+        assert output_tokens(speculative, [prompt], greedy(length))[0] == full[:length]
+    k = next(k for k in range(10, len(full)) if full[k] not in full[:k] and full[k] in full[k + 1 :] or k == 39)
+    stopped = speculative.generate([prompt], greedy(40, stop_token_ids=(full[k],)))[0].outputs[0]
+    assert stopped.token_ids == full[:k]
+
+
+def test_blocks_of_rejected_drafts_are_freed_and_zeroed_every_step():
+    engine = tiny_engine(num_blocks=64, block_size=2, **SPECULATIVE)
+    for prompt, n in zip(random_prompts(4, 3, 10, seed=29), (30, 25, 20, 35)):
+        engine.add_request(prompt, greedy(n))
+    trimmed = 0
+    while engine.has_unfinished():
+        engine.step()
+        for seq in engine.scheduler.running:
+            # Whatever drafts it rejected, a sequence holds the blocks of its computed tokens only.
+            assert len(seq.block_table) == engine.block_manager.blocks_for(seq.num_computed_tokens)
+        assert engine.residue_check() == []
+        trimmed += engine.block_manager.blocks_scrubbed
+    assert engine.speculation.drafted > engine.speculation.accepted > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_nothing_of_a_requests_drafts_is_reachable_after_it_ends():
+    engine = tiny_engine(num_blocks=64, block_size=4, **SPECULATIVE)
+    engine.add_request(random_prompts(1, 8, 8, seed=31)[0], greedy(30))
+    kinds = (ScheduledChunk, VerifyRequest, SpeculativeBatch, SpeculativePicks, VerifyPlan)
+    while engine.has_unfinished():
+        engine.step()
+        # Not even the step outlives itself: the next one drafts afresh from the sample's tokens.
+        gc.collect()
+        assert not [o for o in gc.get_objects() if type(o) in kinds]
+    assert engine.speculation.steps > 0
+
+
+def test_speculation_settings_are_checked_by_name():
+    with pytest.raises(EngineError, match="speculative"):
+        EngineConfig(speculative="database")
+    with pytest.raises(EngineError, match="num_speculative_tokens"):
+        EngineConfig(speculative="ngram", num_speculative_tokens=0)
