@@ -148,6 +148,23 @@ def test_a_toll_on_every_crossing_changes_no_token():
         [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
+@pytest.mark.parametrize("kind", ["greedy", "sampled", "n=3"])
+def test_a_speculative_step_crosses_once_each_way(kind, graphs):
+    """Drafts, their settings and the plain rows' go up in the step's one upload; emitted tokens come back in one."""
+    prompts = random_prompts(5, 3, 14, seed=33)
+    lengths = random_lengths(5, 8, 24, seed=34)
+    params = [SETTINGS[kind](n) for n in lengths]
+    llm = engine(False, graphs, speculative="ngram", num_speculative_tokens=3)
+    records, tokens = run_recorded(llm, prompts, params)
+    running = [r for r in records if not r.last]
+    assert llm.speculation.steps > 0
+    assert all((r.crossed.h2d, r.crossed.d2h) == (1, 1) for r in running)
+    assert records[-1].crossed.h2d <= 2 and records[-1].crossed.d2h <= 1
+    assert [len(t) for t in tokens.values()] == [n * params[0].n for n in lengths]
+    assert llm.residue_check() == []
+
+
 # ----- the source: no transfer outside the bridge ------------------------------------------------------
 
 SCANNED = ("engine", "kernels")
