@@ -60,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="sequences the engine batches at once (default: the larger of 64 and --capacity)")
     node.add_argument("--max-num-batched-tokens", type=int, default=None,
                       help="tokens one engine step computes at most (default: the engine's, 1024)")
+    node.add_argument("--speculative", default=None, metavar="ngram|draft:DIR",
+                      help="speculative decoding: ngram drafts from each request's own tokens; the policy's "
+                           "engine.speculation must name it (default: none). draft:DIR is not implemented yet")
+    node.add_argument("--num-speculative-tokens", type=int, default=3,
+                      help="drafts verified per sample per step (default: %(default)s)")
     add_operation_options(node)
     node.set_defaults(handler=_run_node)
 
@@ -75,6 +80,7 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
         drain_s=args.drain_s, evidence_check_s=args.evidence_check_s, metrics_listen=args.metrics_listen,
         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
     )
 
 

@@ -84,6 +84,7 @@ def engine_config(settings: NodeSettings, limits: EngineLimits) -> EngineConfig:
         max_num_seqs=settings.max_num_seqs or max(64, settings.capacity),
         cuda_graphs=None if settings.cuda_graphs else False,
         async_scheduling=None if settings.async_scheduling else False, bridge_toll_us=settings.bridge_toll_us,
+        speculative=settings.speculative, num_speculative_tokens=settings.num_speculative_tokens,
         **optional,
     )
 

@@ -26,6 +26,7 @@ def check_node_settings(settings: NodeSettings, policy: Policy, model_digest: by
             "run on a confidential-computing node with --attestation nvml or tsm"
         )
     _check_prefix_sharing(engine.prefix_sharing)
+    _check_speculation(settings.speculative, policy)
     _check_audit_schema(policy)
     if not engine.accept_unlisted_models and model_digest.hex() not in engine.allowed_model_digests:
         raise SelfCheckError(
@@ -51,6 +52,18 @@ def check_node_settings(settings: NodeSettings, policy: Policy, model_digest: by
         raise SelfCheckError("--max-num-seqs must be at least --capacity: the engine must batch every request the "
                              "node admits")
     return EngineLimits(max_model_len=_max_model_len(settings, policy), kv_cache_gib=requested)
+
+
+def _check_speculation(speculative: str | None, policy: Policy) -> None:
+    """A node runs only the speculation its measured policy names, so a client's verifier sees what runs."""
+    if speculative is None:
+        return
+    kind = "draft-model" if speculative.startswith("draft:") else speculative
+    if kind != policy.engine.speculation:
+        raise SelfCheckError(
+            f"--speculative {kind if kind != 'draft-model' else 'draft:DIR'} needs policy {policy.name!r} to name it "
+            f"(engine.speculation = {kind!r}); it names {policy.engine.speculation!r}"
+        )
 
 
 def _max_model_len(settings: NodeSettings, policy: Policy) -> int:

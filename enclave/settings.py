@@ -40,3 +40,6 @@ class NodeSettings:
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    # Speculative decoding (`engine.speculative`): "ngram" or None; the policy's engine.speculation must name it.
+    speculative: str | None = None
+    num_speculative_tokens: int = 3

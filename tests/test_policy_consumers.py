@@ -67,8 +67,10 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
     "engine.allowed_model_digests": (
         "tests/test_attestation_cli.py::test_measure_gives_the_digests_an_operator_pins_and_evidence_then_verifies_against_them",),
     "engine.accept_unlisted_models": ("tests/test_security_claims.py::test_strict_admits_no_node_until_a_release_is_listed",),
-    # Allows "none" or "draft-model" (a permission: the engine runs no speculation); refuses the rest.
-    "engine.speculation": (FORBIDDEN_KNOB_REFUSED,),
+    # Names what a node may run ("none", "ngram" or "draft-model"); a node refuses any other; the rest is refused.
+    "engine.speculation": (
+        "tests/test_enclave_speculation.py::test_a_node_refuses_speculation_its_policy_does_not_name",
+        FORBIDDEN_KNOB_REFUSED),
     "routing.candidates": (
         "tests/test_client_policy.py::test_each_request_is_encrypted_to_the_policys_number_of_candidates",
         "tests/test_client_policy.py::test_a_caller_may_ask_for_fewer_candidates_than_the_policy_never_more"),
