@@ -103,3 +103,4 @@ def test_the_structured_outputs_benchmark_reports_compiles_masks_and_both_throug
     constrained = re.search(rf"json_schema:\s+{NUMBER} output tokens/s \((\d+) tokens", out)
     assert plain and constrained and plain.group(1) == constrained.group(1)  # the same work in both runs
     assert re.search(rf"ratio json_schema / unconstrained at batch 4: {NUMBER}  \[target >= 0.85: (met|NOT met)\]", out)
+    assert re.search(rf"same ratio by this process's CPU time: {NUMBER} ", out)
