@@ -73,6 +73,15 @@ class CrossingCount:
 
 
 @dataclass(frozen=True, slots=True)
+class BridgeStats:
+    """What the engine reports of its crossings: the latest finished step's, and every one since it started."""
+
+    steps: int
+    last_step: CrossingCount
+    total: CrossingCount
+
+
+@dataclass(frozen=True, slots=True)
 class Segment:
     offset: int  # bytes into the buffer
     dtype: torch.dtype
@@ -232,6 +241,9 @@ class Bridge:
         self.step = CrossingCount()
         self.steps += 1
 
+    def stats(self) -> BridgeStats:
+        return BridgeStats(self.steps, self.last_step.copy(), self.total.copy())
+
     # ----- host to device ---------------------------------------------------------------------
 
     def upload(self) -> Upload:
@@ -310,30 +322,33 @@ class Bridge:
         loaded: dict[str, torch.Tensor] = {}
         chunk: list[tuple[str, torch.Tensor]] = []
         size = 0
+        staging = Staging(torch.device("cpu"), self.device.type == "cuda")  # one pinned buffer, reused
         for name, tensor in tensors:
             nbytes = _aligned(tensor.numel() * tensor.element_size())
             if chunk and size + nbytes > chunk_bytes:
-                loaded |= self._load_chunk(chunk, size)
+                loaded |= self._load_chunk(chunk, size, staging)
                 chunk, size = [], 0
             chunk.append((name, tensor))
             size += nbytes
         if chunk:
-            loaded |= self._load_chunk(chunk, size)
+            loaded |= self._load_chunk(chunk, size, staging)
         return loaded
 
-    def _load_chunk(self, chunk: list[tuple[str, torch.Tensor]], nbytes: int) -> dict[str, torch.Tensor]:
+    def _load_chunk(self, chunk: list[tuple[str, torch.Tensor]], nbytes: int, staging: Staging
+                    ) -> dict[str, torch.Tensor]:
         self.toll.pay()
         self._count(CrossingCount(h2d=1, h2d_bytes=nbytes))
         if self.device.type != "cuda":
             return dict(chunk)
-        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        staging.reserve(nbytes)
+        host = staging.tensor[:nbytes]
         offsets, offset = [], 0
         for _, tensor in chunk:
             flat = tensor.contiguous().view(-1).view(torch.uint8)
             host[offset : offset + flat.numel()].copy_(flat)
             offsets.append(offset)
             offset = _aligned(offset + flat.numel())
-        device = host.to(self.device)
+        device = host.to(self.device)  # waits for the copy: the staging buffer is refilled next
         return {name: _cut(device, start, tensor) for (name, tensor), start in zip(chunk, offsets)}
 
     # ----- counting ---------------------------------------------------------------------------

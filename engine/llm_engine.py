@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from engine.block_manager import BlockManager
+from engine.bridge import BridgeStats
 from engine.config import EngineConfig
 from engine.errors import EngineError, RequestRejected, UnknownRequestError
 from engine.logits_processors import LogitsProcessors
@@ -142,6 +143,10 @@ class LLMEngine:
         ]
         parent.forks_pending = 0
         return children
+
+    def bridge_stats(self) -> BridgeStats:
+        """Host-device crossings and their bytes: the latest step's and the engine's total (`engine.bridge`)."""
+        return self.runner.bridge.stats()
 
     def has_unfinished(self) -> bool:
         return bool(self._requests) or bool(self._pending) or self._in_flight is not None

@@ -298,3 +298,13 @@ def test_veil_node_passes_its_bridge_toll_to_the_engine():
     assert node_engine_config(node_settings(parser.parse_args(node)), limits).bridge_toll_us == 0
     tolled = node_settings(parser.parse_args([*node, "--bridge-toll-us", "300"]))
     assert node_engine_config(tolled, limits).bridge_toll_us == 300
+
+
+def test_the_engine_reports_its_crossings_per_step_and_in_total():
+    llm = engine(overlapped=False, graphs=False)
+    llm.add_request([5, 6, 7], greedy(4))
+    llm.step()
+    llm.step()
+    stats = llm.bridge_stats()
+    assert (stats.last_step.h2d, stats.last_step.d2h) == (1, 1) and stats.last_step.h2d_bytes > 0
+    assert stats.steps == 2 and stats.total.h2d >= 2 and stats.total.d2h == 2
