@@ -492,9 +492,6 @@ def test_logprobs_of_a_mixed_batch_are_each_rows_own():
         assert [v for _, v in logprob.top] == pytest.approx(top.values.tolist(), abs=1e-6)
 
 
-HOST_CONVERSIONS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu", "to"}
-
-
 class TorchCalls(TorchFunctionMode):
     """Records the name of every torch function and tensor method called inside it."""
 
