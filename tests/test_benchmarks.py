@@ -104,3 +104,16 @@ def test_the_structured_outputs_benchmark_reports_compiles_masks_and_both_throug
     assert plain and constrained and plain.group(1) == constrained.group(1)  # the same work in both runs
     assert re.search(rf"ratio json_schema / unconstrained at batch 4: {NUMBER}  \[target >= 0.85: (met|NOT met)\]", out)
     assert re.search(rf"same ratio by this process's CPU time: {NUMBER} ", out)
+
+
+def test_the_speculative_benchmark_reports_acceptance_and_both_throughputs_on_the_same_requests() -> None:
+    out = run_benchmark("speculative.py", "--batches", "1", "--requests", "2", "--max-tokens", "12", "--k", "3",
+                        "--candidates", "6", "--repeats", "1")
+    assert re.search(r"\d+ of 6 random prompts \(\d+%\) have a greedy continuation that repeats", out)
+    oracle = re.search(rf"acceptance rate ({NUMBER})%  mean accepted length ({NUMBER}) of 3", out)
+    # (a): every draft accepted (fewer than k are drafted only where max_tokens leaves less room)
+    assert oracle and float(oracle.group(1)) == 100.0 and 2.0 < float(oracle.group(2)) <= 3.0
+    assert len(re.findall(rf"plain:\s+{NUMBER} output tokens/s\s+{NUMBER} ms per output token", out)) >= 1
+    ratios = re.findall(rf"ratio speculative / plain: {NUMBER}x   tokens identical to plain: (yes|NO)", out)
+    assert ratios and set(ratios) == {"yes"}
+    assert len(re.findall(r"draft at \d+% of the target per token: break-even", out)) == 4
