@@ -11,8 +11,9 @@ Drafts live in the step's chunks and plan only: nothing of them outlives the ste
 rejected drafts lie past the sample's computed tokens, where the next step overwrites them or, once
 whole blocks, the engine frees (and zeroes) them (`BlockManager.trim`).
 
-Samples whose picks need more than the target's distribution (logprobs, bias, penalties, a grammar)
-are not drafted for: they pick one token a step as before, in the same batch.
+Logprobs of the emitted tokens are the target's own at each position, as the sampler reports them.
+Samples whose picks change the target's distribution (bias, penalties, a grammar) are not drafted
+for: they pick one token a step as before, in the same batch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from engine.spec_rejection import verify_deterministic, verify_greedy
 
 # The verification's segments in a step's crossings.
 SPEC_INTS, SPEC_FLOATS, SPEC_PICKS = "speculative.ints", "speculative.floats", "speculative.picks"
+SPEC_LOGPROBS = "speculative.logprobs"
 
 
 class Drafting:
@@ -59,8 +61,7 @@ class Drafting:
 
 def drafts_for(params: SamplingParams) -> bool:
     """Whether a sample's picks depend on the target's distribution alone, which verification reproduces."""
-    return (params.logprobs is None and not params.logit_bias and not params.penalized
-            and params.structured is None)
+    return not params.logit_bias and not params.penalized and params.structured is None
 
 
 @dataclass(slots=True)
@@ -91,6 +92,8 @@ class VerifyPlan:
     width: int
     sorts: bool
     lengths: list[int]  # drafts of each request, in request order
+    wanted: list[int]  # reordered rows that report logprobs
+    logprob_counts: list[int]  # alternatives each of those asked for
 
 
 @dataclass(slots=True)
@@ -113,7 +116,8 @@ class SpeculativePicks:
         if self.plain is not None:
             self.plain.copy = self.copy
             plain = [[result] for result in self.plain.results()]
-        return plain + _unpack(self.copy.values()[SPEC_PICKS], self.verify)
+        values = self.copy.values()
+        return plain + _unpack(values[SPEC_PICKS], values.get(SPEC_LOGPROBS, []), self.verify)
 
 
 @dataclass(slots=True)
@@ -153,7 +157,10 @@ class SpeculativeSampler:
     def pick(self, logits: torch.Tensor, plan: SpeculativePlan, views: dict[str, torch.Tensor],
              download: DownloadPlan) -> SpeculativePicks:
         plain = None if plan.plain is None else self.sampler.pick(logits, plan.plain, views, download)
-        download.add(SPEC_PICKS, _verify(logits, plan.verify, views))
+        picks, logprobs = _verify(logits, plan.verify, views)
+        download.add(SPEC_PICKS, picks)
+        if logprobs is not None:
+            download.add(SPEC_LOGPROBS, logprobs)
         return SpeculativePicks(plain, plan.verify)
 
 
@@ -173,20 +180,24 @@ def _pack(upload: Upload, requests: list[VerifyRequest], vocab_size: int) -> Ver
     if any(r.seed is None for r in draws):
         raise EngineError("a sample that draws needs a seed; the engine gives every sequence one at admission")
     top_ks = [r.params.top_k if 0 < r.params.top_k < vocab_size else vocab_size for r in draws]
+    wanted = [j for j, i in enumerate(order) if requests[i].params.logprobs is not None]
     upload.add(SPEC_INTS, rows + drafts + [len(requests[i].draft) for i in order] + top_ks
-               + [r.seed for r in draws] + [r.position for r in draws], torch.int64)
+               + [r.seed for r in draws] + [r.position for r in draws] + wanted, torch.int64)
     if draws:
         upload.add(SPEC_FLOATS, [r.params.temperature for r in draws] + [r.params.top_p for r in draws]
                    + [r.params.min_p for r in draws], torch.float32)
     sorts = any(k < vocab_size for k in top_ks) or any(r.params.top_p < 1.0 for r in draws)
-    return VerifyPlan(order, len(draws), width, sorts, [len(r.draft) for r in requests])
+    counts = [requests[order[j]].params.logprobs for j in wanted]
+    return VerifyPlan(order, len(draws), width, sorts, [len(r.draft) for r in requests], wanted, counts)
 
 
-def _verify(logits: torch.Tensor, plan: VerifyPlan, views: dict[str, torch.Tensor]) -> torch.Tensor:
-    """[rows * width + rows] int64: each reordered row's tokens (padded to width), then how many it emits."""
+def _verify(logits: torch.Tensor, plan: VerifyPlan, views: dict[str, torch.Tensor]
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[rows * width + rows] int64: each reordered row's tokens (padded to width), then how many it emits;
+    and the logprobs asked for (`_logprobs`), or None."""
     count, width, drawn = len(plan.order), plan.width, plan.drawn
-    rows, drafts, lengths, top_k, seeds, positions = views[SPEC_INTS].split(
-        [count * width, count * (width - 1), count] + [drawn] * 3)
+    rows, drafts, lengths, top_k, seeds, positions, logprob_rows = views[SPEC_INTS].split(
+        [count * width, count * (width - 1), count] + [drawn] * 3 + [len(plan.wanted)])
     table = logits.index_select(0, rows).float().view(count, width, -1)
     drafts = drafts.view(count, width - 1)
     tokens, emitted = verify_greedy(table, drafts, lengths)
@@ -200,15 +211,43 @@ def _verify(logits: torch.Tensor, plan: VerifyPlan, views: dict[str, torch.Tenso
         # n-gram drafts are deterministic; a position with no distribution falls back to its argmax.
         tokens[:drawn], emitted[:drawn] = verify_deterministic(probs, drafts[:drawn], lengths[:drawn], seeds,
                                                                positions, fallback=tokens[:drawn])
-    return torch.cat([tokens.flatten(), emitted])
+    logprobs = _logprobs(table, tokens, logprob_rows, plan) if plan.wanted else None
+    return torch.cat([tokens.flatten(), emitted]), logprobs
 
 
-def _unpack(values: list, plan: VerifyPlan) -> list[list[tuple[int, TokenLogprob | None]]]:
-    """The emitted tokens of each drafted sample, in request order."""
+def _logprobs(table: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor, plan: VerifyPlan) -> torch.Tensor:
+    """float64, per wanted row and position: the token's logprob, then the top alternatives' ids and values.
+
+    The model's own, before any processor, as the sampler reports them; positions past what a row emits
+    are computed and never read.
+    """
+    log_probs = torch.log_softmax(table.index_select(0, rows), dim=-1)
+    chosen = log_probs.gather(-1, tokens.index_select(0, rows).unsqueeze(-1))
+    parts = [chosen.double().flatten()]
+    widest = max(plan.logprob_counts)
+    if widest:
+        top = torch.topk(log_probs, widest, dim=-1)
+        parts += [top.indices.double().flatten(), top.values.double().flatten()]
+    # float64 holds every token id and every float32 logprob exactly.
+    return torch.cat(parts)
+
+
+def _unpack(values: list, logprobs: list, plan: VerifyPlan) -> list[list[tuple[int, TokenLogprob | None]]]:
+    """The emitted tokens (and logprobs, if asked) of each drafted sample, in request order."""
     count, width = len(plan.order), plan.width
     emitted = values[count * width :]
     results: list[list[tuple[int, TokenLogprob | None]]] = [[] for _ in range(count)]
     for row, index in enumerate(plan.order):
         start = row * width
         results[index] = [(int(token), None) for token in values[start : start + int(emitted[row])]]
+    widest = max(plan.logprob_counts, default=0)
+    cells = len(plan.wanted) * width  # (row, position) pairs, each with one chosen logprob
+    for n, (row, alternatives) in enumerate(zip(plan.wanted, plan.logprob_counts)):
+        picks = results[plan.order[row]]
+        for position, (token, _) in enumerate(picks):
+            cell = n * width + position
+            top_ids = logprobs[cells + cell * widest : cells + cell * widest + alternatives]
+            top_values = logprobs[cells * (1 + widest) + cell * widest :][:alternatives]
+            top = tuple((int(i), v) for i, v in zip(top_ids, top_values))
+            picks[position] = (token, TokenLogprob(token, logprobs[cell], top))
     return results

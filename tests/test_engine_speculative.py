@@ -261,7 +261,7 @@ def test_greedy_speculation_emits_what_plain_decoding_does_with_fewer_steps():
 
 
 def test_plain_rows_beside_drafted_ones_pick_what_they_pick_without_speculation():
-    """Logprobs, penalties and bias are never drafted for: their tokens are the plain engine's, in a mixed batch."""
+    """Penalties and bias are never drafted for: their tokens are the plain engine's, in a mixed batch."""
     prompts = random_prompts(5, 4, 20, seed=23)
     params = [
         greedy(30),
@@ -275,10 +275,28 @@ def test_plain_rows_beside_drafted_ones_pick_what_they_pick_without_speculation(
     speculative = speculative_engine.generate(prompts, params)
     for index in (0, 1, 2, 3):
         assert speculative[index].outputs[0].token_ids == plain[index].outputs[0].token_ids
-    assert [lp.logprob for lp in speculative[1].outputs[0].logprobs] == [
-        lp.logprob for lp in plain[1].outputs[0].logprobs]
+    assert [lp.logprob for lp in speculative[1].outputs[0].logprobs] == pytest.approx(
+        [lp.logprob for lp in plain[1].outputs[0].logprobs], abs=1e-4)
     assert [len(o.token_ids) for o in speculative[4].outputs] == [20, 20, 20]
     assert speculative_engine.speculation.drafted > 0
+
+
+@pytest.mark.parametrize("alternatives", [0, 3])
+def test_logprobs_of_accepted_tokens_are_the_targets_own(alternatives):
+    prompts = random_prompts(3, 4, 20, seed=26)
+    params = [greedy(30, logprobs=alternatives),
+              SamplingParams(max_tokens=30, temperature=0.8, seed=3, ignore_eos=True, logprobs=alternatives)]
+    plain = tiny_engine(num_blocks=64, block_size=4).generate(prompts[:2], params)
+    engine = tiny_engine(num_blocks=64, block_size=4, **SPECULATIVE)
+    speculative = engine.generate(prompts[:2], params)
+    assert engine.speculation.accepted > 0
+    for got, want in zip(speculative, plain):
+        got, want = got.outputs[0], want.outputs[0]
+        assert got.token_ids == want.token_ids
+        assert [lp.token_id for lp in got.logprobs] == got.token_ids
+        assert [lp.logprob for lp in got.logprobs] == pytest.approx([lp.logprob for lp in want.logprobs], abs=1e-4)
+        assert [[i for i, _ in lp.top] for lp in got.logprobs] == [[i for i, _ in lp.top] for lp in want.logprobs]
+        assert all(len(lp.top) == alternatives for lp in got.logprobs)
 
 
 def test_a_seeded_speculative_sample_gives_the_same_tokens_in_any_batch_mix():
