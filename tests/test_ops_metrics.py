@@ -34,6 +34,7 @@ from audit.events import (
 from audit.metrics import METRICS, Metrics, MetricsSink
 from audit.sink import MemorySink
 from client.sdk import Client
+from client.tokens import TokenWallet
 from engine.tiny import write_tiny_model
 from tests.conftest import REPO_ROOT
 from veil.fleet import Fleet, FleetSettings
@@ -155,6 +156,19 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 os.environ[ROOT_DIR_ENV] = previous
 
 
+class RecordingWallet(TokenWallet):
+    """A real wallet that remembers the Authorization values (the tokens) it handed out."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.handed_out: list[str] = []
+
+    def authorization(self) -> str:
+        value = super().authorization()
+        self.handed_out.append(value)
+        return value
+
+
 def node_metrics_urls(fleet: Fleet) -> list[str]:
     urls = []
     for node in fleet.nodes:
@@ -168,7 +182,7 @@ def node_metrics_urls(fleet: Fleet) -> list[str]:
 
 @pytest.mark.slow
 def test_no_scrape_of_a_canary_fleet_holds_a_canary_an_id_an_address_or_a_token(fleet: Fleet) -> None:
-    wallet = fleet.token_wallet()
+    wallet = fleet.token_wallet(kind=RecordingWallet)
     with Client(fleet.client_url, policy=fleet.policy, tokens=wallet) as client:
         for index in range(4):
             answer = client.chat.completions.create(
@@ -190,6 +204,9 @@ def test_no_scrape_of_a_canary_fleet_holds_a_canary_an_id_an_address_or_a_token(
 
     forbidden = [CANARY, "127.0.0", fleet.account.name, *node_ids, *(node_id[:12] for node_id in node_ids)]
     forbidden += list(fleet.issuer_key_ids)
+    tokens = [value.split("token=", 1)[1].strip('"') for value in wallet.handed_out]
+    assert len(tokens) == 5
+    forbidden += [token[:24] for token in tokens]  # any run of a token's own bytes
     for name, text in scrapes.items():
         assert_only_listed(text)
         for needle in forbidden:
