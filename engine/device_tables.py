@@ -65,25 +65,25 @@ class DeviceBlockTables:
         """Keeps the rows of sequences that were in the previous step; gives the others the rows left free."""
         previous, self.row_of = self.row_of, {}
         kept = {seq_id: previous[seq_id] for seq_id in seq_ids if seq_id in previous}
+        if len(seq_ids) > len(self.mirror):
+            self._grow(len(seq_ids))
         taken = set(kept.values())
-        free = [row for row in range(len(self.mirror)) if row not in taken]
-        free.reverse()
+        free = [row for row in reversed(range(len(self.mirror))) if row not in taken]
         for seq_id in seq_ids:
             row = kept.get(seq_id)
-            if row is None:
-                row = free.pop() if free else self._grow()
-            self.row_of[seq_id] = row
+            self.row_of[seq_id] = free.pop() if row is None else row
         return [self.row_of[seq_id] for seq_id in seq_ids]
 
-    def _grow(self) -> int:
+    def _grow(self, rows: int) -> None:
         # Doubling: a step with more sequences than ever before reallocates, a handful of times in all.
         old = len(self.mirror)
         new = max(8, 2 * old)
+        while new < rows:
+            new *= 2
         grown = torch.full((new, self.max_blocks_per_seq), PAD_BLOCK, dtype=torch.int32, device=self.device)
         grown[:old].copy_(self.tables)
         self.tables = grown
         self.mirror += [[] for _ in range(new - old)]
-        return old
 
     def _diff(self, row: int, table: list[int], diffs: list[int]) -> None:
         held = self.mirror[row]

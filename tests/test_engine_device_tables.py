@@ -58,3 +58,13 @@ def test_random_growth_replacement_preemption_and_turnover_always_gather_the_ste
         scheduled = {seq_id: table for seq_id, table in live.items() if rng.random() < 0.9 and table}
         if scheduled:
             assert step(bridge, tables, scheduled)[0] == padded(scheduled)
+
+
+def test_rows_grow_with_the_most_sequences_a_step_has_not_with_how_many_ever_came():
+    bridge, tables = Bridge(CPU), DeviceBlockTables(CPU, 4)
+    step(bridge, tables, {seq_id: [seq_id % 7] for seq_id in range(20)})
+    assert tables.tables.shape[0] == 32
+    for first in range(20, 200, 20):  # a new batch each step: the rows of the last are free again
+        seqs = {seq_id: [seq_id % 7] for seq_id in range(first, first + 20)}
+        assert step(bridge, tables, seqs)[0] == padded(seqs)
+    assert tables.tables.shape[0] == 32
