@@ -236,17 +236,19 @@ def test_sampling_extras_and_logprobs_reach_the_node_through_the_sdk(client: Cli
 def test_an_error_inside_the_encryption_reaches_only_the_client(client: Client) -> None:
     from client.errors import NodeError
 
+    # A field only the node reads: the SDK sends it sealed, and the node's refusal comes back sealed too.
     with pytest.raises(NodeError) as caught:
-        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
-    assert caught.value.status == 404 and caught.value.code == "model_not_found"
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       extra_body={"bogus_field": 1})
+    assert caught.value.status == 400 and caught.value.code == "unknown_parameter"
 
 
 def test_a_streamed_request_the_node_refuses_raises_at_create_not_mid_iteration(client: Client) -> None:
     from client.errors import NodeError
 
     with pytest.raises(NodeError) as caught:
-        client.completions.create(model="no-such-model", prompt="x", max_tokens=2, stream=True)
-    assert caught.value.status == 404 and caught.value.code == "model_not_found"
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, stream=True, extra_body={"bogus_field": 1})
+    assert caught.value.status == 400 and caught.value.code == "unknown_parameter"
 
 
 class SkewedClock:
