@@ -224,10 +224,12 @@ class Bridge:
         self.step = CrossingCount()  # since `begin_step`
         self.last_step = CrossingCount()  # the previous step's, once `begin_step` starts the next
         self.steps = 0
-        self._uploads = _Uploads([Staging(torch.device("cpu"), cuda) for _ in range(2)], [None, None])
+        # Three staging buffers in turn, for the same reason as the download slots below.
+        self._uploads = _Uploads([Staging(torch.device("cpu"), cuda) for _ in range(3)], [None] * 3)
         self._device_in = Staging(device, False)
         self._device_out = Staging(device, False)
-        self._slots = [_Slot(Staging(torch.device("cpu"), cuda)) for _ in range(2)]
+        # Three: a step in flight, the step being launched, and a query read in between never wait on each other.
+        self._slots = [_Slot(Staging(torch.device("cpu"), cuda)) for _ in range(3)]
         self._next_slot = 0
         self._worker: ThreadPoolExecutor | None = None
         self._upload: Upload | None = None
@@ -268,7 +270,7 @@ class Bridge:
         self.toll.pay()
         self._device_in.tensor[: upload.nbytes].copy_(host, non_blocking=True)
         self._uploads.done[turn] = _recorded_event(self.device)
-        self._uploads.turn = 1 - turn
+        self._uploads.turn = (turn + 1) % len(self._uploads.staging)
         self._count(CrossingCount(h2d=1, h2d_bytes=upload.nbytes))
         return {name: self._device_in.view(segment) for name, segment in upload.segments.items()}
 

@@ -32,7 +32,7 @@ def test_an_upload_of_many_segments_is_one_crossing_and_each_segment_reads_back_
 
 def test_the_staging_buffer_is_reused_across_steps_and_grows_only_when_a_step_needs_more() -> None:
     bridge = Bridge(CPU)
-    for _ in range(2):  # one staging buffer per turn
+    for _ in range(3):  # one staging buffer per turn
         first = bridge.upload()
         first.add("ids", list(range(10)), torch.int64)
         bridge.send(first)
