@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measure = commands.add_parser(
         "measure", help="print this release's code, policy and model digests, for a policy's allowlists")
     measure.add_argument("--model", help="model folder the node will serve (default: none, measured as no model)")
+    measure.add_argument("--draft-model", default=None,
+                         help="the draft model's folder of a node run with --speculative draft:DIR: the model digest "
+                              "then covers both (default: none)")
     measure.add_argument("--policy", default="strict", help="policy name or file the node will run under (default: strict)")
     measure.add_argument("--json", action="store_true", help="print JSON instead of text")
     measure.set_defaults(handler=_measure)
@@ -111,7 +114,8 @@ def _measure(args: argparse.Namespace) -> int:
     from policy.shipped import resolve_policy_path
 
     try:
-        measurement = measure(policy_path=resolve_policy_path(args.policy), model_dir=args.model)
+        measurement = measure(policy_path=resolve_policy_path(args.policy), model_dir=args.model,
+                              draft_dir=args.draft_model)
     except (AttestationError, PolicyError, OSError) as error:
         print(f"veil attest measure: {error}", file=sys.stderr)
         return 1
@@ -122,7 +126,8 @@ def _measure(args: argparse.Namespace) -> int:
         return 0
     print(f"code         {digests['code_digest']}  (packages {', '.join(sorted(DEFAULT_PACKAGES))})")
     print(f"policy       {digests['policy_digest']}  ({args.policy})")
-    print(f"model        {digests['model_digest']}  ({args.model or 'no model'})")
+    draft = f" with draft model {args.draft_model}" if args.draft_model else ""
+    print(f"model        {digests['model_digest']}  ({args.model or 'no model'}{draft})")
     print(f"measurement  {digests['measurement']}  (what evidence binds)")
     print("\nTo admit this code and model under a policy, list them in its file (the policy's own digest")
     print("then changes; clients verify nodes with that same file):")

@@ -6,7 +6,8 @@
 - policy: the digest of the policy's canonical encoding (so that reformatting
   the policy file does not change the measurement, and any change of meaning does);
 - model: every regular file of the model folder (weights, config, tokenizer),
-  in sorted order of relative paths, each contributing its path and SHA-256.
+  in sorted order of relative paths, each contributing its path and SHA-256; a node that
+  speculates with a draft model runs both, so its model digest covers both folders' digests.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ DEFAULT_PACKAGES: tuple[str, ...] = (
 _MEASUREMENT_TAG = b"veil-measurement-v1"
 _CODE_TAG = b"veil-code-v1"
 _MODEL_TAG = b"veil-model-v1"
+_MODEL_PAIR_TAG = b"veil-model-and-draft-v1"
 NO_MODEL_DIGEST = hashlib.sha256(b"veil-no-model-v1").digest()
 _CHUNK = 1 << 20
 
@@ -61,14 +63,16 @@ def measure(
     code_packages: Sequence[str] = DEFAULT_PACKAGES,
     policy_path: str | Path | None = None,
     model_dir: str | Path | None = None,
+    draft_dir: str | Path | None = None,
 ) -> Measurement:
-    """Measure the installed code packages, the policy file at `policy_path` and the model in `model_dir`."""
+    """Measure the installed code packages, the policy file at `policy_path` and the model in `model_dir`
+    (with the draft model in `draft_dir`, when the node speculates with one)."""
     if policy_path is None:
         raise MeasurementError("measure() needs policy_path: the policy file the node runs under")
     return Measurement(
         code_digest=measure_code(code_packages),
         policy_digest=measure_policy(policy_path),
-        model_digest=measure_model(model_dir),
+        model_digest=measure_model(model_dir) if draft_dir is None else measure_pair(model_dir, draft_dir),
     )
 
 
@@ -103,6 +107,12 @@ def measure_model(model_dir: str | Path | None) -> bytes:
     hasher = hashlib.sha256(_MODEL_TAG)
     _hash_files(hasher, root, files)
     return hasher.digest()
+
+
+def measure_pair(model_dir: str | Path | None, draft_dir: str | Path) -> bytes:
+    """The model digest of a node whose draft model proposes tokens to its model: both folders' digests
+    in that order, so an allowlist names the pair and neither can be swapped unnoticed."""
+    return hashlib.sha256(_MODEL_PAIR_TAG + measure_model(model_dir) + measure_model(draft_dir)).digest()
 
 
 def _package_dir(package: str) -> Path:

@@ -61,8 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     node.add_argument("--max-num-batched-tokens", type=int, default=None,
                       help="tokens one engine step computes at most (default: the engine's, 1024)")
     node.add_argument("--speculative", default=None, metavar="ngram|draft:DIR",
-                      help="speculative decoding: ngram drafts from each request's own tokens; the policy's "
-                           "engine.speculation must name it (default: none). draft:DIR is not implemented yet")
+                      help="speculative decoding: ngram drafts from each request's own tokens, draft:DIR from the "
+                           "model in DIR (same tokenizer; measured with the model); the policy's engine.speculation "
+                           "must name it (default: none)")
     node.add_argument("--num-speculative-tokens", type=int, default=3,
                       help="drafts verified per sample per step (default: %(default)s)")
     add_operation_options(node)

@@ -93,7 +93,8 @@ class NodeServer:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
         self.policy = resolve_policy(settings.policy)
-        self.measurement = measure(policy_path=resolve_policy_path(settings.policy), model_dir=settings.model)
+        self.measurement = measure(policy_path=resolve_policy_path(settings.policy), model_dir=settings.model,
+                                   draft_dir=settings.draft_model)
         limits = check_node_settings(settings, self.policy, self.measurement.model_digest)
         self.backend = get_backend(settings.attestation, policy=self.policy)
         self.keys = NodeKeys(settings.key_rotation_s, settings.key_grace_s)

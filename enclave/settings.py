@@ -40,6 +40,14 @@ class NodeSettings:
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    # Speculative decoding (`engine.speculative`): "ngram" or None; the policy's engine.speculation must name it.
+    # Speculative decoding (`engine.speculative`): "ngram", "draft:DIR" or None; the policy's
+    # engine.speculation must name it, and a draft model is measured with the model.
     speculative: str | None = None
     num_speculative_tokens: int = 3
+
+    @property
+    def draft_model(self) -> Path | None:
+        """The draft model's folder under --speculative draft:DIR, else None."""
+        if self.speculative is None or not self.speculative.startswith("draft:"):
+            return None
+        return Path(self.speculative.removeprefix("draft:"))

@@ -280,8 +280,9 @@ class EngineConfig:
     # Simulated confidential-computing bridge: every host<->device crossing waits this long, one at a
     # time across threads (`engine.bridge`). For benchmarks and tests; 0 on a real node.
     bridge_toll_us: float = 0.0
-    # Speculative decoding (`engine.speculative`): "ngram" drafts from each request's own tokens;
-    # None: one token per sample per step. Speculative steps run synchronously (async scheduling off).
+    # Speculative decoding (`engine.speculative`): "ngram" drafts from each request's own tokens,
+    # "draft:DIR" from the model in DIR (`engine.draft_model`); None: one token per sample per step.
+    # Speculative steps run synchronously (async scheduling off).
     speculative: str | None = None
     num_speculative_tokens: int = 3  # drafts per sample per step, at most
 
@@ -307,9 +308,10 @@ class EngineConfig:
 
 
     def _check_speculation(self) -> None:
-        if self.speculative not in (None, "ngram"):
-            raise EngineError("speculative must be \"ngram\" or unset (null: no speculation); "
-                              "draft-model speculation is not implemented yet")
+        draft = isinstance(self.speculative, str) and self.speculative.startswith("draft:")
+        if self.speculative not in (None, "ngram") and not (draft and len(self.speculative) > len("draft:")):
+            raise EngineError("speculative must be \"ngram\", \"draft:DIR\" (a draft model's folder) or unset "
+                              "(null: no speculation)")
         if not _is_count(self.num_speculative_tokens):
             raise EngineError("num_speculative_tokens must be an integer >= 1")
 

@@ -15,6 +15,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.bridge import BridgeStats
 from engine.config import EngineConfig
+from engine.draft_model import DraftedSample, DraftRequest, assign_placeholders
 from engine.errors import EngineError, RequestRejected, UnknownRequestError
 from engine.logits_processors import LogitsProcessors
 from engine.model_runner import ModelRunner, PickRequest, step_lists
@@ -197,6 +198,7 @@ class LLMEngine:
         if not chunks:
             return None
         sampling = [chunk.seq for chunk in chunks if chunk.samples]
+        drafting = self._drafting(chunks)
         drafts = {chunk.seq.seq_id: chunk.draft for chunk in chunks if chunk.draft}
         lists, in_flight_ids = step_lists(chunks, self.config.block_size), self._in_flight_ids(chunks)
         self.num_tokens_computed += sum(chunk.num_tokens + len(chunk.draft) for chunk in chunks)
@@ -206,8 +208,30 @@ class LLMEngine:
             return ForwardOnly(sampling, self.runner.run(lists, in_flight_ids).logits)
         # The picks' settings are known before the forward, so they ride in the step's one upload.
         picks = self._pick_request(sampling, drafts)
-        run = self.runner.run(lists, in_flight_ids, None if picks is None else picks[1])
+        request = None if picks is None else picks[1]
+        if drafting is None:
+            run = self.runner.run(lists, in_flight_ids, request)
+        else:
+            run = self.runner.run(lists, in_flight_ids, request, drafting)
         return None if picks is None else LaunchedStep(picks[0], run.picked)
+
+    def _drafting(self, chunks: list[ScheduledChunk]) -> DraftRequest | None:
+        """What a draft model runs in this step (None without one): the step's own tokens and the drafts.
+
+        Called before the chunks count as computed; the drafts become placeholders for the draft's picks.
+        """
+        if self.runner.draft is None:
+            return None
+        drafted = [(index, chunk) for index, chunk in enumerate(chunks) if chunk.draft]
+        assign_placeholders([chunk.draft for _, chunk in drafted])
+        own = step_lists([ScheduledChunk(chunk.seq, chunk.num_tokens) for chunk in chunks], self.config.block_size)
+        samples = [
+            DraftedSample(index, chunk.seq.num_computed_tokens + chunk.num_tokens - 1, len(chunk.draft),
+                          chunk.seq.params, chunk.seq.seed, chunk.seq.num_output_tokens, chunk.seq.block_table)
+            for index, chunk in drafted
+        ]
+        return DraftRequest(own.input_ids, own.positions, own.slot_mapping, own.context_lens, own.cu_seqlens_q,
+                            own.max_seqlen_q, samples, self.config.block_size)
 
     def _in_flight_ids(self, chunks: list[ScheduledChunk]) -> torch.Tensor | None:
         """The in-flight step's picked ids when a chunk's input is a pending token of it, else None."""

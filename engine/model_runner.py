@@ -8,6 +8,7 @@ the residue count come back in one download.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -16,6 +17,7 @@ from engine.block_ops import PendingBlockOps
 from engine.bridge import Bridge, Download, DownloadPlan, Upload
 from engine.config import EngineConfig
 from engine.device_tables import DeviceBlockTables
+from engine.draft_model import DraftModel, DraftRequest, draft_folder
 from engine.cuda_graphs import (
     DecodeGraphs,
     cuda_graphs_enabled,
@@ -93,6 +95,10 @@ class ModelRunner:
         self.model = load_model(model_dir, dtype, self.device, self.bridge)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
+        folder = draft_folder(config.speculative)
+        # Draft-model speculation: the draft's K and V live in the target's blocks (`engine.draft_model`).
+        self.draft = None if folder is None else DraftModel(folder, self.dtype, self.device, self.bridge,
+                                                            self.model_config, Path(model_dir))
         self.block_size = config.block_size
         max_model_len = min(config.max_model_len or 1 << 62, self.model_config.max_context)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
@@ -109,6 +115,8 @@ class ModelRunner:
         # One tensor for every layer's K and V: index 2*i is layer i's K, 2*i+1 its V. Allocated as zeros,
         # so blocks that were never used pass the residue check too.
         self.kv_cache = torch.zeros(self._kv_shape(self.num_blocks), dtype=self.dtype, device=self.device)
+        if self.draft is not None:
+            self.draft.allocate(self.num_blocks, self.block_size)
         self.graphs = self._capture_graphs() if self.graph_batch_sizes else None
         self.block_ops = PendingBlockOps(self.num_blocks)
         self.tables = DeviceBlockTables(self.device, self.max_blocks_per_seq)
@@ -123,7 +131,8 @@ class ModelRunner:
     def block_bytes(self) -> int:
         mc = self.model_config
         per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim
-        return per_token * self.block_size * torch.empty((), dtype=self.dtype).element_size()
+        drafts = 0 if self.draft is None else self.draft.block_bytes(self.block_size)
+        return per_token * self.block_size * torch.empty((), dtype=self.dtype).element_size() + drafts
 
     def _blocks_in_budget(self, config: EngineConfig) -> int:
         if self.device.type != "cuda":
@@ -145,8 +154,8 @@ class ModelRunner:
         return graphs
 
     @torch.inference_mode()
-    def run(self, lists: StepLists, in_flight_ids: torch.Tensor | None = None, picks: PickRequest | None = None
-            ) -> StepRun:
+    def run(self, lists: StepLists, in_flight_ids: torch.Tensor | None = None, picks: PickRequest | None = None,
+            drafting: DraftRequest | None = None) -> StepRun:
         """Runs one step: one upload, the queued block ops, the forward, and with `picks` the picks and one download.
 
         A step in which every sequence adds one token replays a CUDA graph when graphs are on; any other
@@ -163,9 +172,14 @@ class ModelRunner:
         tables = self.tables.pack(upload, lists.seq_ids, lists.block_tables)
         plan = None if picks is None else picks.sampler.pack(upload, picks.requests, self.model_config.vocab_size,
                                                              picks.masks)
+        # Draft-model speculation: the draft's forwards, whose picks the step's placeholders name.
+        draft_plan = None if drafting is None else self.draft.pack(upload, drafting)
         views = self.bridge.send(upload)
-        block_ops.apply(ops, views, self.kv_cache, self.residue_found)
-        logits = self._forward(lists, views, self.tables.step_tables(tables, views), batch_size, in_flight_ids)
+        self._apply(ops, views)
+        step_tables = self.tables.step_tables(tables, views)
+        if draft_plan is not None:  # speculative steps are synchronous: no pick is in flight to fill
+            in_flight_ids = self.draft.propose(draft_plan, views, step_tables)
+        logits = self._forward(lists, views, step_tables, batch_size, in_flight_ids)
         if picks is None:
             return StepRun(logits, None)
         download = DownloadPlan()
@@ -205,7 +219,7 @@ class ModelRunner:
         pack_step(upload, lists)
         tables = self.tables.pack(upload, lists.seq_ids, lists.block_tables)
         views = self.bridge.send(upload)
-        block_ops.apply(ops, views, self.kv_cache, self.residue_found)
+        self._apply(ops, views)
         return step_inputs(views, self.tables.step_tables(tables, views), lists)
 
     def copy_block(self, source: int, destination: int) -> None:
@@ -227,7 +241,13 @@ class ModelRunner:
             return
         upload = self.bridge.upload()
         ops = self.block_ops.pack(upload)
-        block_ops.apply(ops, self.bridge.send(upload), self.kv_cache, self.residue_found)
+        self._apply(ops, self.bridge.send(upload))
+
+    def _apply(self, ops: list[block_ops.BlockOp], views: dict[str, torch.Tensor]) -> None:
+        """Runs the queued block ops on the KV tensor, and on the draft's, which lives in the same blocks."""
+        block_ops.apply(ops, views, self.kv_cache, self.residue_found)
+        if self.draft is not None:
+            block_ops.apply(ops, views, self.draft.kv_cache, self.residue_found)
 
     @torch.inference_mode()
     def read_residue(self) -> int:
@@ -249,9 +269,12 @@ class ModelRunner:
         self.block_ops.check_ids(block_ids)
         upload.add(CHECK_IDS, block_ids, torch.int64)
         views = self.bridge.send(upload)
-        block_ops.apply(ops, views, self.kv_cache, self.residue_found)
+        self._apply(ops, views)
+        flags = block_ops.dirty_flags(self.kv_cache, views[CHECK_IDS])
+        if self.draft is not None:
+            flags = flags | block_ops.dirty_flags(self.draft.kv_cache, views[CHECK_IDS])
         download = DownloadPlan()
-        download.add(RESIDUE_FLAGS, block_ops.dirty_flags(self.kv_cache, views[CHECK_IDS]))
+        download.add(RESIDUE_FLAGS, flags)
         dirty = self.bridge.read(download)[RESIDUE_FLAGS]
         return list(dict.fromkeys(block for block, flag in zip(block_ids, dirty) if flag))
 

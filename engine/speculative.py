@@ -40,9 +40,9 @@ class Drafting:
     """Proposes a sample's drafts for one step: n-gram lookup over its own tokens, within its limits."""
 
     def __init__(self, config: EngineConfig, max_model_len: int) -> None:
-        if config.speculative != "ngram":
-            raise EngineError("only n-gram speculation (speculative = \"ngram\") is implemented")
-        self.drafter = NgramDrafter(config.num_speculative_tokens)
+        k = config.num_speculative_tokens
+        # A draft model drafts for every sample it may: the scheduler reserves the slots, the draft fills them.
+        self.drafter = NgramDrafter(k) if config.speculative == "ngram" else _Slots(k)
         self.max_model_len = max_model_len
 
     def __call__(self, seq: Sequence, budget: int) -> list[int]:
@@ -57,6 +57,16 @@ class Drafting:
         if room < 1:
             return []
         return self.drafter.propose(seq.prompt_token_ids + seq.output_token_ids, room)
+
+
+@dataclass(frozen=True, slots=True)
+class _Slots:
+    """k slots for a draft model's tokens: placeholders until the step runs (`engine.draft_model`)."""
+
+    num_speculative_tokens: int
+
+    def propose(self, tokens: list[int], limit: int) -> list[int]:
+        return [0] * min(limit, self.num_speculative_tokens)
 
 
 def drafts_for(params: SamplingParams) -> bool:

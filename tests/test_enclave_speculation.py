@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
 
-from attestation.measurement import measure_policy
+from attestation.cli import register as register_attest
+from attestation.measurement import measure, measure_model, measure_pair, measure_policy
 from enclave.cli import node_settings, register
 from enclave.errors import SelfCheckError
 from enclave.node import engine_config
 from enclave.selfcheck import check_node_settings
 from enclave.settings import NodeSettings
-from engine import EngineError
 from engine.tiny import write_tiny_model
 from policy import load_policy, shipped_policy, shipped_policy_path
 from policy.errors import ForbiddenOptimizationError
@@ -65,12 +66,34 @@ def test_a_policy_naming_ngram_admits_it_and_the_engine_runs_it(model_dir, tmp_p
         check_node_settings(other, policy, b"\0" * 32)
 
 
-def test_draft_model_speculation_is_refused_by_the_engine_until_it_exists(model_dir, tmp_path):
+def test_a_draft_model_is_measured_with_the_model(model_dir, tmp_path, capsys):
+    draft = write_tiny_model(tmp_path / "draft", seed=1)
     path = policy_naming("draft-model", tmp_path)
-    settings = NodeSettings(model=model_dir, policy=str(path), attestation="sim", speculative="draft:/models/small")
-    limits = check_node_settings(settings, load_policy(path), b"\0" * 32)
-    with pytest.raises(EngineError, match="not implemented"):
-        engine_config(settings, limits)
+    settings = NodeSettings(model=model_dir, policy=str(path), attestation="sim", speculative=f"draft:{draft}")
+    assert settings.draft_model == draft
+    pair = measure(policy_path=path, model_dir=model_dir, draft_dir=settings.draft_model).model_digest
+    assert pair == measure_pair(model_dir, draft) and pair not in (measure_model(model_dir), measure_model(draft))
+    # An allowlist naming the target alone does not admit it with a draft: the draft is part of what runs.
+    listed = path.read_text().replace("accept_unlisted_models = true", "accept_unlisted_models = false").replace(
+        "allowed_model_digests = []", f'allowed_model_digests = ["{measure_model(model_dir).hex()}"]')
+    only_target = tmp_path / "only-target.toml"
+    only_target.write_text(listed)
+    with pytest.raises(SelfCheckError, match="allowlist"):
+        check_node_settings(settings, load_policy(only_target), pair)
+    both = tmp_path / "both.toml"
+    both.write_text(listed.replace(measure_model(model_dir).hex(), pair.hex()))
+    config = engine_config(settings, check_node_settings(settings, load_policy(both), pair))
+    assert config.speculative == f"draft:{draft}"
+    # veil attest measure --draft-model prints the digest to list.
+    parser = argparse.ArgumentParser()
+    register_attest(parser.add_subparsers())
+    args = parser.parse_args(["attest", "measure", "--model", str(model_dir), "--draft-model", str(draft),
+                              "--policy", str(path), "--json"])
+    assert args.handler(args) == 0
+    assert json.loads(capsys.readouterr().out)["model_digest"] == pair.hex()
+    # Another draft is another pair.
+    (draft / "config.json").write_text((draft / "config.json").read_text() + " ")
+    assert measure_pair(model_dir, draft) != pair
 
 
 def test_the_policy_keeps_refusing_speculation_from_a_database(tmp_path):

@@ -45,9 +45,9 @@ def run_recorded(llm: LLMEngine, prompts: list[list[int]], params: list[Sampling
     decode_flags: list[bool] = []
     run = llm.runner.run
 
-    def recording_run(lists, in_flight_ids=None, picks=None):
+    def recording_run(lists, *arguments):
         decode_flags.append(lists.max_seqlen_q == 1)
-        return run(lists, in_flight_ids, picks)
+        return run(lists, *arguments)
 
     llm.runner.run = recording_run
     ids = [llm.add_request(prompt, p) for prompt, p in zip(prompts, params)]
@@ -148,14 +148,17 @@ def test_a_toll_on_every_crossing_changes_no_token():
         [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
 
 
+@pytest.mark.parametrize("drafts", ["ngram", "draft-model"])
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
 @pytest.mark.parametrize("kind", ["greedy", "sampled", "n=3"])
-def test_a_speculative_step_crosses_once_each_way(kind, graphs):
-    """Drafts, their settings and the plain rows' go up in the step's one upload; emitted tokens come back in one."""
+def test_a_speculative_step_crosses_once_each_way(kind, graphs, drafts):
+    """Drafts, their settings and the plain rows' go up in the step's one upload (a draft model's inputs for
+    all its forwards too, its picks staying on the device); emitted tokens come back in one download."""
     prompts = random_prompts(5, 3, 14, seed=33)
     lengths = random_lengths(5, 8, 24, seed=34)
     params = [SETTINGS[kind](n) for n in lengths]
-    llm = engine(False, graphs, speculative="ngram", num_speculative_tokens=3)
+    speculative = "ngram" if drafts == "ngram" else f"draft:{tiny_model_dir()}"
+    llm = engine(False, graphs, speculative=speculative, num_speculative_tokens=3)
     records, tokens = run_recorded(llm, prompts, params)
     running = [r for r in records if not r.last]
     assert llm.speculation.steps > 0

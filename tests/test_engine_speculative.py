@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.draft_model import DraftedSample, DraftPlan, DraftRequest
 from engine.errors import EngineError
 from engine.ngram_draft import NgramDrafter
 from engine.scheduler import ScheduledChunk
@@ -25,8 +30,11 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     random_lengths,
     random_prompts,
     reference_models,
+    small_vocab_model_dir,
     tiny_engine,
+    tiny_model_dir,
 )
+from engine.tiny import write_tiny_model
 
 # ----- n-gram drafts ------------------------------------------------------------------------
 
@@ -359,3 +367,106 @@ def test_speculation_settings_are_checked_by_name():
         EngineConfig(speculative="database")
     with pytest.raises(EngineError, match="num_speculative_tokens"):
         EngineConfig(speculative="ngram", num_speculative_tokens=0)
+
+
+# ----- draft-model speculation --------------------------------------------------------------
+
+
+def draft_engine(draft: Path, **config) -> LLMEngine:
+    return LLMEngine(tiny_model_dir(), EngineConfig(speculative=f"draft:{draft}", num_speculative_tokens=3, **config))
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The target with noise on its output head: a draft of the same tokenizer that agrees with it only
+    now and then (two independent random models never agree)."""
+    folder = tmp_path_factory.mktemp("draft") / "perturbed"
+    shutil.copytree(tiny_model_dir(), folder)
+    weights = load_file(folder / "model.safetensors")
+    head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+    noise = torch.randn(weights[head].shape, generator=torch.Generator().manual_seed(5))
+    weights[head] = weights[head] + noise * weights[head].std() * 1.5
+    save_file(weights, folder / "model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize(("name", "draft"), [(name, name) for name in REFERENCE_NAMES] + [("llama", "qwen3")])
+def test_greedy_draft_speculation_matches_transformers_under_batching_chunking_and_preemption(name, draft, batch,
+                                                                                              reference_models):
+    prompts, max_tokens = batch
+    reference = reference_models[name]
+    expected = [hf_greedy(reference.model, p, n) for p, n in zip(prompts, max_tokens)]
+    config = EngineConfig(**CROWDED, speculative=f"draft:{reference_models[draft].folder}", num_speculative_tokens=3)
+    engine = LLMEngine(reference.folder, config)
+    steps = chunk_recorder(engine)
+    produced = output_tokens(engine, prompts, [greedy(n) for n in max_tokens])
+    for index, (got, want) in enumerate(zip(produced, expected)):
+        assert got == want, f"request {index} differs from transformers"
+    assert engine.scheduler.num_preemptions > 0
+    assert any(tokens > 1 and tokens < BUDGET for step in steps for tokens, _, _ in step)
+    stats = engine.speculation
+    if draft == name:  # the target as its own draft: every draft is accepted
+        assert stats.drafted > 0 and stats.accepted == stats.drafted
+    else:  # two random models agree on nothing: every draft is rejected, and the tokens are still the target's
+        assert stats.drafted > 0 and stats.accepted <= stats.drafted
+    assert engine.residue_check() == []
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["target-as-draft", "other-draft"])
+def test_sampled_draft_speculation_emits_what_plain_sampling_draws(own, other_draft):
+    prompts = random_prompts(4, 4, 20, seed=35)
+    params = [SamplingParams(max_tokens=24, temperature=0.8, top_k=40, seed=s, ignore_eos=True) for s in (1, 2)] + [
+        greedy(20), SamplingParams(max_tokens=16, temperature=1.1, top_p=0.9, n=3, seed=4, ignore_eos=True)]
+    plain = tiny_engine(num_blocks=96, block_size=4).generate(prompts, params)
+    engine = draft_engine(tiny_model_dir() if own else other_draft, num_blocks=16, block_size=4,
+                          max_num_batched_tokens=12)
+    speculative = engine.generate(prompts, params)
+    assert engine.scheduler.num_preemptions > 0
+    for got, want in zip(speculative, plain):
+        assert [o.token_ids for o in got.outputs] == [o.token_ids for o in want.outputs]
+    stats = engine.speculation
+    assert stats.accepted == stats.drafted > 0 if own else 0 < stats.accepted < stats.drafted
+
+
+def test_the_drafts_kv_lives_in_the_targets_blocks_and_is_zeroed_with_them(other_draft):
+    engine = draft_engine(other_draft, num_blocks=48, block_size=2)
+    draft_cache = engine.runner.draft.kv_cache
+    assert draft_cache.shape[1] == engine.runner.kv_cache.shape[1]  # the same blocks
+    for prompt, n in zip(random_prompts(4, 3, 10, seed=37), (24, 18, 12, 30)):
+        engine.add_request(prompt, greedy(n))
+    written = False
+    while engine.has_unfinished():
+        engine.step()
+        held = sorted({b for seq in engine.scheduler.running for b in seq.block_table})
+        written |= bool(held) and bool(draft_cache[:, held].abs().sum() > 0)
+        for seq in engine.scheduler.running:
+            assert len(seq.block_table) == engine.block_manager.blocks_for(seq.num_computed_tokens)
+        assert engine.residue_check() == []  # both tensors: every free block is zero in each
+    assert written and engine.speculation.drafted > 0
+    assert float(draft_cache.abs().sum()) == 0.0 and float(engine.runner.kv_cache.abs().sum()) == 0.0
+
+
+def test_nothing_of_a_draft_models_work_is_reachable_after_a_step(other_draft):
+    engine = draft_engine(other_draft, num_blocks=64, block_size=4)
+    engine.add_request(random_prompts(1, 8, 8, seed=39)[0], SamplingParams(max_tokens=20, temperature=0.9, seed=3))
+    kinds = (ScheduledChunk, VerifyRequest, SpeculativeBatch, SpeculativePicks, VerifyPlan, DraftRequest,
+             DraftedSample, DraftPlan)
+    while engine.has_unfinished():
+        engine.step()
+        gc.collect()
+        assert not [o for o in gc.get_objects() if type(o) in kinds]
+    assert engine.speculation.steps > 0
+
+
+def test_a_draft_of_another_tokenizer_is_refused(tmp_path):
+    with pytest.raises(EngineError, match="vocabulary"):
+        draft_engine(small_vocab_model_dir(), num_blocks=16)
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(tiny_model_dir(), other)
+    tokenizer = json.loads((other / "tokenizer.json").read_text())
+    tokenizer["added_tokens"] = tokenizer["added_tokens"][:-1]
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(EngineError, match="tokenizer"):
+        draft_engine(other, num_blocks=16)
+    with pytest.raises(EngineError, match="speculative"):
+        EngineConfig(speculative="draft:")
