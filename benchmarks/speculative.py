@@ -1,17 +1,18 @@
 """Speculative decoding: acceptance rate, mean accepted length and output tokens/s against the same engine
 without speculation, on the same requests, in one process (runs alternate; best of --repeats each).
 
-Random weights agree with no draft model, so the mechanism is measured where its outcome is known:
-  (a) oracle drafts: each request's own greedy continuation, taken from the plain run. That is what the
-      target proposes as its own draft: acceptance is 100%, so this is the most the verification
-      machinery (k+1 query positions per sequence in one forward, drafted rows beside plain ones) can
-      gain, and its overhead. The draft's own forwards are not in it (the engine has no draft-model
-      speculation yet); (c) adds them back analytically.
+Random weights agree with no other draft model, so the mechanism is measured where its outcome is known:
+  (a) the target as its own draft (--speculative draft:DIR with the target's own folder): acceptance
+      is 100%, so this is the machinery's overhead and gain with a draft as costly as the target; and
+      oracle drafts (each request's own greedy continuation, from the plain run): the same drafts at no
+      drafting cost, the most verification (k+1 query positions per sequence in one forward, drafted
+      rows beside plain ones) can gain;
   (b) n-gram drafting (prompt lookup over the request's own tokens) on random prompts whose greedy
       continuation repeats: random-weight models fall into loops, and how many of --candidates prompts
       do is reported; the runs use those prompts.
-  (c) what a real draft/target pair would need: from the measured step costs, the per-token acceptance
-      a draft costing a given fraction of the target per token must reach to break even and to double.
+  (c) what a real draft/target pair would need: from the step costs measured with oracle drafts, the
+      per-token acceptance a draft costing a given fraction of the target per token must reach to break
+      even, to gain 1.5x and to double.
 Greedy throughout; every speculative run's tokens are checked against the plain run's.
 
     python benchmarks/speculative.py [--batches 1 8] [--k 4] [--max-tokens 64] [--candidates 48] [--repeats 2]
@@ -70,10 +71,11 @@ class OracleDrafts:
 
 
 def run(model_dir: str, prompts: list[list[int]], max_tokens: int, batch: int, k: int | None,
-        oracle: OracleDrafts | None = None) -> Run:
+        oracle: OracleDrafts | None = None, draft: str | None = None) -> Run:
     from engine import EngineConfig, LLMEngine, SamplingParams
 
-    speculation = {} if k is None else {"speculative": "ngram", "num_speculative_tokens": k}
+    speculative = "ngram" if draft is None else f"draft:{draft}"
+    speculation = {} if k is None else {"speculative": speculative, "num_speculative_tokens": k}
     engine = LLMEngine(model_dir, EngineConfig(max_num_seqs=batch, num_blocks=4096, block_size=16, **speculation))
     if oracle is not None:
         engine.scheduler.drafter.drafter = oracle
@@ -97,11 +99,11 @@ def best(runs: list[Run]) -> Run:
 
 
 def compare(label: str, model_dir: str, prompts: list[list[int]], args: argparse.Namespace, batch: int,
-            oracle: OracleDrafts | None) -> tuple[Run, Run]:
+            oracle: OracleDrafts | None = None, draft: str | None = None) -> tuple[Run, Run]:
     plain_runs, speculative_runs = [], []
     for _ in range(args.repeats):
         plain_runs.append(run(model_dir, prompts, args.max_tokens, batch, None))
-        speculative_runs.append(run(model_dir, prompts, args.max_tokens, batch, args.k, oracle))
+        speculative_runs.append(run(model_dir, prompts, args.max_tokens, batch, args.k, oracle, draft))
     plain, speculative = best(plain_runs), best(speculative_runs)
     identical = all(r.outputs == plain.outputs for r in plain_runs + speculative_runs)
     accepted_rate = speculative.accepted / speculative.drafted if speculative.drafted else 0.0
@@ -125,7 +127,7 @@ def what_a_pair_needs(plain: Run, oracle: Run, k: int) -> None:
     step_plain = plain.seconds / plain.steps
     step_verify = oracle.seconds / oracle.steps
     print(f"  (c) what a real draft/target pair needs (k = {k}; a plain step {1000 * step_plain:.2f} ms, a verify "
-          f"step of k+1 positions {1000 * step_verify:.2f} ms, measured in (a) at batch 1):")
+          f"step of k+1 positions {1000 * step_verify:.2f} ms, measured with oracle drafts at batch 1):")
     for cost in (0.02, 0.05, 0.1, 0.2):
         needed = [_acceptance_for(target, cost, k, step_plain, step_verify) for target in (1.0, 1.5, 2.0)]
         shown = ["unreachable" if a is None else f"{a:.0%}" for a in needed]
@@ -177,9 +179,12 @@ def main() -> None:
         oracle = OracleDrafts(chosen, outputs[: args.requests], args.k)
         results = {}
         for batch in args.batches:
+            progress(f"(a) the target as its own draft at batch {batch}")
+            compare("(a) the target as its own draft (draft:DIR, 100% acceptance)", model_dir, chosen, args, batch,
+                    draft=model_dir)
             progress(f"(a) oracle drafts at batch {batch}")
-            results[batch] = compare("(a) target as its own draft (oracle drafts, 100% acceptance)", model_dir,
-                                     chosen, args, batch, oracle)
+            results[batch] = compare("(a) oracle drafts (the same drafts at no drafting cost)", model_dir, chosen,
+                                     args, batch, oracle)
             if looping:
                 progress(f"(b) n-gram drafts at batch {batch}")
                 compare("(b) n-gram drafts on prompts that loop", model_dir, looping[: args.requests], args, batch, None)
