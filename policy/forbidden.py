@@ -53,8 +53,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("engine", "scheduling", ("fcfs",), "fcfs", NON_TARGETABILITY,
          "priority by user or predicted length treats chosen users differently; scheduling is FCFS"),
     # What a node may run, by name, so the measured policy says it: "ngram" drafts from each request's
-    # own tokens, "draft-model" from a second model (the engine does not implement it yet); neither keeps
-    # anything past the request.
+    # own tokens, "draft-model" from a second model, measured with the model; neither keeps anything past
+    # the request.
     Knob("engine", "speculation", ("none", "ngram", "draft-model"), "none", STATELESS,
          "speculation from a database of past text serves past users' tokens"),
     Knob("routing", "strategy", ("uniform-random",), "uniform-random", NON_TARGETABILITY,
