@@ -32,6 +32,7 @@ from engine.models.layers import AttentionMetadata
 from engine.overlap import async_scheduling_enabled, fill_placeholders
 from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.scheduler import ScheduledChunk
+from engine.speculative import SpeculativeBatch, SpeculativeSampler
 
 _GIB = 1 << 30
 # The runner's segments in a step's crossings.
@@ -73,10 +74,13 @@ class StepInputs:
 
 @dataclass(slots=True)
 class PickRequest:
-    """What a step picks, given with its inputs so that its settings ride in the same upload."""
+    """What a step picks, given with its inputs so that its settings ride in the same upload.
 
-    sampler: Sampler
-    requests: list[SampleRequest]
+    A speculative step's picks are a `SpeculativeSampler`'s over a `SpeculativeBatch`, packed and picked alike.
+    """
+
+    sampler: Sampler | SpeculativeSampler
+    requests: list[SampleRequest] | SpeculativeBatch
     masks: torch.Tensor | None = None  # host grammar bitmasks (`engine.structured`)
 
 

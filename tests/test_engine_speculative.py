@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
 from engine.draft_model import DraftedSample, DraftPlan, DraftRequest
 from engine.errors import EngineError
 from engine.ngram_draft import NgramDrafter
@@ -35,6 +35,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     tiny_model_dir,
 )
 from engine.tiny import write_tiny_model
+from tests.test_engine_sampling import _stop_string_case as stop_string_case
 
 # ----- n-gram drafts ------------------------------------------------------------------------
 
@@ -332,6 +333,21 @@ def test_stop_tokens_and_max_tokens_cut_accepted_drafts():
     k = next(k for k in range(10, len(full)) if full[k] not in full[:k] and full[k] in full[k + 1 :] or k == 39)
     stopped = speculative.generate([prompt], greedy(40, stop_token_ids=(full[k],)))[0].outputs[0]
     assert stopped.token_ids == full[:k]
+
+
+def test_a_stop_string_cuts_the_text_where_plain_decoding_does():
+    """The target as its own draft drafts at every step, so the stop string falls among accepted drafts."""
+    plain = tiny_engine(num_blocks=64, block_size=4)
+    prompt, _, stop, before = stop_string_case(plain)
+    engine = draft_engine(tiny_model_dir(), num_blocks=64, block_size=4)
+    engine.add_request(prompt, greedy(24, stop=(stop,)))
+    streamed, reasons = "", []
+    for delta in engine.stream():
+        streamed += delta.text
+        reasons.append(delta.finish_reason)
+        assert stop not in streamed
+    assert streamed == before and reasons[-1] is FinishReason.STOP
+    assert engine.speculation.drafted > 0
 
 
 def test_blocks_of_rejected_drafts_are_freed_and_zeroed_every_step():
