@@ -238,22 +238,31 @@ def chunk_recorder(engine: LLMEngine) -> list[list[tuple[int, int, int]]]:
     return steps
 
 
-@pytest.mark.parametrize("name", REFERENCE_NAMES)
-def test_greedy_speculation_matches_transformers_under_batching_chunking_and_preemption(name, batch,
+@pytest.mark.parametrize(("name", "drafts"), [(name, "ngram") for name in REFERENCE_NAMES]
+                         + [(name, name) for name in REFERENCE_NAMES] + [("llama", "qwen3")])
+def test_greedy_speculation_matches_transformers_under_batching_chunking_and_preemption(name, drafts, batch,
                                                                                         reference_models):
+    """n-gram drafts, the target as its own draft, and another family's model as draft."""
     prompts, max_tokens = batch
     reference = reference_models[name]
     expected = [hf_greedy(reference.model, p, n) for p, n in zip(prompts, max_tokens)]
-    engine = LLMEngine(reference.folder, EngineConfig(**CROWDED, **SPECULATIVE))
+    speculative = "ngram" if drafts == "ngram" else f"draft:{reference_models[drafts].folder}"
+    engine = LLMEngine(reference.folder, EngineConfig(**CROWDED, speculative=speculative, num_speculative_tokens=3))
     steps = chunk_recorder(engine)
     produced = output_tokens(engine, prompts, [greedy(n) for n in max_tokens])
     for index, (got, want) in enumerate(zip(produced, expected)):
         assert got == want, f"request {index} differs from transformers"
     assert engine.scheduler.num_preemptions > 0
     assert any(tokens > 1 and tokens < BUDGET for step in steps for tokens, _, _ in step)  # a partial prefill
-    # Drafted and plain rows in one step, and drafts that were accepted.
+    # Drafted and plain rows in one step.
     assert any(any(d for _, d, _ in step) and any(not d for _, d, _ in step) for step in steps)
-    assert engine.speculation.accepted > 0
+    stats = engine.speculation
+    if drafts == name:  # the target as its own draft: every draft is accepted
+        assert stats.drafted > 0 and stats.accepted == stats.drafted
+    elif drafts == "ngram":
+        assert stats.accepted > 0
+    else:  # two random models agree on nothing: every draft is rejected, and the tokens are still the target's
+        assert stats.drafted > 0
     assert engine.residue_check() == []
 
 
@@ -404,28 +413,6 @@ def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     weights[head] = weights[head] + noise * weights[head].std() * 1.5
     save_file(weights, folder / "model.safetensors")
     return folder
-
-
-@pytest.mark.parametrize(("name", "draft"), [(name, name) for name in REFERENCE_NAMES] + [("llama", "qwen3")])
-def test_greedy_draft_speculation_matches_transformers_under_batching_chunking_and_preemption(name, draft, batch,
-                                                                                              reference_models):
-    prompts, max_tokens = batch
-    reference = reference_models[name]
-    expected = [hf_greedy(reference.model, p, n) for p, n in zip(prompts, max_tokens)]
-    config = EngineConfig(**CROWDED, speculative=f"draft:{reference_models[draft].folder}", num_speculative_tokens=3)
-    engine = LLMEngine(reference.folder, config)
-    steps = chunk_recorder(engine)
-    produced = output_tokens(engine, prompts, [greedy(n) for n in max_tokens])
-    for index, (got, want) in enumerate(zip(produced, expected)):
-        assert got == want, f"request {index} differs from transformers"
-    assert engine.scheduler.num_preemptions > 0
-    assert any(tokens > 1 and tokens < BUDGET for step in steps for tokens, _, _ in step)
-    stats = engine.speculation
-    if draft == name:  # the target as its own draft: every draft is accepted
-        assert stats.drafted > 0 and stats.accepted == stats.drafted
-    else:  # two random models agree on nothing: every draft is rejected, and the tokens are still the target's
-        assert stats.drafted > 0 and stats.accepted <= stats.drafted
-    assert engine.residue_check() == []
 
 
 @pytest.mark.parametrize("own", [True, False], ids=["target-as-draft", "other-draft"])
