@@ -100,8 +100,8 @@ def assign_placeholders(drafts: list[list[int]]) -> int:
 
 class DraftModel:
     def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device, bridge: Bridge,
-                 target: ModelConfig, target_folder: Path) -> None:
-        _check_pair(folder, target, target_folder)
+                 target: ModelConfig, target_folder: Path, max_model_len: int) -> None:
+        _check_pair(folder, target, target_folder, max_model_len)
         self.model = load_model(folder, dtype, device, bridge)
         self.config = self.model.config
         self.dtype = dtype
@@ -223,9 +223,12 @@ class _Reader:
         return self.values[self.at - count : self.at]
 
 
-def _check_pair(folder: Path, target: ModelConfig, target_folder: Path) -> None:
-    """A draft must share the target's tokenizer: its tokens are the target's, id for id."""
+def _check_pair(folder: Path, target: ModelConfig, target_folder: Path, max_model_len: int) -> None:
+    """A draft must share the target's tokenizer (its tokens are the target's, id for id) and reach as far."""
     draft = ModelConfig.from_folder(folder)
+    if draft.max_context < max_model_len:
+        raise EngineError(f"the draft model serves {draft.max_context} tokens of context, fewer than the engine's "
+                          f"{max_model_len}; lower max_model_len or use another draft")
     if draft.vocab_size != target.vocab_size:
         raise EngineError(f"the draft model's vocabulary ({draft.vocab_size}) is not the target's ({target.vocab_size})")
     mine, theirs = folder / "tokenizer.json", target_folder / "tokenizer.json"

@@ -99,12 +99,12 @@ class ModelRunner:
         self.model = load_model(model_dir, dtype, self.device, self.bridge)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
+        self.block_size = config.block_size
+        max_model_len = min(config.max_model_len or 1 << 62, self.model_config.max_context)
         folder = draft_folder(config.speculative)
         # Draft-model speculation: the draft's K and V live in the target's blocks (`engine.draft_model`).
         self.draft = None if folder is None else DraftModel(folder, self.dtype, self.device, self.bridge,
-                                                            self.model_config, Path(model_dir))
-        self.block_size = config.block_size
-        max_model_len = min(config.max_model_len or 1 << 62, self.model_config.max_context)
+                                                            self.model_config, Path(model_dir), max_model_len)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
         # Decode steps of up to this many sequences replay a CUDA graph (none: every step runs eagerly).
         most_seqs = min(config.max_num_seqs, config.max_num_batched_tokens)

@@ -473,3 +473,10 @@ def test_a_draft_of_another_tokenizer_is_refused(tmp_path):
         draft_engine(other, num_blocks=16)
     with pytest.raises(EngineError, match="speculative"):
         EngineConfig(speculative="draft:")
+    short = tmp_path / "short-context"
+    shutil.copytree(tiny_model_dir(), short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 64}))
+    with pytest.raises(EngineError, match="context"):
+        draft_engine(short, num_blocks=16)
+    assert draft_engine(short, num_blocks=16, max_model_len=64).runner.draft is not None
