@@ -109,6 +109,7 @@ def compare(label: str, model_dir: str, prompts: list[list[int]], args: argparse
     accepted_rate = speculative.accepted / speculative.drafted if speculative.drafted else 0.0
     mean_accepted = speculative.accepted / speculative.rows if speculative.rows else 0.0
     print(f"  {label}, batch {batch}: {len(prompts)} requests x {args.max_tokens} tokens, k = {args.k}")
+    batch = min(batch, len(prompts))  # sequences that share a step
     print(f"    acceptance rate {accepted_rate:.1%}  mean accepted length {mean_accepted:.2f} of {args.k} "
           f"({speculative.output_tokens / speculative.steps:.2f} output tokens a step vs "
           f"{plain.output_tokens / plain.steps:.2f})")
