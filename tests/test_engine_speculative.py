@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
 from engine.draft_model import DraftedSample, DraftPlan, DraftRequest
 from engine.errors import EngineError
+from engine.sampling_params import StructuredOutput
 from engine.ngram_draft import NgramDrafter
 from engine.scheduler import ScheduledChunk
 from engine.sampler import SampleRequest, Sampler
@@ -279,20 +281,22 @@ def test_greedy_speculation_emits_what_plain_decoding_does_with_fewer_steps():
 
 
 def test_plain_rows_beside_drafted_ones_pick_what_they_pick_without_speculation():
-    """Penalties and bias are never drafted for: their tokens are the plain engine's, in a mixed batch."""
-    prompts = random_prompts(5, 4, 20, seed=23)
+    """Penalties, bias and grammars are never drafted for: their tokens are the plain engine's, in a mixed batch."""
+    prompts = random_prompts(6, 4, 20, seed=23)
     params = [
         greedy(30),
         greedy(20, logprobs=2),
         SamplingParams(max_tokens=20, temperature=0.8, seed=4, ignore_eos=True, presence_penalty=0.5),
         SamplingParams(max_tokens=20, temperature=0.8, seed=5, ignore_eos=True, logit_bias=((5, 2.0),)),
         SamplingParams(max_tokens=20, temperature=0.7, n=3, seed=6, ignore_eos=True),
+        SamplingParams(max_tokens=40, temperature=0.9, seed=7, structured=StructuredOutput("regex", "(ab|cd){2,6}x")),
     ]
     plain = tiny_engine(num_blocks=96, block_size=4).generate(prompts, params)
     speculative_engine = tiny_engine(num_blocks=96, block_size=4, **SPECULATIVE)
     speculative = speculative_engine.generate(prompts, params)
-    for index in (0, 1, 2, 3):
+    for index in (0, 1, 2, 3, 5):
         assert speculative[index].outputs[0].token_ids == plain[index].outputs[0].token_ids
+    assert re.fullmatch("(ab|cd){2,6}x", speculative[5].outputs[0].text)
     assert [lp.logprob for lp in speculative[1].outputs[0].logprobs] == pytest.approx(
         [lp.logprob for lp in plain[1].outputs[0].logprobs], abs=1e-4)
     assert [len(o.token_ids) for o in speculative[4].outputs] == [20, 20, 20]
