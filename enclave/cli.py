@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="CUDA: read each step's tokens before launching the next (default: async steps on CUDA)")
     node.add_argument("--bridge-toll-us", type=float, default=0.0,
                       help="simulate a confidential-computing bridge: every host<->device crossing of the engine "
-                           "waits this long (default: 0, none)")
+                           "waits this long (default: %(default)s, none)")
     node.add_argument("--drain-s", type=float, default=30.0,
                       help="on SIGTERM, stop admitting and let requests in flight finish for up to this long "
                            "before zeroing and exiting (default: %(default)s)")
