@@ -5,16 +5,15 @@ Real processes on loopback (a gateway and three nodes), their own fleet, since t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from attestation.sim_root import ROOT_DIR_ENV
 from client.errors import StreamTruncatedError
 from client.sdk import Client
 from engine.tiny import write_tiny_model
+from tests.fleet_support import running_fleet
 from veil.fleet import Fleet, FleetSettings
 
 pytestmark = pytest.mark.slow
@@ -29,16 +28,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("e2e-failures")
     settings = FleetSettings(nodes=3, model_dir=write_tiny_model(root / MODEL), workdir=root / "fleet",
                              torch_threads=1, reattest_s=2, health_s=1)
-    previous = os.environ.get(ROOT_DIR_ENV)
-    with Fleet(settings) as running:
-        os.environ[ROOT_DIR_ENV] = str(running.sim_root_dir)
-        try:
-            yield running
-        finally:
-            if previous is None:
-                os.environ.pop(ROOT_DIR_ENV, None)
-            else:
-                os.environ[ROOT_DIR_ENV] = previous
+    with running_fleet(settings) as running:
+        yield running
 
 
 def test_a_node_killed_mid_stream_fails_its_client_clearly_and_is_evicted(fleet: Fleet) -> None:

@@ -6,7 +6,6 @@ Real processes on loopback (a gateway and two nodes), their own fleet, since thi
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -15,9 +14,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from attestation.sim_root import ROOT_DIR_ENV
 from client.sdk import Client
 from engine.tiny import write_tiny_model
+from tests.fleet_support import running_fleet
 from veil.fleet import Fleet, FleetSettings
 
 pytestmark = pytest.mark.slow
@@ -35,16 +34,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     settings = FleetSettings(nodes=2, model_dir=write_tiny_model(root / MODEL), workdir=root / "fleet",
                              torch_threads=1, reattest_s=30, health_s=1,
                              extra_node_args=("--drain-s", str(DRAIN_S)))
-    previous = os.environ.get(ROOT_DIR_ENV)
-    with Fleet(settings) as running:
-        os.environ[ROOT_DIR_ENV] = str(running.sim_root_dir)
-        try:
-            yield running
-        finally:
-            if previous is None:
-                os.environ.pop(ROOT_DIR_ENV, None)
-            else:
-                os.environ[ROOT_DIR_ENV] = previous
+    with running_fleet(settings) as running:
+        yield running
 
 
 def audit_events(fleet: Fleet, name: str) -> list[dict]:

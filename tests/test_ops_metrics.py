@@ -7,17 +7,14 @@ searched for the canary, node ids, addresses, the account and the tokens' key id
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from attestation.sim_root import ROOT_DIR_ENV
 from audit.buckets import LATENCY_BUCKETS, TOKEN_BUCKETS
 from audit.events import (
     BlocksZeroed,
@@ -37,6 +34,7 @@ from client.sdk import Client
 from client.tokens import TokenWallet
 from engine.tiny import write_tiny_model
 from tests.conftest import REPO_ROOT
+from tests.fleet_support import running_fleet
 from veil.fleet import Fleet, FleetSettings
 
 CANARY = "CANARY-41d7-metrics-OCELOT"
@@ -144,16 +142,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     settings = FleetSettings(nodes=2, model_dir=write_tiny_model(root / "tiny-model"), workdir=root / "fleet",
                              torch_threads=1, tokens=True, relay=True,
                              extra_node_args=("--metrics-listen", "127.0.0.1:0"))
-    previous = os.environ.get(ROOT_DIR_ENV)
-    with Fleet(settings) as running:
-        os.environ[ROOT_DIR_ENV] = str(running.sim_root_dir)
-        try:
-            yield running
-        finally:
-            if previous is None:
-                os.environ.pop(ROOT_DIR_ENV, None)
-            else:
-                os.environ[ROOT_DIR_ENV] = previous
+    with running_fleet(settings) as running:
+        yield running
 
 
 class RecordingWallet(TokenWallet):
