@@ -9,7 +9,6 @@ that names `response_format`, kept by the SDK and the `openai` package.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 
 import jsonschema
@@ -18,12 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
-from client.sdk import Client
 from engine.tiny import write_tiny_model
-from tests.test_e2e_models import _proxy
+from tests.openai_support import openai_through_proxy
 from tests.test_engine_structured import SCHEMAS
-from veil.fleet import Fleet, FleetSettings
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "Describe a place as JSON."}]
@@ -33,21 +29,8 @@ QUESTION = [{"role": "user", "content": "Describe a place as JSON."}]
 def oa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     root = tmp_path_factory.mktemp("e2e-structured")
     model = write_tiny_model(root / "tiny")
-    sim_root = root / "sim-root"
-    load_or_create_sim_root(sim_root)
-    settings = FleetSettings(nodes=1, model_dir=model, workdir=root / "fleet", sim_root_dir=sim_root, torch_threads=1)
-    previous_root = os.environ.get(ROOT_DIR_ENV)
-    os.environ[ROOT_DIR_ENV] = str(sim_root)  # the client's dev policy trusts the fleet's simulated root
-    try:
-        with Fleet(settings) as fleet, Client(fleet.gateway_url, policy="dev") as sdk:
-            fleet.wait_for_pool(1, timeout_s=90)
-            with _proxy(sdk) as proxy_url:
-                yield openai.OpenAI(base_url=f"{proxy_url}/v1", api_key="unused-by-veil", max_retries=0, timeout=120)
-    finally:
-        if previous_root is None:
-            os.environ.pop(ROOT_DIR_ENV, None)
-        else:
-            os.environ[ROOT_DIR_ENV] = previous_root
+    with openai_through_proxy(model, root) as client:
+        yield client
 
 
 def json_schema(schema: dict) -> dict:

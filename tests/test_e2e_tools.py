@@ -9,7 +9,6 @@ node accepts and renders; the SDK's types keep every tool field on the way.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +17,8 @@ import jsonschema
 import openai
 import pytest
 
-from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
-from client.sdk import Client
 from engine.tiny import write_tiny_model
-from tests.test_e2e_models import _proxy
-from veil.fleet import Fleet, FleetSettings
+from tests.openai_support import openai_through_proxy
 
 pytestmark = pytest.mark.slow
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
@@ -41,21 +37,8 @@ def oa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     root = tmp_path_factory.mktemp("e2e-tools")
     model = write_tiny_model(root / "tiny-qwen")
     shutil.copy(TEMPLATES / "qwen2.5.jinja", model / "chat_template.jinja")
-    sim_root = root / "sim-root"
-    load_or_create_sim_root(sim_root)
-    settings = FleetSettings(nodes=1, model_dir=model, workdir=root / "fleet", sim_root_dir=sim_root, torch_threads=1)
-    previous_root = os.environ.get(ROOT_DIR_ENV)
-    os.environ[ROOT_DIR_ENV] = str(sim_root)  # the client's dev policy trusts the fleet's simulated root
-    try:
-        with Fleet(settings) as fleet, Client(fleet.gateway_url, policy="dev") as sdk:
-            fleet.wait_for_pool(1, timeout_s=90)
-            with _proxy(sdk) as proxy_url:
-                yield openai.OpenAI(base_url=f"{proxy_url}/v1", api_key="unused-by-veil", max_retries=0, timeout=120)
-    finally:
-        if previous_root is None:
-            os.environ.pop(ROOT_DIR_ENV, None)
-        else:
-            os.environ[ROOT_DIR_ENV] = previous_root
+    with openai_through_proxy(model, root) as client:
+        yield client
 
 
 def ask(oa: openai.OpenAI, **fields):

@@ -1,0 +1,35 @@
+"""The real `openai` package through `veil proxy`, in front of a one-node fleet serving a given model folder."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+
+from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
+from client.sdk import Client
+from tests.test_e2e_models import _proxy
+from veil.fleet import Fleet, FleetSettings
+
+
+@contextmanager
+def openai_through_proxy(model: Path, root: Path) -> Iterator[openai.OpenAI]:
+    """An `openai.OpenAI` whose base URL is a proxy backed by the SDK, verifying the fleet under the dev policy."""
+    sim_root = root / "sim-root"
+    load_or_create_sim_root(sim_root)
+    settings = FleetSettings(nodes=1, model_dir=model, workdir=root / "fleet", sim_root_dir=sim_root, torch_threads=1)
+    previous_root = os.environ.get(ROOT_DIR_ENV)
+    os.environ[ROOT_DIR_ENV] = str(sim_root)  # the client's dev policy trusts the fleet's simulated root
+    try:
+        with Fleet(settings) as fleet, Client(fleet.gateway_url, policy="dev") as sdk:
+            fleet.wait_for_pool(1, timeout_s=90)
+            with _proxy(sdk) as proxy_url:
+                yield openai.OpenAI(base_url=f"{proxy_url}/v1", api_key="unused-by-veil", max_retries=0, timeout=120)
+    finally:
+        if previous_root is None:
+            os.environ.pop(ROOT_DIR_ENV, None)
+        else:
+            os.environ[ROOT_DIR_ENV] = previous_root
