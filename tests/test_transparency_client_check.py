@@ -51,7 +51,8 @@ def _hex(label: str) -> str:
 NODE = NodeIdentity(_hex("code"), _hex("policy"), _hex("model"), _hex("measurement"), KEY_CONFIG)
 RELEASE = ReleaseStatement("1.0", NODE.code_digest, NODE.policy_digest, (NODE.model_digest,))
 OTHER_RELEASE = ReleaseStatement("0.9", _hex("old code"), NODE.policy_digest, (NODE.model_digest,))
-NODE_KEY = NodeKeyStatement(hashlib.sha256(KEY_CONFIG).hexdigest(), NODE.measurement, NOW - 100, NOW + 3600)
+NODE_KEY = NodeKeyStatement(hashlib.sha256(KEY_CONFIG).hexdigest(), NODE.measurement, NOW - 100, NOW + 3600,
+                            "ab" * 32)
 REQUIREMENT = TransparencyRequirement(parse_policy(
     f"log {LOG.verifier.encode()}\n"
     + "".join(f"witness w{i + 1} {w.verifier.encode()}\n" for i, w in enumerate(WITNESSES))

@@ -237,7 +237,7 @@ def _digest(label: str) -> str:
 STATEMENTS = [
     ReleaseStatement("1.2.0", _digest("code"), _digest("policy"), tuple(sorted([_digest("m1"), _digest("m2")])),
                      (LaunchMeasurement("sev-snp", "ab" * 48), LaunchMeasurement("tdx", "cd" * 48, ("00" * 48,) * 4))),
-    NodeKeyStatement(_digest("key config"), _digest("measurement"), 100, 200),
+    NodeKeyStatement(_digest("key config"), _digest("measurement"), 100, 200, _digest("receipt key")),
     IssuerKeyStatement(_digest("token key"), 100, 200),
 ]
 
@@ -254,6 +254,9 @@ def test_statements_have_one_canonical_encoding(statement) -> None:
 @pytest.mark.parametrize("entry", [
     b"\xff", b"[]", b'{"type":"veil.release/v1"}', b'{"type":"other"}', b'{"a":1,"a":1}', b"[" * 100000,
     b'{"key_config_digest":"00","measurement":"00","not_after":2,"not_before":1,"type":"veil.node-key/v1"}',
+    # a node key logged without the receipt key that lets a third party check its receipts
+    b'{"key_config_digest":"' + b"0" * 64 + b'","measurement":"' + b"0" * 64
+    + b'","not_after":2,"not_before":1,"type":"veil.node-key/v1"}',
     b'{"launch_measurements":[{"x":1}],"model_digests":[],"type":"veil.release/v1"}',
 ])
 def test_malformed_entries_are_statement_errors(entry: bytes) -> None:
@@ -267,7 +270,10 @@ def test_statements_out_of_shape_are_refused_at_encoding() -> None:
         ReleaseStatement("1", _digest("c"), _digest("p"), tuple(sorted([_digest("a"), _digest("b")], reverse=True))),
         ReleaseStatement("1", _digest("c"), _digest("p"), (),
                          (LaunchMeasurement("sev-snp", "ab" * 48, ("00" * 48,) * 4),)),
-        NodeKeyStatement(_digest("k"), _digest("m"), 200, 100),
+        NodeKeyStatement(_digest("k"), _digest("m"), 200, 100, _digest("r")),
+        NodeKeyStatement(_digest("k"), _digest("m"), 100, 200, _digest("r").upper()),  # one encoding: lowercase
+        NodeKeyStatement(_digest("k"), _digest("m"), 100, 200, _digest("r")[:62]),  # not 32 bytes
+        NodeKeyStatement(_digest("k"), _digest("m"), 100, 200, None),  # type: ignore[arg-type]
         IssuerKeyStatement("AB" * 32, 1, 2),
     ]
     for statement in bad:

@@ -40,7 +40,7 @@ def issuer_key(number: int) -> bytes:
 
 RELEASE = ReleaseStatement("1.0.0", _digest("code"), _digest("policy"), (_digest("model"),))
 UNTRUSTED = ReleaseStatement("1.0.1-special", _digest("special code"), _digest("policy"), (_digest("model"),))
-NODE_KEY = NodeKeyStatement(_digest("key config"), _digest("measurement"), 1000, 2000)
+NODE_KEY = NodeKeyStatement(_digest("key config"), _digest("measurement"), 1000, 2000, _digest("receipt key"))
 
 
 def test_appends_across_tile_boundaries_give_the_tree_and_proofs_of_rfc_6962(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def _statements(path: Path, code: str, version: str) -> Path:
         {"type": "veil.release/v1", "version": version, "code_digest": code, "policy_digest": "ab" * 32,
          "model_digests": ["cd" * 32], "launch_measurements": [{"tee": "sev-snp", "measurement": "ef" * 48}]},
         {"type": "veil.node-key/v1", "key_config_digest": "12" * 32, "measurement": "34" * 32,
-         "not_before": 1000, "not_after": 2000},
+         "not_before": 1000, "not_after": 2000, "receipt_key": "56" * 32},
     ]))
     return path
 

@@ -2,8 +2,10 @@
 
 - a release: the code digest, the CPU launch measurements it runs under (SEV-SNP MEASUREMENT, TDX
   MRTD and RTMRs), the model digests, the policy digest and a version;
-- a node key: the SHA-256 of a node's OHTTP key configuration, its validity window and the
-  measurement (the digest bound into the node's evidence) of the code that holds it;
+- a node key: the SHA-256 of a node's OHTTP key configuration, its validity window, the
+  measurement (the digest bound into the node's evidence) of the code that holds it, and the
+  Ed25519 public key that signs its answers' receipts (`attestation.receipts`), so that anyone
+  holding a receipt can check it against the log;
 - an issuer key: a Privacy Pass issuer's token key id and its validity window.
 
 Canonical JSON (sorted keys, no spaces, UTF-8) gives every statement exactly one encoding, so the
@@ -26,6 +28,7 @@ NODE_KEY = "veil.node-key/v1"
 ISSUER_KEY = "veil.issuer-key/v1"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHA384 = re.compile(r"[0-9a-f]{96}")
+_ED25519_KEY = re.compile(r"[0-9a-f]{64}")
 _VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}")
 
 
@@ -51,6 +54,7 @@ class NodeKeyStatement:
     measurement: str  # the measurement digest bound into the node's evidence
     not_before: int
     not_after: int
+    receipt_key: str  # the node's receipt-signing Ed25519 public key: its 32 raw bytes in lowercase hex
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,8 @@ def _check(statement: Statement) -> None:
         _digest(statement.key_config_digest, "key_config_digest")
         _digest(statement.measurement, "measurement")
         _window(statement.not_before, statement.not_after)
+        if not isinstance(statement.receipt_key, str) or not _ED25519_KEY.fullmatch(statement.receipt_key):
+            raise StatementFormatError("receipt_key must be an Ed25519 public key: 32 bytes in lowercase hex")
     else:
         _digest(statement.token_key_id, "token_key_id")
         _window(statement.not_before, statement.not_after)
