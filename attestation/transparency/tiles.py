@@ -98,7 +98,8 @@ def tiles_for(size: int, level: int | None) -> list[TileName]:
 
 def parse_tile(data: bytes, width: int) -> list[bytes]:
     if len(data) != width * HASH_SIZE:
-        raise TileError(f"a tile of width {width} must be {width * HASH_SIZE} bytes")
+        cut = "truncated" if len(data) < width * HASH_SIZE else "extended"
+        raise TileError(f"a tile of width {width} must be {width * HASH_SIZE} bytes, not {len(data)} ({cut})")
     return [data[i:i + HASH_SIZE] for i in range(0, len(data), HASH_SIZE)]
 
 
@@ -119,7 +120,8 @@ def parse_bundle(data: bytes, width: int) -> list[bytes]:
         entries.append(data[offset + 2:offset + 2 + length])
         offset += 2 + length
     if len(entries) != width:
-        raise TileError(f"an entry bundle of width {width} holds another number of entries")
+        change = "entries removed" if len(entries) < width else "entries added"
+        raise TileError(f"an entry bundle of width {width} holds {len(entries)} entries ({change})")
     return entries
 
 
@@ -163,7 +165,10 @@ class TileHashes:
             data = None if full is None else full[:name.width * HASH_SIZE]
         if data is None:
             raise TileError(f"the log has no {name.path()}")
-        return parse_tile(data, name.width)
+        try:
+            return parse_tile(data, name.width)
+        except TileError as error:
+            raise TileError(f"hash tile {name.path()}: {error}") from None
 
     def complete(self, height: int, index: int) -> bytes:
         """The hash of leaves [index * 2**height, (index + 1) * 2**height), from the nearest stored level."""

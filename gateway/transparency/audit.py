@@ -23,10 +23,11 @@ from attestation.transparency.errors import (
     StatementFormatError,
     TileError,
 )
-from attestation.transparency.merkle import HASH_SIZE, leaf_hash, root_of, verify_consistency
+from attestation.transparency.merkle import HASH_SIZE, leaf_hash, root_of, subtree_hash, verify_consistency
 from attestation.transparency.note import NoteVerifier
 from attestation.transparency.statements import ReleaseStatement, Statement, decode_statement
-from attestation.transparency.tiles import TILE_WIDTH, Fetch, tile_root, tiles_for
+from attestation.transparency.tiles import TILE_WIDTH, Fetch, TileName, tile_root, tiles_for
+from gateway.transparency.difference import describe_difference
 from gateway.transparency.errors import LogStoreError
 from gateway.transparency.reader import LogReader
 
@@ -66,12 +67,10 @@ def audit_log(fetch: Fetch, log_key: NoteVerifier, state_path: Path, trusted_cod
     reader = LogReader(fetch, log_key)
     checkpoint = reader.signed.checkpoint
     entries = [entry for index in range(len(tiles_for(reader.size, None))) for entry in reader.bundle(index)]
-    if len(entries) != reader.size:
-        raise TileError("the log's entry bundles do not hold as many entries as its checkpoint counts")
     leaves = [leaf_hash(entry) for entry in entries]
-    _check_tiles(reader, leaves)
     if root_of(leaves) != checkpoint.root:
-        raise TileError("the log's entries do not produce the root its checkpoint signs")
+        raise _unsigned_entries(reader, leaves)
+    _check_tiles(reader, leaves)
     previous = load_seen(state_path, checkpoint.origin)
     if previous is not None:
         _check_consistent(reader, leaves, previous)
@@ -86,14 +85,31 @@ def audit_log(fetch: Fetch, log_key: NoteVerifier, state_path: Path, trusted_cod
     return report
 
 
+def _unsigned_entries(reader: LogReader, leaves: list[bytes]) -> TileError:
+    """Why the entries' root is not the checkpoint's: a bundle changed (its tiles still lead to the signed
+    root), or a checkpoint signed over a root that neither the entries nor the tiles produce."""
+    if reader.size and subtree_hash(reader.hashes.complete, 0, reader.size) == reader.signed.checkpoint.root:
+        for name in tiles_for(reader.size, 0):
+            start = name.index * TILE_WIDTH
+            difference = describe_difference(reader.hashes.tile(0, name.index), leaves[start:start + name.width],
+                                             "entry", "entries")
+            if difference:
+                bundle = TileName(None, name.index, name.width).path()
+                return TileError(f"entry bundle {bundle} is not what the signed tree holds: {difference}")
+    return TileError("the checkpoint signs a root that the log's entries do not produce "
+                     "(the checkpoint or the entries and their tiles were changed)")
+
+
 def _check_tiles(reader: LogReader, leaves: list[bytes]) -> None:
     """Every tile of every level equals what the level below it implies, from the leaves up."""
     level, hashes = 0, leaves
     while hashes:
         for name in tiles_for(reader.size, level):
             start = name.index * TILE_WIDTH
-            if reader.hashes.tile(level, name.index) != hashes[start:start + name.width]:
-                raise TileError(f"{name.path()} does not hold the hashes its entries imply")
+            difference = describe_difference(hashes[start:start + name.width], reader.hashes.tile(level, name.index),
+                                             "hash", "hashes")
+            if difference:
+                raise TileError(f"hash tile {name.path()} does not hold the hashes its entries imply: {difference}")
         full = len(hashes) - len(hashes) % TILE_WIDTH
         hashes = [tile_root(hashes[i:i + TILE_WIDTH]) for i in range(0, full, TILE_WIDTH)]
         level += 1

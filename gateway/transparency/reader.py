@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attestation.transparency.checkpoint import SignedCheckpoint, open_checkpoint
+from attestation.transparency.errors import TileError
 from attestation.transparency.merkle import consistency_proof, inclusion_proof
 from attestation.transparency.note import NoteVerifier
 from attestation.transparency.tiles import TILE_WIDTH, Fetch, TileHashes, TileName, parse_bundle
@@ -26,13 +27,15 @@ class LogReader:
         """Entry bundle `index` as of this checkpoint (a partial one falls back to its full bundle)."""
         count = self.size - index * TILE_WIDTH
         name = TileName(None, index, min(TILE_WIDTH, count))
-        data = self.fetch(name.path())
+        data, width = self.fetch(name.path()), name.width
         if data is None and name.width < TILE_WIDTH:
-            full = self.fetch(TileName(None, index).path())
-            return [] if full is None else parse_bundle(full, TILE_WIDTH)[:name.width]
+            data, width = self.fetch(TileName(None, index).path()), TILE_WIDTH
         if data is None:
             raise LogFetchError(f"the log has no {name.path()}")
-        return parse_bundle(data, name.width)
+        try:
+            return parse_bundle(data, width)[:name.width]
+        except TileError as error:
+            raise TileError(f"entry bundle {name.path()}: {error}") from None
 
     def entry(self, index: int) -> bytes:
         return self.bundle(index // TILE_WIDTH)[index % TILE_WIDTH]
