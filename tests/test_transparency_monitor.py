@@ -8,10 +8,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,9 +19,9 @@ from attestation.transparency.note import generate_signer, sign_note
 from attestation.transparency.statements import IssuerKeyStatement, encode_statement
 from attestation.transparency.tiles import encode_bundle, parse_bundle
 from gateway.transparency.log import append_entries, init_log
+from tests.transparency_support import veil_server
 from veil.cli import main
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 ORIGIN = "log.example/veil"
 SIGNER = generate_signer(ORIGIN)
 LOG_KEY = SIGNER.verifier.encode()
@@ -309,20 +305,8 @@ def served(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """`veil log serve` over a directory that each test fills with its own tampered copy."""
     root = tmp_path_factory.mktemp("served")
     directory = _copy(template, root / "log")
-    port_file = root / "port"
-    process = subprocess.Popen([sys.executable, "-m", "veil", "log", "serve", str(directory), "--listen",
-                                "127.0.0.1:0", "--port-file", str(port_file)], cwd=REPO_ROOT,
-                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not port_file.exists():
-            assert process.poll() is None and time.monotonic() < deadline, "veil log serve did not start"
-            time.sleep(0.05)
-        yield directory, f"http://127.0.0.1:{int(port_file.read_text())}"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=60)
+    with veil_server("log", "serve", str(directory), port_file=root / "port") as url:
+        yield directory, url
 
 
 HTTP_CASES = ["bundle full, first entry changed", "bundle partial, entry duplicated", "bundle partial, entry added",

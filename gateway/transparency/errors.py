@@ -17,6 +17,10 @@ class WitnessRequestError(TransparencyError):
     """An add-checkpoint request is malformed, or a witness answered with something other than a cosignature."""
 
 
+class WitnessConfigError(TransparencyError):
+    """A witness's configuration is inconsistent (two keys for one log)."""
+
+
 class UnknownLogError(TransparencyError):
     """A witness was asked to cosign a checkpoint of a log it does not follow."""
 

@@ -23,7 +23,13 @@ from attestation.transparency.cosignature import CosignatureSigner
 from attestation.transparency.errors import ForkError, RollbackError
 from attestation.transparency.merkle import HASH_SIZE, verify_consistency
 from attestation.transparency.note import NoteVerifier, Signature, open_note, parse_note
-from gateway.transparency.errors import LogStoreError, StaleSizeError, UnknownLogError, WitnessRequestError
+from gateway.transparency.errors import (
+    LogStoreError,
+    StaleSizeError,
+    UnknownLogError,
+    WitnessConfigError,
+    WitnessRequestError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +44,7 @@ class Witness:
     def __init__(self, signer: CosignatureSigner, logs: Sequence[NoteVerifier], state_path: Path,
                  clock: Callable[[], float] = time.time) -> None:
         self.signer, self.state_path, self.clock = signer, state_path, clock
-        self.logs = {log.name: log for log in logs}
+        self.logs = _by_origin(logs)
         self._lock = threading.Lock()
         self._state = load_state(state_path)
 
@@ -63,6 +69,15 @@ class Witness:
             raise UnknownLogError("this witness does not follow that log")
         open_note(note_data, (log,))
         return checkpoint
+
+
+def _by_origin(logs: Sequence[NoteVerifier]) -> dict[str, NoteVerifier]:
+    """The logs keyed by origin; two different keys of one origin would leave one silently unfollowed."""
+    by_origin: dict[str, NoteVerifier] = {}
+    for log in logs:
+        if by_origin.setdefault(log.name, log).encode() != log.encode():
+            raise WitnessConfigError(f"two --log keys name the same log {log.name}; a witness follows one key a log")
+    return by_origin
 
 
 def _check_extends(seen: Seen, old_size: int, proof: Sequence[bytes], checkpoint: Checkpoint) -> None:
