@@ -46,6 +46,7 @@ class DirectoryEntry:
     evidence: str
     capacity: int
     models: tuple[str, ...] | None = None  # the model names it serves; None where the directory does not say
+    transparency: str | None = None  # the node's stapled log proofs (JSON, unverified); None: it staples none
 
     @property
     def hardware_id(self) -> str | None:
@@ -84,11 +85,14 @@ def _entry(node: Any) -> DirectoryEntry:
     models = node.get("models")
     if models is not None and not (isinstance(models, list) and all(isinstance(m, str) for m in models)):
         raise ValueError("a directory entry's models are not a list of names")
+    transparency = node.get("transparency") or None
+    if transparency is not None and not isinstance(transparency, str):
+        raise ValueError("a directory entry's transparency proofs are not a string")
     try:
         config = base64.b64decode(key_config, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("a directory entry's key configuration is not base64") from None
-    return DirectoryEntry(node_id, config, evidence, capacity, None if models is None else tuple(models))
+    return DirectoryEntry(node_id, config, evidence, capacity, None if models is None else tuple(models), transparency)
 
 
 def serving(entries: Sequence[DirectoryEntry], model: str | None) -> list[DirectoryEntry]:

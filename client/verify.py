@@ -10,6 +10,7 @@ A candidate's evidence, whatever its bytes, can only get that candidate refused:
 anything verifying it raises, even an exception the verifier should have turned
 into an AttestationError, makes a failed record (its type named, its message,
 which could quote the evidence, dropped), and the request is sealed to the others.
+A verified node must then pass the policy's transparency check (`client.transparency`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from attestation.bundle import EvidenceBundle
 from attestation.errors import AttestationError
 from attestation.verifier import VerifiedNode, verify
 from client.directory import DirectoryEntry
+from client.transparency import TransparencyCheck
 from client.types import CandidateRecord
 from policy import Policy
 
@@ -42,17 +44,20 @@ class CandidateVerifier:
     def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
         self.policy = policy
         self._clock = clock
+        self.transparency = TransparencyCheck(policy)  # run on every check: proofs are refreshed, evidence cached
         self._lock = threading.Lock()
         self._cache: dict[bytes, _Cached] = {}
 
     def check(self, entry: DirectoryEntry) -> CandidateRecord:
         """The candidate's record: verified, or the check that failed and why."""
-        return _record(entry, lambda: self._verified(entry))
+        record = _record(entry, lambda: self._verified(entry))
+        return self.transparency.check(record, entry.transparency, self._clock())
 
     def check_fresh(self, entry: DirectoryEntry, evidence: str, nonce: bytes) -> CandidateRecord:
         """A record from evidence the node produced over the client's own `nonce` (never cached)."""
-        return _record(entry, lambda: verify(EvidenceBundle.from_json(evidence), self.policy, expected_nonce=nonce,
-                                             now=self._clock()))
+        record = _record(entry, lambda: verify(EvidenceBundle.from_json(evidence), self.policy, expected_nonce=nonce,
+                                               now=self._clock()))
+        return self.transparency.check(record, entry.transparency, self._clock())
 
     def _verified(self, entry: DirectoryEntry) -> VerifiedNode:
         key = hashlib.sha256(entry.evidence.encode("utf-8", "surrogatepass")).digest()

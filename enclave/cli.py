@@ -66,6 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "must name it (default: none)")
     node.add_argument("--num-speculative-tokens", type=int, default=3,
                       help="drafts verified per sample per step (default: %(default)s)")
+    node.add_argument("--transparency-log", default=None, metavar="URL",
+                      help="the operator's transparency log (`veil log serve --key`): log this node's key statement "
+                           "at start and at each key rotation, and staple proofs of its release and key to its "
+                           "evidence (default: none, no proofs; clients under a policy requiring them refuse it)")
+    node.add_argument("--transparency-refresh-s", type=float, default=60.0,
+                      help="fetch fresh proofs from the log this often (default: %(default)s)")
     add_operation_options(node)
     node.set_defaults(handler=_run_node)
 
@@ -82,6 +88,7 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
+        transparency_log=args.transparency_log, transparency_refresh_s=args.transparency_refresh_s,
     )
 
 

@@ -44,6 +44,10 @@ class NodeSettings:
     # engine.speculation must name it, and a draft model is measured with the model.
     speculative: str | None = None
     num_speculative_tokens: int = 3
+    # The operator's transparency log (`veil log serve --key`): the node logs its key statement there and
+    # staples proofs of its release and key to its evidence, refreshed every transparency_refresh_s.
+    transparency_log: str | None = None
+    transparency_refresh_s: float = 60.0
 
     @property
     def draft_model(self) -> Path | None:

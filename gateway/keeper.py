@@ -214,7 +214,7 @@ class PoolKeeper:
     def _verify_and_admit(self, address: str, answer: AttestAnswer) -> Admission:
         """`pool.admit`, with anything else than AdmissionError it raises made that node's refusal."""
         try:
-            return self.pool.admit(address, answer.evidence, answer.capacity, answer.models)
+            return self.pool.admit(address, answer.evidence, answer.capacity, answer.models, answer.transparency)
         except AdmissionError:
             raise
         except Exception as error:

@@ -47,6 +47,7 @@ class PoolEntry:
     expires_at: float
     attestation_result: str
     models: tuple[str, ...] = ()  # the model names it serves, as the node states them (unsigned, like capacity)
+    transparency: str = ""  # the node's stapled log proofs, published as they came (clients verify them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +127,8 @@ class NodePool:
             self._pending_nonces[address] = nonce
         return nonce
 
-    def admit(self, address: str, evidence_json: str, capacity: int, models: tuple[str, ...] = ()) -> Admission:
+    def admit(self, address: str, evidence_json: str, capacity: int, models: tuple[str, ...] = (),
+              transparency: str = "") -> Admission:
         """Verify a node's answer to its pending nonce and (re)admit it, or raise AdmissionError."""
         with self._lock:
             nonce = self._pending_nonces.pop(address, None)
@@ -146,6 +148,7 @@ class NodePool:
             expires_at=verified.expires_at,
             attestation_result=self._signer.issue(verified, now=now),
             models=tuple(models),
+            transparency=_bounded_proofs(transparency),
         )
         with self._lock:
             return self._install(entry, verified.hardware_id, now)
@@ -263,6 +266,15 @@ def _verify(evidence_json: str, policy: Policy, nonce: bytes, now: float) -> Ver
         raise AdmissionError(f"the node's evidence failed verification: {error}", check=error.check) from None
 
 
+def _bounded_proofs(transparency: str) -> str:
+    # Published to every caller unread; bounded as a client bounds them (a larger bundle it refuses anyway).
+    if len(transparency) > MAX_PROOFS_CHARS:
+        raise AdmissionError("the node's stapled transparency proofs are larger than any bundle can be",
+                             check="transparency")
+    return transparency
+
+
+MAX_PROOFS_CHARS = 256 * 1024
 MAX_NODE_MODELS = 16
 MAX_MODEL_NAME = 256
 

@@ -37,6 +37,7 @@ def canonical_encoding(policy: Policy) -> bytes:
         "routing": section_dict(policy.routing),
         "audit": section_dict(policy.audit),
         "authorization": section_dict(policy.authorization),
+        "transparency": section_dict(policy.transparency),
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return text.encode("ascii")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policy.errors import InvalidValueError
-from policy.model import LaunchReference
+from policy.model import LaunchReference, WitnessKey
 
 Reader = Callable[[str, Any], Any]
 
@@ -15,6 +15,9 @@ _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _HEX_MEASUREMENT = re.compile(r"[0-9a-f]{96}")
 _LAUNCH_KEYS = {"sev-snp": {"tee", "code", "measurement"}, "tdx": {"tee", "code", "mrtd", "rtmr0", "rtmr1", "rtmr2", "rtmr3"}}
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+# A C2SP note verifier key: name+<8 hex key hash>+<base64 of type byte and key>; fully parsed (hash and type
+# checked) by attestation.transparency.requirement, which the policy package does not import.
+_NOTE_KEY = re.compile(r"[!-*,-~]{1,128}\+[0-9a-f]{8}\+[A-Za-z0-9+/]{43,}={0,2}")
 _HOST_NAME = re.compile(r"(?:[a-z0-9-]{1,63}(?:\.[a-z0-9-]{1,63})*)?", re.ASCII)
 
 
@@ -129,6 +132,29 @@ def audit_sink(where: str, value: Any) -> str:
     if isinstance(value, str) and value.startswith("jsonl:") and len(value) > len("jsonl:"):
         return value
     raise InvalidValueError(f"{where} must be \"stderr\" or \"jsonl:<path>\"")
+
+
+def note_key(where: str, value: Any) -> str:
+    """A C2SP note verifier key (name+hash+base64), or "" for none named yet."""
+    if not isinstance(value, str) or (value and not _NOTE_KEY.fullmatch(value)):
+        raise InvalidValueError(f"{where} must be a C2SP note verifier key (name+hash+base64) or empty")
+    return value
+
+
+def witness_keys(where: str, value: Any) -> tuple[WitnessKey, ...]:
+    """Inline tables {name, key}, each name once, sorted by name."""
+    if not isinstance(value, list) or not all(isinstance(item, dict) and set(item) == {"name", "key"}
+                                              for item in value):
+        raise InvalidValueError(f"{where} must be a list of tables such as {{ name = \"w1\", key = \"w1+...\" }}")
+    witnesses = []
+    for index, item in enumerate(value):
+        if not isinstance(item["name"], str) or not _NAME.fullmatch(item["name"]):
+            raise InvalidValueError(f"{where}[{index}].name must be 1-64 lowercase letters, digits or '-'")
+        witnesses.append(WitnessKey(item["name"], note_key(f"{where}[{index}].key", item["key"])))
+    if len({witness.name for witness in witnesses}) != len(witnesses) or \
+            len({witness.key for witness in witnesses}) != len(witnesses):
+        raise InvalidValueError(f"{where} names a witness or a key twice; list each once")
+    return tuple(sorted(witnesses, key=lambda witness: witness.name))
 
 
 def _string_list(where: str, value: Any) -> list[str]:

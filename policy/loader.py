@@ -19,6 +19,7 @@ from policy.model import (
     EnginePolicy,
     Policy,
     RoutingPolicy,
+    TransparencyPolicy,
 )
 from protocol.constants import MAX_CANDIDATES
 
@@ -62,6 +63,13 @@ SCHEMA: dict[str, dict[str, fields.Reader]] = {
         "sink": fields.audit_sink,
     },
     "authorization": {"issuer_name": fields.host_name, "issuer_keys": fields.digest_set},
+    "transparency": {
+        "required": fields.boolean,
+        "log_key": fields.note_key,
+        "witnesses": fields.witness_keys,
+        "quorum": fields.integer(0, 64),
+        "max_checkpoint_age_s": fields.integer(60, 30 * 86_400),
+    },
 }
 
 
@@ -122,6 +130,7 @@ def _assemble(sections: dict[str, dict[str, Any]]) -> Policy:
         "routing": RoutingPolicy(**sections["routing"]),
         "audit": AuditPolicy(**sections["audit"]),
         "authorization": AuthorizationPolicy(**sections["authorization"]),
+        "transparency": TransparencyPolicy(**sections["transparency"]),
     }
     draft = Policy(digest=b"", **parts)
     return Policy(digest=digest_of(canonical_encoding(draft)), **parts)
@@ -140,6 +149,7 @@ def _check_consistency(policy: Policy) -> None:
         "attestation.trust_local_simulated_root": attestation.trust_local_simulated_root,
         "attestation.accept_unlisted_code": attestation.accept_unlisted_code,
         "engine.accept_unlisted_models": policy.engine.accept_unlisted_models,
+        "transparency.required = false": not policy.transparency.required,
     }
     unlisted = {ref.code_digest for ref in attestation.launch_measurements} - set(attestation.allowed_code_digests)
     if unlisted:
@@ -147,9 +157,17 @@ def _check_consistency(policy: Policy) -> None:
             "attestation.launch_measurements names a code digest that allowed_code_digests does not list; "
             "list it there too, or remove the launch measurement"
         )
+    _check_transparency(policy.transparency)
     for where, enabled in dev_only.items():
         if enabled and not attestation.allow_simulated:
             raise InvalidValueError(
                 f"{where} is a development setting: it needs attestation.allow_simulated = true, "
                 "and a production policy must not set it"
             )
+
+
+def _check_transparency(transparency: TransparencyPolicy) -> None:
+    if transparency.quorum > len(transparency.witnesses):
+        raise InvalidValueError("transparency.quorum is larger than the number of transparency.witnesses")
+    if transparency.witnesses and not transparency.log_key:
+        raise InvalidValueError("transparency.witnesses are listed but transparency.log_key names no log")

@@ -95,6 +95,30 @@ class AuthorizationPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class WitnessKey:
+    """A witness the client trusts: its name and its cosignature/v1 verifier key (C2SP note key)."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransparencyPolicy:
+    """Whether a node's release and key must be in a witnessed log, and which log and witnesses count.
+
+    The keys are C2SP note verifier keys; `attestation.transparency.requirement` reads them in the
+    c2sp.org/tlog-policy shape (one log, the witnesses, a group of `quorum` of them). Required with no
+    log key named: no node passes until the release process names the log.
+    """
+
+    required: bool
+    log_key: str  # the log's Ed25519 note verifier key, "" while none is named
+    witnesses: tuple[WitnessKey, ...]  # sorted by name
+    quorum: int  # how many of `witnesses` must cosign a checkpoint; 0: the log's signature alone
+    max_checkpoint_age_s: int  # the quorum's cosignatures must be at most this old
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """A loaded, validated policy and the digest that nodes attest to."""
 
@@ -104,6 +128,7 @@ class Policy:
     routing: RoutingPolicy
     audit: AuditPolicy
     authorization: AuthorizationPolicy
+    transparency: TransparencyPolicy
     digest: bytes  # SHA-256 of canonical_bytes()
 
     @property

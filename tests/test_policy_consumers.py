@@ -22,6 +22,7 @@ from enclave.selfcheck import check_node_settings
 from enclave.settings import NodeSettings
 from policy import AttestationPolicy, AuditPolicy, AuthorizationPolicy, EnginePolicy, RoutingPolicy
 from policy.forbidden import KNOBS
+from policy.model import TransparencyPolicy
 from policy.loader import SCHEMA, parse_policy
 from tests.test_attestation_support import code_digest, collect, dev_policy, dev_variant, sim_root_dir  # noqa: F401
 from policy.shipped import shipped_policy_path
@@ -32,6 +33,7 @@ from tests.test_security_claims import missing_tests
 
 FORBIDDEN_KNOB_REFUSED = "tests/test_policy_loading.py::test_every_forbidden_knob_value_is_refused_with_its_requirement"
 
+TRANSPARENCY_REFUSALS = "tests/test_transparency_fleet.py::test_the_sdk_refuses_each_transparency_failure_before_sending"
 CONSUMERS: dict[str, tuple[str, ...]] = {
     "policy.name": ("tests/test_policy_digest.py::test_every_semantic_change_changes_the_digest",),
     "policy.format": ("tests/test_policy_loading.py::test_invalid_values_are_refused",),
@@ -90,6 +92,13 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
     "authorization.issuer_keys": (
         "tests/test_gateway_tokens.py::test_a_bad_token_gets_401_with_the_challenge_and_reaches_no_node",
         "tests/test_gateway_tokens.py::test_the_dev_policy_admits_without_a_token"),
+    "transparency.required": (
+        "tests/test_transparency_fleet.py::test_a_client_under_a_policy_not_requiring_transparency_says_so",
+        "tests/test_transparency_fleet.py::test_a_policy_requiring_transparency_without_a_log_admits_no_node"),
+    "transparency.log_key": (TRANSPARENCY_REFUSALS,),
+    "transparency.witnesses": (TRANSPARENCY_REFUSALS,),
+    "transparency.quorum": (TRANSPARENCY_REFUSALS,),
+    "transparency.max_checkpoint_age_s": (TRANSPARENCY_REFUSALS,),
 }
 
 
@@ -118,7 +127,7 @@ def test_single_valued_knobs_are_enforced_by_the_loader() -> None:
 
 def test_the_policy_model_has_no_field_outside_the_schema() -> None:
     sections = {"attestation": AttestationPolicy, "engine": EnginePolicy, "routing": RoutingPolicy, "audit": AuditPolicy,
-                "authorization": AuthorizationPolicy}
+                "authorization": AuthorizationPolicy, "transparency": TransparencyPolicy}
     fields = {f"{name}.{field.name}" for name, section in sections.items() for field in dataclasses.fields(section)}
     assert fields | {"policy.name", "policy.format"} == _schema_keys()
 

@@ -139,9 +139,13 @@ def describe_route(route: Any, compact: bool = False) -> str:
 
 
 def _warn_if_development(policy: Any) -> None:
+    from client.transparency import without_transparency_warning
+
     if policy.attestation.allow_simulated:
         print(f"WARNING: policy {policy.name!r} accepts SIMULATED attestation: nothing protects these nodes. "
               "Development only.", file=sys.stderr)
+    if (warning := without_transparency_warning(policy)) is not None:
+        print(f"WARNING: {warning}.", file=sys.stderr)
 
 
 # ----- veil up -----------------------------------------------------------------------------------

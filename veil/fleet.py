@@ -33,6 +33,8 @@ import httpx
 from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
 from client.tokens import DEFAULT_BATCH_SIZE, TokenWallet
 from ohttp.privacypass import WELL_KNOWN_PATH
+from gateway.transparency.keys import read_signer
+from veil.fleet_transparency import WITNESSES, FleetLogKeys, log_release, make_log_keys, write_transparency_policy
 from veil.fleet_access import (
     FleetError,
     ORIGIN,
@@ -85,6 +87,11 @@ class FleetSettings:
     # An OHTTP relay in front of the gateway, which then takes requests for nodes from the relay's address only.
     relay: bool = False
     relay_target: str | None = None  # where the relay forwards (default: this fleet's gateway)
+    # A transparency log (`veil log serve`) and two witnesses (`veil witness`): the fleet's policy requires a
+    # quorum of both, the release of its nodes is logged, and each node logs its key and staples its proofs.
+    transparency: bool = False
+    max_checkpoint_age_s: int = 3600
+    cosign_every_s: float = 60.0  # the log asks its witnesses again this often while it does not grow
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 32:
@@ -139,6 +146,9 @@ class Fleet:
         self.gateway: FleetProcess | None = None
         self.issuer: FleetProcess | None = None
         self.relay: FleetProcess | None = None
+        self.log: FleetProcess | None = None
+        self.witnesses: list[FleetProcess] = []
+        self.log_keys: FleetLogKeys | None = None
         self.account: FleetAccount | None = None
         self.issuer_key_ids: tuple[str, ...] = ()
         # The policy every process and the client load: the base policy, or the fleet's own file listing its issuer.
@@ -152,10 +162,14 @@ class Fleet:
         try:
             load_or_create_sim_root(self.sim_root_dir)  # before the nodes, so they share one root
             self._ensure_model()
+            deadline = time.monotonic() + self.settings.start_timeout_s
+            if self.settings.transparency:
+                self._start_witnesses()  # their keys are in the policy the nodes measure
             if self.settings.tokens:
                 self.issuer = self._start_issuer()  # its key is in the policy the nodes measure
+            if self.settings.transparency:
+                self.log = self._start_log(deadline)  # the nodes log their keys through it as they start
             self.nodes = [self._start_node(index) for index in range(self.settings.nodes)]
-            deadline = time.monotonic() + self.settings.start_timeout_s
             for process in self.nodes + ([self.issuer] if self.issuer else []):
                 process.port = self._wait_for_port(process, deadline)
             self.gateway = self._start_gateway()
@@ -172,7 +186,8 @@ class Fleet:
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop the relay, the gateway, the nodes, then the issuer (SIGTERM, then SIGKILL after `timeout_s`);
         remove a temporary work folder."""
-        processes = [process for process in (self.relay, self.gateway, *self.nodes, self.issuer) if process]
+        processes = [process for process in (self.relay, self.gateway, *self.nodes, self.issuer, self.log,
+                                             *self.witnesses) if process]
         for process in processes:
             if process.alive:
                 process.popen.send_signal(signal.SIGTERM)
@@ -205,6 +220,14 @@ class Fleet:
     @property
     def relay_url(self) -> str:
         return self._url(self.relay, "the fleet runs no relay; start it with relay=True")
+
+    @property
+    def log_url(self) -> str:
+        return self._url(self.log, "the fleet runs no transparency log; start it with transparency=True")
+
+    @property
+    def witness_urls(self) -> list[str]:
+        return [self._url(witness, "the fleet is not running; start it first") for witness in self.witnesses]
 
     @property
     def client_url(self) -> str:
@@ -320,11 +343,36 @@ class Fleet:
         if added.returncode != 0:
             raise FleetError(f"veil issuer could not add a signing key: {added.stderr.strip()[-500:]}")
         self.issuer_key_ids = (printed_key_id(added.stdout),)
-        self.policy = str(write_policy_listing(self.workdir / "policy.toml", self.settings.policy,
+        self.policy = str(write_policy_listing(self.workdir / "policy.toml", self.policy,
                                                self.issuer_key_ids).resolve())
         return self._spawn("issuer", [
             "issuer", "--config", str(config.resolve()), "--keys", str((folder / "keys").resolve()),
             "--listen", "127.0.0.1:0", "--port-file", str(self.paths.run / "issuer.port")])
+
+    def _start_witnesses(self) -> None:
+        """Make the log's and witnesses' keys, write the policy naming them, and start both witnesses."""
+        keys = self.log_keys = make_log_keys(self.workdir / "transparency")
+        self.policy = str(write_transparency_policy(self.workdir / "policy-transparency.toml", self.policy, keys,
+                                                    self.settings.max_checkpoint_age_s).resolve())
+        self.witnesses = [self._spawn(WITNESSES[index], [
+            "witness", "--key", str(key.resolve()), "--log", keys.log_verifier,
+            "--state", str(keys.witness_state(index).resolve()), "--listen", "127.0.0.1:0",
+            "--port-file", str(self.paths.run / f"{WITNESSES[index]}.port")]) for index, key in enumerate(keys.witness_keys)]
+
+    def _start_log(self, deadline: float) -> FleetProcess:
+        """Log the nodes' release (cosigned by both witnesses), then serve the log for the nodes' keys."""
+        keys = self.log_keys
+        assert keys is not None, "the witnesses start first"
+        for witness in self.witnesses:
+            witness.port = self._wait_for_port(witness, deadline)
+        log_release(keys, read_signer(keys.log_key), self.policy, Path(self.model_dir).resolve(), self.witness_urls)
+        process = self._spawn("log", [
+            "log", "serve", str(keys.log_directory.resolve()), "--key", str(keys.log_key.resolve()),
+            "--policy", self.policy, "--cosign-every-s", f"{self.settings.cosign_every_s:g}",
+            "--listen", "127.0.0.1:0", "--port-file", str(self.paths.run / "log.port"),
+            *(argument for url in self.witness_urls for argument in ("--witness", url))])
+        process.port = self._wait_for_port(process, deadline)
+        return process
 
     def _start_relay(self) -> FleetProcess:
         target = self.settings.relay_target or self.gateway_url
@@ -350,6 +398,8 @@ class Fleet:
             "--audit", f"file:{self.paths.audit / f'node-{index}.jsonl'}",
         ]
         arguments += _optional("--key-rotation-s", s.key_rotation_s) + _optional("--key-grace-s", s.key_grace_s)
+        if self.log is not None:
+            arguments += ["--transparency-log", self.log_url]
         if s.model_names:
             arguments += ["--model-name", s.model_names[index % len(s.model_names)]]
         return self._spawn(f"node-{index}", arguments + list(s.extra_node_args), s.node_cpus)

@@ -1,16 +1,19 @@
 """The log's read-only file server and the witness's endpoint, as FastAPI applications.
 
 Neither keeps an access log (they run under `gateway.serve.serve_app`). The log server answers
-`GET /checkpoint` and `GET /tile/...` from the directory and nothing else: no listing, no path
-outside the tile layout. Full tiles and bundles never change, so they may be cached forever.
+`GET /checkpoint` and `GET /tile/...` from the directory: no listing, no path outside the tile
+layout. Full tiles and bundles never change, so they may be cached forever. Given a writer (`veil log
+serve --key`), it also takes attested nodes' key statements (`POST /add-node-key`) and gives nodes
+their proofs to staple (`GET /proof/N`, `GET /release-index`); clients never ask it anything.
 """
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from attestation.transparency.errors import (
@@ -20,18 +23,20 @@ from attestation.transparency.errors import (
     RollbackError,
     TransparencyError,
 )
+from attestation.transparency.node_append import APPEND_PATH, MAX_APPEND_BYTES, AppendRefusedError, parse_append_request
 from attestation.transparency.tiles import TILE_WIDTH, parse_tile_path
 from gateway.responses import install_error_handlers, read_bounded
 from gateway.transparency.errors import LogStoreError, StaleSizeError, UnknownLogError
 from gateway.transparency.fetch import directory_fetch
 from gateway.transparency.protocol import MAX_REQUEST_BYTES, SIZE_MEDIA_TYPE, cosignature_line, parse_add_checkpoint
 from gateway.transparency.witness import Witness
+from gateway.transparency.writer import LogWriter
 
 _NO_DOCS = {"openapi_url": None, "docs_url": None, "redoc_url": None}
 
 
-def log_app(directory: Path) -> FastAPI:
-    """Serve the log in `directory`, read-only."""
+def log_app(directory: Path, writer: LogWriter | None = None) -> FastAPI:
+    """Serve the log in `directory`: read-only, and with `writer` also nodes' appends and proofs."""
     app = FastAPI(title="Veil transparency log", **_NO_DOCS)
     install_error_handlers(app)
     fetch = directory_fetch(directory)
@@ -56,7 +61,41 @@ def log_app(directory: Path) -> FastAPI:
         cache = "public, max-age=31536000, immutable" if name.width == TILE_WIDTH else "no-cache"
         return Response(data, media_type="application/octet-stream", headers={"cache-control": cache})
 
+    if writer is not None:
+        _node_routes(app, writer)
     return app
+
+
+def _refusal(error: TransparencyError) -> JSONResponse:
+    status = 403 if isinstance(error, AppendRefusedError) else 404 if isinstance(error, LogStoreError) else 400
+    return JSONResponse({"error": str(error)}, status_code=status)
+
+
+def _node_routes(app: FastAPI, writer: LogWriter) -> None:
+    @app.post(APPEND_PATH)
+    async def add_node_key(request: Request) -> Response:
+        body = await read_bounded(request, MAX_APPEND_BYTES)
+        try:
+            index = await run_in_threadpool(writer.append_node_key, parse_append_request(body))
+        except TransparencyError as error:
+            return _refusal(error)
+        return JSONResponse({"index": index})
+
+    @app.get("/proof/{index}")
+    async def proof(index: int) -> Response:
+        try:
+            stapled = await run_in_threadpool(writer.stapled, index)
+        except TransparencyError as error:
+            return _refusal(error)
+        return JSONResponse({"entry": base64.b64encode(stapled.entry).decode(),
+                             "proof": base64.b64encode(stapled.proof).decode()}, headers={"cache-control": "no-cache"})
+
+    @app.get("/release-index")
+    async def release_index(code: str, policy: str, model: str) -> Response:
+        index = await run_in_threadpool(writer.release_index, code, policy, model)
+        if index is None:
+            return JSONResponse({"error": "no release statement lists these digests"}, status_code=404)
+        return JSONResponse({"index": index})
 
 
 # Each refusal of the witness, and the status tlog-witness gives it.

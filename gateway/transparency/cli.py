@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.transparency.writer import LogWriter
 
 
 def register(subparsers: Any) -> None:
@@ -35,6 +38,16 @@ def register(subparsers: Any) -> None:
     serve.add_argument("directory", type=Path, help="the log's directory")
     serve.add_argument("--listen", default="127.0.0.1:8300", help="HOST:PORT to serve on (port 0 picks a free one)")
     serve.add_argument("--port-file", type=Path, help="write the chosen port here once serving (default: none)")
+    serve.add_argument("--key", type=Path,
+                       help="the log's signing key: also take attested nodes' key statements (POST /add-node-key) "
+                            "and give nodes their proofs (default: none, read-only)")
+    serve.add_argument("--policy", help="with --key: the policy nodes' evidence must verify under "
+                                        "(a shipped name or a file; required with --key)")
+    serve.add_argument("--witness", action="append", default=[], metavar="URL",
+                       help="with --key: a witness to cosign each new checkpoint, repeatable (default: none)")
+    serve.add_argument("--cosign-every-s", type=float, default=300.0,
+                       help="with --witness: ask the witnesses again this often, so proofs stay fresh while the "
+                            "log does not grow (default: 300; 0: only when it grows)")
     serve.set_defaults(handler=_serve)
 
     audit = commands.add_parser("audit", help="fetch a whole log, recompute it and list its statements")
@@ -122,15 +135,38 @@ def _append(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from gateway.serve import GatewayStartError, serve_app
     from gateway.settings import GatewaySettings
+    from attestation.transparency.errors import TransparencyError
     from gateway.transparency.apps import log_app
+    from gateway.transparency.writer import start_cosigner
+    from policy import PolicyError
 
     if not (args.directory / "checkpoint").is_file():
         return _fail("log serve", f"{args.directory} holds no log; run `veil log init` first")
     try:
-        return serve_app(log_app(args.directory), GatewaySettings(listen=args.listen, port_file=args.port_file),
-                         name="veil log serve")
+        writer = _writer(args)
+        if writer is not None and args.witness:
+            start_cosigner(writer, args.cosign_every_s)
+        return serve_app(log_app(args.directory, writer),
+                         GatewaySettings(listen=args.listen, port_file=args.port_file), name="veil log serve")
+    except (TransparencyError, PolicyError, ValueError) as error:
+        return _fail("log serve", error)
     except GatewayStartError as error:
         return _fail("log serve", f"cannot start: {error}")
+
+
+def _writer(args: argparse.Namespace) -> LogWriter | None:
+    """The writer for `--key` (None without it); refuse writer options without a key."""
+    from gateway.transparency.keys import read_signer
+    from gateway.transparency.writer import LogWriter
+    from policy import resolve_policy
+
+    if args.key is None:
+        if args.policy or args.witness:
+            raise ValueError("--policy and --witness take effect only with --key (the log's signing key)")
+        return None
+    if not args.policy:
+        raise ValueError("--key needs --policy: the policy appending nodes' evidence must verify under")
+    return LogWriter(args.directory, read_signer(args.key), resolve_policy(args.policy), tuple(args.witness))
 
 
 def _audit(args: argparse.Namespace) -> int:

@@ -76,9 +76,10 @@ def add_cosignatures(directory: Path, signer: NoteSigner, expected: Checkpoint,
         current = read_checkpoint(directory, signer)
         if current.checkpoint != expected:
             raise LogStoreError("the log grew while its witnesses cosigned; ask them again")
-        known = {(signature.name, signature.key_id) for signature in current.note.signatures}
-        fresh = [signature for signature in cosignatures if (signature.name, signature.key_id) not in known]
-        note = Note(current.note.text, (*current.note.signatures, *fresh))
+        # A witness's newer cosignature replaces its older one: its timestamp is what makes a proof fresh.
+        fresh = {(signature.name, signature.key_id): signature for signature in cosignatures}
+        kept = [signature for signature in current.note.signatures if (signature.name, signature.key_id) not in fresh]
+        note = Note(current.note.text, (*kept, *fresh.values()))
         _write(directory / "checkpoint", note.encode().encode())
 
 
