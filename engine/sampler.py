@@ -20,7 +20,7 @@ import torch
 from engine.bridge import Bridge, Download, DownloadPlan, Upload
 from engine.errors import EngineError
 from engine.logits_processors import LogitsProcessors, ProcessingPlan, RowSettings
-from engine.sampling_noise import exponential_noise
+from engine.sampling_noise import NoiseBuffers, exponential_noise
 from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
 from engine.sequence import TokenLogprob
 
@@ -60,6 +60,7 @@ class SettingsPlan:
     wanted: list[int]  # reordered rows that report logprobs
     logprob_counts: list[int]  # alternatives each of those asked for
     sorts: bool
+    filtered: bool  # a drawn row sets top-k, top-p or min-p
 
 
 @dataclass(slots=True)
@@ -88,6 +89,7 @@ class StepSettings:
     logprob_rows: torch.Tensor  # [wanted] reordered rows that report logprobs
     wanted: list[int]  # the same rows, on the host
     logprob_counts: list[int]  # alternatives each of those asked for
+    filtered: bool  # a drawn row sets top-k, top-p or min-p: `filters` must run
 
     @staticmethod
     def pack(upload: Upload, requests: list[SampleRequest], vocab_size: int) -> SettingsPlan:
@@ -104,7 +106,8 @@ class StepSettings:
                        + [r.params.min_p for r in draws], torch.float32)
         sorts = any(k < vocab_size for k in top_ks) or any(r.params.top_p < 1.0 for r in draws)
         counts = [requests[order[k]].params.logprobs for k in wanted]
-        return SettingsPlan(order, len(draws), wanted, counts, sorts)
+        filtered = sorts or any(r.params.min_p > 0.0 for r in draws)
+        return SettingsPlan(order, len(draws), wanted, counts, sorts, filtered)
 
     @classmethod
     def bind(cls, plan: SettingsPlan, views: dict[str, torch.Tensor]) -> StepSettings:
@@ -116,7 +119,7 @@ class StepSettings:
         temperatures, top_p, min_p = floats.split([drawn] * 3)
         return cls(
             plan.order, drawn, rows, seeds, positions, temperatures, Filters(top_k, top_p, min_p, plan.sorts),
-            logprob_rows, plan.wanted, plan.logprob_counts,
+            logprob_rows, plan.wanted, plan.logprob_counts, plan.filtered,
         )
 
 
@@ -142,6 +145,7 @@ class Sampler:
     def __init__(self, processors: LogitsProcessors | None = None, bridge: Bridge | None = None) -> None:
         self.processors = processors  # bias, penalties and grammar masks (`engine.logits_processors`)
         self._bridge = bridge  # the engine's; a sampler used alone makes its own for the logits' device
+        self._noise = NoiseBuffers()  # the draw's noise block, reused from step to step
 
     def __call__(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[tuple[int, TokenLogprob | None]]:
         """The token (and logprob, if asked) of each request, in request order."""
@@ -187,7 +191,7 @@ class Sampler:
             picked, counting = self.processors.apply(raw, plan.processing, views)
         tokens = _most_likely(picked)
         if step.drawn:
-            drawn = _draw(picked[: step.drawn], step, fallback=tokens[: step.drawn])
+            drawn = _draw(picked[: step.drawn], step, tokens[: step.drawn], self._noise)
             tokens = torch.cat([drawn, tokens[step.drawn :]])
         if self.processors is not None:
             self.processors.record(counting, tokens)
@@ -198,19 +202,20 @@ class Sampler:
         return PickedTokens(tokens, row_of, step)
 
 
-def _draw(logits: torch.Tensor, step: StepSettings, fallback: torch.Tensor) -> torch.Tensor:
+def _draw(logits: torch.Tensor, step: StepSettings, fallback: torch.Tensor, buffers: NoiseBuffers) -> torch.Tensor:
     """Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
 
     Rows whose probabilities are no distribution (NaN wins argmax) take `fallback`, their `_most_likely`.
     """
     # Rows under the floor are greedy and never get here; the clamp keeps every division finite regardless.
-    probs = torch.softmax(logits / step.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1), dim=-1)
+    probs = torch.softmax(logits.div(step.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1)), dim=-1)
     # Softmax gives values in [0, 1] or NaN (from an infinite or NaN logit): a row is a distribution when
     # its sum is finite, one reduction where checking each value took two passes and two.
     is_distribution = torch.isfinite(probs.sum(dim=-1))
-    probs = filter_batch(probs, step.filters)
-    is_distribution &= probs.sum(dim=-1) > 0
-    noise = exponential_noise(step.seeds, step.positions, probs.shape[-1])
+    if step.filtered:  # each filter is a few passes over the block: none runs when no row filters
+        probs = filter_batch(probs, step.filters)
+        is_distribution &= probs.sum(dim=-1) > 0
+    noise = exponential_noise(step.seeds, step.positions, probs.shape[-1], buffers)
     drawn = probs.div_(noise).argmax(dim=-1)
     return torch.where(is_distribution, drawn, fallback)
 
@@ -229,22 +234,24 @@ def filter_batch(probs: torch.Tensor, filters: Filters) -> torch.Tensor:
 
     The most likely token always stays; surviving probabilities are unchanged (not renormalised).
     """
+    # Filtering multiplies by the kept mask: the same values as a torch.where against 0 (probabilities
+    # are finite or NaN, and a NaN row is no distribution either way), at a fraction of its cost on a CPU.
     best = probs.amax(dim=-1, keepdim=True)
     if not filters.sorts:
-        return torch.where(probs >= filters.min_p.unsqueeze(-1) * best, probs, 0.0)
+        return probs * (probs >= filters.min_p.unsqueeze(-1) * best)
     # Stable, so tied tokens rank by id on every device.
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     kth = sorted_probs.gather(-1, (filters.top_k - 1).unsqueeze(-1))
     # Both keep every probability at or above a threshold, so what stays is a prefix of the sorted row.
     threshold = torch.maximum(kth, filters.min_p.unsqueeze(-1) * best)
-    probs = torch.where(probs >= threshold, probs, 0.0)
-    sorted_probs = torch.where(sorted_probs >= threshold, sorted_probs, 0.0)
+    probs = probs * (probs >= threshold)
+    sorted_probs = sorted_probs * (sorted_probs >= threshold)
     # top-p keeps a token while the mass ranked before it is under top_p of what survived.
     before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
     top_p = filters.top_p.unsqueeze(-1)
     keep_sorted = (before < top_p * sorted_probs.sum(dim=-1, keepdim=True)) | (top_p >= 1.0)
     keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-    return torch.where(keep, probs, 0.0)
+    return probs * keep
 
 
 def filter_probs(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -2,9 +2,22 @@
 
 No generator holds state between steps: the noise of one sample at one output position is computed
 from its 62-bit seed, that position and each token id, so it is the same whatever else shares the
-batch, in whatever order, and the same on CPU and CUDA. The hash is splitmix64's finaliser over the
-counter `seed + (position + 1)·γ`, then over `that + (token + 1)·γ`, in int64 torch ops whose
-wrap-around on overflow is the same on both devices.
+batch, in whatever order, and the same on CPU and CUDA.
+
+Two levels, because the per-token level runs over a whole [rows, vocab] block every step and the
+per-row level over a handful of values:
+- a row key per (seed, position): splitmix64's finaliser over `seed + (position + 1)·γ`, in int64
+  torch ops whose wrap-around on overflow is the same on both devices;
+- 32 bits per token: the key's low half plus `(token + 1)·γ32` through Wellons' lowbias32 (two
+  multiplies, three xor-shifts), with the key's high half xored in between the multiplies, so the
+  whole 64-bit key selects the row's noise (no two rows' noise is a shifted copy of each other unless
+  their keys agree in all 64 bits). int32 ops cost half of int64 ones on a CPU and a fraction on GPUs
+  without 64-bit multipliers; every op works in place in preallocated buffers (`NoiseBuffers`).
+
+The uniform takes 31 of the 32 bits: u = (k + 1/2)·2^-31, in float32, clamped under 1. The noise is
+-log1p(-u): small noise, which decides races, comes from small u, where float32 is finely spaced and u
+is exact down to 2^-32. What the 2^-31 grid changes in a race is far below float32's own rounding of
+the probabilities being raced (2^-24 relative).
 """
 
 from __future__ import annotations
@@ -19,30 +32,36 @@ def _as_int64(constant: int) -> int:
     return constant - _U64 if constant >= 1 << 63 else constant
 
 
+def _as_int32(constant: int) -> int:
+    """The signed int32 holding the same 32 bits as an unsigned constant."""
+    return constant - (1 << 32) if constant >= 1 << 31 else constant
+
+
 GOLDEN_GAMMA = _as_int64(0x9E3779B97F4A7C15)  # splitmix64's counter step
+GOLDEN_GAMMA_32 = 0x9E3779B9  # its upper half: the per-token counter step
 _MIX_1 = _as_int64(0xBF58476D1CE4E5B9)
 _MIX_2 = _as_int64(0x94D049BB133111EB)
-_HALF_BITS = 24  # each half of the uniform: an int below 2**24 converts to float32 exactly
-_HALF_MASK = (1 << _HALF_BITS) - 1
+_LOWBIAS_1 = _as_int32(0x7FEB352D)  # lowbias32's multipliers
+_LOWBIAS_2 = _as_int32(0x846CA68B)
+_UNIFORM_BITS = 31
 _BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 under 1: a uniform of 1 would make the noise infinite
 
 
 def mix64(values: torch.Tensor) -> torch.Tensor:
     """splitmix64's finaliser on every element: a bijection of 64-bit patterns that scatters nearby inputs.
 
-    Works in place on `values`, which must be the caller's own fresh tensor: the noise block is the
-    largest tensor of a step, so no pass allocates another.
+    Works in place on `values`, which must be the caller's own fresh tensor.
     """
     scratch = torch.empty_like(values)
-    _xor_shift_(values, 30, scratch).mul_(_MIX_1)
-    _xor_shift_(values, 27, scratch).mul_(_MIX_2)
-    return _xor_shift_(values, 31, scratch)
+    _xor_shift_(values, 30, 64, scratch).mul_(_MIX_1)
+    _xor_shift_(values, 27, 64, scratch).mul_(_MIX_2)
+    return _xor_shift_(values, 31, 64, scratch)
 
 
-def _xor_shift_(values: torch.Tensor, bits: int, scratch: torch.Tensor) -> torch.Tensor:
+def _xor_shift_(values: torch.Tensor, bits: int, width: int, scratch: torch.Tensor) -> torch.Tensor:
     """values ^= values >>> bits: torch's `>>` copies the sign bit, so a mask makes the shift logical."""
     torch.bitwise_right_shift(values, bits, out=scratch)
-    return values.bitwise_xor_(scratch.bitwise_and_((1 << (64 - bits)) - 1))
+    return values.bitwise_xor_(scratch.bitwise_and_((1 << (width - bits)) - 1))
 
 
 def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -50,27 +69,91 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return mix64(seeds + (positions + 1) * GOLDEN_GAMMA)
 
 
-def token_bits(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[rows, vocab] int64: 64 random bits per (row key, token id)."""
-    token_steps = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=keys.device) * GOLDEN_GAMMA
-    return mix64(keys.unsqueeze(-1) + token_steps)
+def _halves(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, 1] int32 each: a key's low and high 32 bits (shifts, so no cast ever has to wrap)."""
+    low = torch.bitwise_left_shift(keys, 32).bitwise_right_shift_(32).to(torch.int32)
+    high = torch.bitwise_right_shift(keys, 32).to(torch.int32)
+    return low.unsqueeze(-1), high.unsqueeze(-1)
 
 
-def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
-    """float32 in (0, 1) from the top 48 bits, with float32's relative precision near 0.
+def token_steps(vocab_size: int, device: torch.device, first: int = 1) -> torch.Tensor:
+    """[vocab] int32: (token + first)·γ32 mod 2^32 for each token id, the per-token counters."""
+    steps = torch.arange(first, vocab_size + first, dtype=torch.int64, device=device) * GOLDEN_GAMMA_32
+    # The low 32 bits, sign-extended: exactly representable in int32.
+    return torch.bitwise_left_shift(steps, 32).bitwise_right_shift_(32).to(torch.int32)
 
-    Every step but one add is exact, and IEEE addition rounds alike on every device.
+
+class NoiseBuffers:
+    """The noise block's tensors, kept from step to step so that no step allocates them.
+
+    What `exponential_noise` returns is a view of `noise`, valid until its next call with these
+    buffers; it holds nothing but noise (no request data), and is rewritten whole each step.
     """
-    # Masking to 24 bits drops whatever sign bits the arithmetic shift brought in.
-    high = ((bits >> (64 - _HALF_BITS)) & _HALF_MASK).float()
-    low = ((bits >> (64 - 2 * _HALF_BITS)) & _HALF_MASK).float()
-    fraction = low.add_(0.5).mul_(2.0**-_HALF_BITS)
-    return high.add_(fraction).mul_(2.0**-_HALF_BITS).clamp_(max=_BELOW_ONE)
+
+    def __init__(self) -> None:
+        self.bits = self.scratch = self.noise = self.steps = None
+
+    # Normal tensors even when first taken under inference mode: a sampler used outside it (tests,
+    # tools) writes them in place, which an inference tensor refuses.
+    @torch.inference_mode(False)
+    def take(self, rows: int, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """[rows, vocab] int32 bits, int32 scratch and float32 noise; [vocab] int32 counters."""
+        if self.steps is None or self.steps.shape[0] != vocab_size or self.steps.device != device:
+            self.steps = token_steps(vocab_size, device)
+            self.bits = None
+        if self.bits is None or self.bits.shape[0] < rows:
+            size = max(rows, 2 * (0 if self.bits is None else self.bits.shape[0]))
+            self.bits = torch.empty((size, vocab_size), dtype=torch.int32, device=device)
+            self.scratch = torch.empty_like(self.bits)
+            self.noise = torch.empty((size, vocab_size), dtype=torch.float32, device=device)
+        return self.bits[:rows], self.scratch[:rows], self.noise[:rows], self.steps
 
 
-def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[rows, vocab] float32 Exp(1) draws, each a pure function of (seed, position, token id)."""
-    uniform = uniform_from_bits(token_bits(row_keys(seeds, positions), vocab_size))
+def token_bits(keys: torch.Tensor, vocab_size: int, buffers: NoiseBuffers | None = None) -> torch.Tensor:
+    """[rows, vocab] int32: 32 random bits per (row key, token id)."""
+    bits, scratch, _, steps = (buffers or NoiseBuffers()).take(keys.shape[0], vocab_size, keys.device)
+    return _hash_(bits, steps, keys, scratch)
+
+
+def _hash_(bits: torch.Tensor, steps: torch.Tensor, keys: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """`bits` [rows, n] := lowbias32(key low half + counter), the key's high half xored in between."""
+    low, high = _halves(keys)
+    torch.add(steps, low, out=bits)
+    _xor_shift_(bits, 16, 32, scratch).mul_(_LOWBIAS_1)
+    _xor_shift_(bits, 15, 32, scratch).bitwise_xor_(high).mul_(_LOWBIAS_2)
+    return _xor_shift_(bits, 16, 32, scratch)
+
+
+def uniform_from_bits(bits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 in (0, 1) from 31 of each int32's bits: (k + 1/2)·2^-31, clamped under 1.
+
+    Consumes `bits` (it is masked in place). Scaling by a power of two is exact, and the one rounding
+    add is IEEE on every device.
+    """
+    bits.bitwise_and_((1 << _UNIFORM_BITS) - 1)
+    out = torch.empty(bits.shape, dtype=torch.float32, device=bits.device) if out is None else out
+    return out.copy_(bits).add_(0.5).mul_(2.0**-_UNIFORM_BITS).clamp_(max=_BELOW_ONE)
+
+
+def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int,
+                      buffers: NoiseBuffers | None = None) -> torch.Tensor:
+    """[rows, vocab] float32 Exp(1) draws, each a pure function of (seed, position, token id).
+
+    With `buffers`, a view of them (valid until their next use); without, a tensor of its own.
+    """
+    buffers = buffers or NoiseBuffers()
+    keys = row_keys(seeds, positions)
+    bits, scratch, noise, steps = buffers.take(keys.shape[0], vocab_size, keys.device)
+    uniform = uniform_from_bits(_hash_(bits, steps, keys, scratch), noise)
     # -log(1 - u) rather than -log(u): small noise, which decides races, comes from small u, where
     # float32 is finely spaced.
     return uniform.neg_().log1p_().neg_()
+
+
+def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[rows] float32 in (0, 1): one uniform per (seed, position), from the counter of token index -1,
+    which no token's noise uses, so it is independent of the race at the same position."""
+    keys = row_keys(seeds, positions)
+    bits = torch.empty((keys.shape[0], 1), dtype=torch.int32, device=keys.device)
+    _hash_(bits, token_steps(1, keys.device, first=0), keys, torch.empty_like(bits))
+    return uniform_from_bits(bits).squeeze(-1)

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling_noise import exponential_noise, mix64, row_keys, uniform_from_bits
+from engine.sampling_noise import exponential_noise, row_uniforms
 
 
 def acceptance_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """[rows] float32 in (0, 1): the acceptance test's uniform at each (seed, output position).
 
     It is the hash at token index -1, a counter no token's noise uses, so it is independent of the
-    race that draws a replacement at the same position.
+    race that draws a replacement at the same position (`engine.sampling_noise.row_uniforms`).
     """
-    return uniform_from_bits(mix64(row_keys(seeds, positions)))
+    return row_uniforms(seeds, positions)
 
 
 def accepted_counts(accept: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

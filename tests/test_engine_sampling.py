@@ -360,25 +360,38 @@ def test_draw_frequencies_match_the_filtered_distribution(settings, expected):
     assert p_value > 1e-4, f"chi-square {float(chi_square):.1f} on {degrees} degrees of freedom"
 
 
-def reference_splitmix(seed: int, position: int, token: int) -> int:
-    """The noise bits, in Python's unbounded integers reduced mod 2**64."""
-    mask, gamma = (1 << 64) - 1, 0x9E3779B97F4A7C15
+def reference_noise_bits(seed: int, position: int, token: int) -> int:
+    """The noise bits, in Python's unbounded integers: splitmix64's finaliser over the row's counter mod
+    2**64, then lowbias32 over its low half plus the token's counter mod 2**32, its high half xored in."""
+    mask64, mask32, gamma = (1 << 64) - 1, (1 << 32) - 1, 0x9E3779B97F4A7C15
 
     def mix(z: int) -> int:
-        z &= mask
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z &= mask64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask64
         return z ^ (z >> 31)
 
-    return mix(mix(seed + (position + 1) * gamma) + (token + 1) * gamma)
+    key = mix(seed + (position + 1) * gamma)
+    x = (key + (token + 1) * (gamma >> 32)) & mask32
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & mask32
+    x = (((x ^ (x >> 15)) ^ (key >> 32)) * 0x846CA68B) & mask32
+    return x ^ (x >> 16)
 
 
-def test_noise_bits_are_splitmix64_with_wrapping_int64_arithmetic():
+def test_noise_bits_are_splitmix64_then_lowbias32_with_wrapping_integer_arithmetic():
     seeds = [0, 1, 2**62 - 1, 2**63 - 1, noise_seed(7)]
     positions = [0, 5, 2**40, 3, 1_000_000]
     bits = token_bits(row_keys(torch.tensor(seeds), torch.tensor(positions)), 300)
     for row, (seed, position) in enumerate(zip(seeds, positions)):
-        assert [b % (1 << 64) for b in bits[row].tolist()] == [reference_splitmix(seed, position, t) for t in range(300)]
+        assert [b % (1 << 32) for b in bits[row].tolist()] == [reference_noise_bits(seed, position, t) for t in range(300)]
+
+
+def test_the_uniform_takes_31_bits_and_stays_inside_the_open_interval():
+    bits = torch.tensor([0, 1, -1, 2**31 - 1, -(2**31)], dtype=torch.int32)
+    uniform = uniform_from_bits(bits.clone()).double()
+    assert uniform.tolist()[:2] == [0.5 * 2**-31, 1.5 * 2**-31]  # exact near 0, where races are decided
+    assert (uniform < 1).all() and (uniform > 0).all()
+    assert uniform[2] == uniform[3]  # the sign bit is not used
 
 
 def test_noise_is_exponential_positive_finite_and_differs_by_seed_and_position():
@@ -561,7 +574,7 @@ def test_cuda_picks_the_cpu_tokens_for_the_same_seeds_with_one_sync(monkeypatch)
     seeds, positions = torch.tensor([r.seed for r in batch]), torch.tensor([r.position for r in batch])
     cpu_bits = token_bits(row_keys(seeds, positions), vocab)
     assert torch.equal(token_bits(row_keys(seeds.cuda(), positions.cuda()), vocab).cpu(), cpu_bits)
-    assert torch.equal(uniform_from_bits(cpu_bits.cuda()).cpu(), uniform_from_bits(cpu_bits))
+    assert torch.equal(uniform_from_bits(cpu_bits.cuda()).cpu(), uniform_from_bits(cpu_bits.clone()))
 
     on_cpu = Sampler()(logits, batch)
     on_device = logits.cuda()  # copied before the check: a pageable copy to the device waits for it
