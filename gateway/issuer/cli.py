@@ -7,11 +7,14 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from audit.logs import add_log_format, configure_logging
 from gateway.cli import add_connection_limits
 from gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from gateway.issuer.keys import IssuerKeyring
 
 
 def register(subparsers: Any) -> None:
@@ -31,9 +34,23 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--add-key-not-before", type=int, metavar="UNIX_TIME",
                         help="generate a signing key valid from UNIX_TIME (0: now), print its key id and exit "
                              "(default: none, serve instead)")
+    _add_transparency(parser)
     add_connection_limits(parser)
     add_log_format(parser)
     parser.set_defaults(handler=run_issuer, config_table="serve")
+
+
+def _add_transparency(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--transparency-log", type=Path, metavar="DIR",
+                        help="the operator's transparency log directory: log each key this issuer publishes "
+                             "(current and next) there before serving (default: none, keys are not logged)")
+    parser.add_argument("--transparency-log-key", type=Path, metavar="FILE",
+                        help="the log's signing key file (required with --transparency-log)")
+    parser.add_argument("--transparency-witness", action="append", default=[], metavar="URL",
+                        help="a witness to cosign the log's checkpoint after a key is logged, repeatable "
+                             "(default: none)")
+    parser.add_argument("--transparency-lifetime-s", type=int, default=90 * 86400,
+                        help="the validity window a key is logged with, from its not-before, in seconds")
 
 
 def run_issuer(args: argparse.Namespace) -> int:
@@ -57,6 +74,8 @@ def run_issuer(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         keyring = load_keyring(args.keys)
         configure_logging(args.log_format)
+        if args.transparency_log is not None:
+            _log_keys(args, keyring)
         for dated in keyring.published(time.time()):
             logging.getLogger("veil.issuer").info("veil issuer: publishing token key %s valid from %s",
                                                   dated.key.token_key.key_id.hex(), dated.not_before)
@@ -66,3 +85,30 @@ def run_issuer(args: argparse.Namespace) -> int:
     except (GatewayStartError, GatewayError) as error:
         print(f"veil issuer: cannot start: {error}", file=sys.stderr)
         return 2
+
+
+def _log_keys(args: argparse.Namespace, keyring: IssuerKeyring) -> None:
+    """Log every key about to be published that the log lacks; a key that cannot be logged is not served."""
+    import httpx
+
+    from attestation.transparency.errors import TransparencyError
+    from gateway.issuer.transparency import log_issuer_keys
+    from gateway.serve import GatewayStartError
+    from gateway.transparency.cosign import cosign_checkpoint
+    from gateway.transparency.keys import read_signer
+
+    if args.transparency_log_key is None or args.transparency_lifetime_s < 1:
+        raise GatewayStartError("--transparency-log needs --transparency-log-key (the log's signing key) and a "
+                                "positive --transparency-lifetime-s")
+    try:
+        signer = read_signer(args.transparency_log_key)
+        logged = log_issuer_keys(args.transparency_log, signer, keyring.published(time.time()),
+                                 args.transparency_lifetime_s)
+        if logged and args.transparency_witness:
+            with httpx.Client(timeout=30.0) as client:
+                cosign_checkpoint(args.transparency_log, signer, args.transparency_witness, client)
+    except TransparencyError as error:
+        raise GatewayStartError(f"cannot log the token keys in {args.transparency_log}: {error}") from None
+    for statement in logged:
+        logging.getLogger("veil.issuer").info("veil issuer: logged token key %s in %s", statement.token_key_id,
+                                              args.transparency_log)

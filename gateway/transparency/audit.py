@@ -25,7 +25,7 @@ from attestation.transparency.errors import (
 )
 from attestation.transparency.merkle import HASH_SIZE, leaf_hash, root_of, subtree_hash, verify_consistency
 from attestation.transparency.note import NoteVerifier
-from attestation.transparency.statements import ReleaseStatement, Statement, decode_statement
+from attestation.transparency.statements import IssuerKeyStatement, ReleaseStatement, Statement, decode_statement
 from attestation.transparency.tiles import TILE_WIDTH, Fetch, TileName, tile_root, tiles_for
 from gateway.transparency.difference import describe_difference
 from gateway.transparency.errors import LogStoreError
@@ -48,6 +48,7 @@ class AuditReport:
     cosigners: tuple[str, ...]  # witnesses whose cosignature verified under a key the auditor gave
     unverified: tuple[str, ...]  # names on other signature lines: claimed, not checked
     entries: list[AuditedEntry] = field(default_factory=list)
+    unlogged_issuer_keys: tuple[str, ...] = ()  # key ids a policy accepts that no statement in the log names
 
     @property
     def untrusted_releases(self) -> list[AuditedEntry]:
@@ -59,10 +60,11 @@ class AuditReport:
 
 
 def audit_log(fetch: Fetch, log_key: NoteVerifier, state_path: Path, trusted_code: frozenset[str] | None = None,
-              witnesses: tuple[CosignatureVerifier, ...] = ()) -> AuditReport:
+              witnesses: tuple[CosignatureVerifier, ...] = (), issuer_keys: tuple[str, ...] = ()) -> AuditReport:
     """Audit the log behind `fetch`; raise a TransparencyError on the first inconsistency found.
 
-    The state file is updated only when everything checked out.
+    `issuer_keys`: token key ids a policy accepts, each of which the log must hold. The state file is
+    updated only when everything checked out.
     """
     reader = LogReader(fetch, log_key)
     checkpoint = reader.signed.checkpoint
@@ -82,6 +84,9 @@ def audit_log(fetch: Fetch, log_key: NoteVerifier, state_path: Path, trusted_cod
     report = AuditReport(checkpoint.origin, checkpoint.size, checkpoint.root,
                          None if previous is None else previous[0], cosigners, unverified)
     report.entries = [_audited(index, entry, trusted_code) for index, entry in enumerate(entries)]
+    logged = {entry.statement.token_key_id for entry in report.entries
+              if isinstance(entry.statement, IssuerKeyStatement)}
+    report.unlogged_issuer_keys = tuple(key for key in issuer_keys if key not in logged)
     return report
 
 

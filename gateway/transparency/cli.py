@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.transparency.audit_run import add_audit_arguments
+
 if TYPE_CHECKING:
     from gateway.transparency.writer import LogWriter
 
@@ -51,16 +53,7 @@ def register(subparsers: Any) -> None:
     serve.set_defaults(handler=_serve)
 
     audit = commands.add_parser("audit", help="fetch a whole log, recompute it and list its statements")
-    audit.add_argument("source", help="the log's directory or http(s) URL")
-    audit.add_argument("--log-key", required=True, help="the log's public key (name+hash+base64) or a file holding it")
-    audit.add_argument("--state", type=Path, required=True,
-                       help="the auditor's own file of the last checkpoint it saw (created on first audit)")
-    audit.add_argument("--trusted", type=Path,
-                       help="file of code digests (hex, one a line) the auditor trusts; releases of others are "
-                            "flagged (default: none, nothing flagged)")
-    audit.add_argument("--witness-key", action="append", default=[], metavar="KEY",
-                       help="a witness's public key (or a file holding it) whose cosignature to verify, repeatable "
-                            "(default: none; cosignatures are then listed unverified)")
+    add_audit_arguments(audit)
     audit.set_defaults(handler=_audit)
     _register_witness(subparsers)
 
@@ -170,27 +163,14 @@ def _writer(args: argparse.Namespace) -> LogWriter | None:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    import httpx
-
-    from attestation.transparency.cosignature import CosignatureVerifier
     from attestation.transparency.errors import TransparencyError
-    from gateway.transparency.audit import audit_log
-    from gateway.transparency.fetch import source_fetch
-    from gateway.transparency.keys import read_trusted, read_verifier
+    from gateway.transparency.audit_run import AuditInputError, run_audit
     from gateway.transparency.report import print_report
 
     try:
-        log_key = read_verifier(args.log_key)
-        trusted = read_trusted(args.trusted) if args.trusted else None
-        witnesses = []
-        for key in args.witness_key:
-            witness = read_verifier(key)
-            if not isinstance(witness, CosignatureVerifier):
-                return _fail("log audit", "a --witness-key is not a witness key (cosignature/v1, type 0x04)")
-            witnesses.append(witness)
-        with httpx.Client(timeout=30.0) as client:
-            print(f"veil log audit: fetching {args.source}", file=sys.stderr)
-            report = audit_log(source_fetch(args.source, client), log_key, args.state, trusted, tuple(witnesses))
+        report = run_audit(args)
+    except AuditInputError as error:
+        return _fail("log audit", error)
     except TransparencyError as error:
         return _fail("log audit", f"FAILED: {error}", 1)
     return print_report(report)

@@ -9,7 +9,8 @@ from gateway.transparency.audit import AuditedEntry, AuditReport
 
 
 def print_report(report: AuditReport) -> int:
-    """Print the report; 0 when nothing is flagged, 1 when a release is untrusted or an entry malformed."""
+    """Print the report; 0 when nothing is flagged, 1 when a release is untrusted, an entry malformed or an
+    issuer key of the policy unlogged."""
     since = "first audit" if report.previous_size is None else f"consistent with size {report.previous_size}"
     print(f"log {report.origin}: {report.size} entries, root {base64.b64encode(report.root).decode()} ({since})")
     print(f"cosigned by: {', '.join(report.cosigners) or 'no witness whose key was given'}")
@@ -17,7 +18,9 @@ def print_report(report: AuditReport) -> int:
         print(f"other signature lines (not verified, no key given): {', '.join(report.unverified)}")
     for entry in report.entries:
         print(describe(entry))
-    flagged = len(report.untrusted_releases) + len(report.malformed)
+    for key in report.unlogged_issuer_keys:
+        print(f"FLAGGED issuer key {key}: the policy accepts it, the log never showed it")
+    flagged = len(report.untrusted_releases) + len(report.malformed) + len(report.unlogged_issuer_keys)
     print(f"all tiles and the root recomputed; {flagged} entr{'y' if flagged == 1 else 'ies'} flagged")
     return 1 if flagged else 0
 
