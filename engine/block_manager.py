@@ -53,6 +53,15 @@ class BlockManager:
         """Whether `seq` can have slots for `num_new_tokens` more tokens and `spare` blocks stay free."""
         return self._blocks_needed(seq, num_new_tokens) + spare <= self.num_free_blocks
 
+    def decode_fits(self, seq: Sequence) -> bool:
+        """Whether `seq`'s next token has its slot already, in a block of its own: `reserve(seq, 1)` would
+        do nothing. True for all but one step in `block_size` of a decoding sequence; the scheduler then
+        skips `can_reserve` and `reserve` for it."""
+        position = seq.num_computed_tokens
+        index = position // self.block_size
+        table = seq.block_table
+        return index < len(table) and (position % self.block_size == 0 or self._ref_counts[table[index]] == 1)
+
     def reserve(self, seq: Sequence, num_new_tokens: int) -> None:
         """Gives `seq` private slots for its next `num_new_tokens` tokens."""
         self._copy_on_write(seq)

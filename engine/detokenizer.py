@@ -7,6 +7,9 @@ before them, whose text is already out. Decoding the window with and without its
 keeping the difference gives exactly what a full decode adds: a tokenizer that drops the leading
 space of a window's first token drops it from both decodes, and a character whose bytes are split
 over tokens waits (as U+FFFD) until its last byte arrives.
+
+A step's samples are decoded together (`step_batch`), and a window's old part, usually one token, is
+looked up in a table of every token's text instead of decoded: one decode per sample per step.
 """
 
 from __future__ import annotations
@@ -42,7 +45,32 @@ class IncrementalDetokenizer:
             return ""
         before = decoder.decode(list(token_ids[self.prefix_offset : self.read_offset]))
         after = decoder.decode(list(token_ids[self.prefix_offset :]))
+        return self._settle(before, after, len(token_ids), final)
+
+    def _settle(self, before: str, after: str, length: int, final: bool) -> str:
+        """What the window adds, given its decodes without and with its new tokens; moves the window on."""
         if not final and (len(after) <= len(before) or after.endswith(_INCOMPLETE)):
             return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(token_ids)
+        self.prefix_offset, self.read_offset = self.read_offset, length
         return after[len(before) :]
+
+
+def step_batch(decoder: Decoder, singles: Sequence[str], detokenizers: list[IncrementalDetokenizer],
+               token_lists: list[list[int]]) -> list[str]:
+    """`IncrementalDetokenizer.step` for a step's samples (each its detokenizer and its tokens).
+
+    `singles[t]` is `decoder.decode([t])`: a window's old part is usually the one token of the previous
+    step, so a step decodes once per sample rather than twice.
+    """
+    decode = decoder.decode
+    known = len(singles)
+    pieces = []
+    for detokenizer, ids in zip(detokenizers, token_lists):
+        prefix, read = detokenizer.prefix_offset, detokenizer.read_offset
+        if read >= len(ids):
+            pieces.append("")
+            continue
+        single = read - prefix == 1 and ids[prefix] < known
+        before = singles[ids[prefix]] if single else decode(ids[prefix:read])
+        pieces.append(detokenizer._settle(before, decode(ids[prefix:]), len(ids), final=False))
+    return pieces

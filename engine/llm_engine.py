@@ -199,9 +199,9 @@ class LLMEngine:
             return None
         sampling = [chunk.seq for chunk in chunks if chunk.samples]
         drafting = self._drafting(chunks)
-        drafts = {chunk.seq.seq_id: chunk.draft for chunk in chunks if chunk.draft}
+        drafts = None if self.scheduler.drafter is None else {c.seq.seq_id: c.draft for c in chunks if c.draft}
         lists, in_flight_ids = step_lists(chunks, self.config.block_size), self._in_flight_ids(chunks)
-        self.num_tokens_computed += sum(chunk.num_tokens + len(chunk.draft) for chunk in chunks)
+        self.num_tokens_computed += len(lists.input_ids)  # every chunk's tokens and drafts
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
         if any(seq.guide is not None and seq.pending_row is not None for seq in sampling):
@@ -256,10 +256,15 @@ class LLMEngine:
         if isinstance(launched.picked, SpeculativePicks):
             self.speculation.add(launched.picked, results)
             return self._read_speculative(launched.samples, results, now)
+        texting = []
         for seq, (token, logprob) in zip(launched.samples, results):
             seq.pending_row = None
-            if not seq.is_finished:  # one that stopped while this batch was in flight: its pick is dropped
-                self._accept(seq, token, logprob, now)
+            # One that stopped while this batch was in flight: its pick is dropped.
+            if not seq.is_finished and self._take_token(seq, token, logprob, now):
+                texting.append(seq)
+        # Their text in one batched decode, then each sample's ends in `_accept`'s order.
+        for seq, stopped in zip(texting, self.output.add_texts(texting)):
+            self._end_if_done(seq, stopped)
         return self._deltas(launched.samples)
 
     def _read_speculative(self, samples: list[Sequence], results: list[list[tuple[int, object]]], now: float
@@ -414,9 +419,12 @@ class LLMEngine:
                 drafted.append(seq)
                 row += 1 + len(draft)
                 continue
-            for sample in [seq, *self._fork(seq)]:
-                requests.append(self._sample_request(row, sample, masks))
-                samplers.append(sample)
+            children = self._fork(seq) if seq.forks_pending else ()  # forked first, as before their parent picks
+            requests.append(self._sample_request(row, seq, masks))
+            samplers.append(seq)
+            for child in children:
+                requests.append(self._sample_request(row, child, masks))
+                samplers.append(child)
             row += 1
         if not requests and not verify:
             return None
@@ -432,8 +440,9 @@ class LLMEngine:
         A sample that ended while this step waited (`ForwardOnly`) gets a plain pick, dropped when read.
         """
         request = SampleRequest(row, sample.params, sample.seed, sample.num_output_tokens)
-        if sample.is_finished:
+        if sample.is_finished:  # its settings were zeroed at its end: this pick's last a step (`engine.sampling_tables`)
             return request
+        request.sample = sample.seq_id  # its settings stay on the device under its id until it ends
         if sample.params.penalized:
             if sample.penalty_slot is None:  # its first pick: nothing output yet, so the counts start at zero
                 sample.penalty_slot = self.sampler.processors.slots.take(sample.prompt_token_ids)
@@ -473,19 +482,31 @@ class LLMEngine:
         return children
 
     def _accept(self, seq: Sequence, token: int, logprob, now: float) -> None:
+        """Applies one token, its text and whatever end they bring (speculative steps: token by token)."""
+        if self._take_token(seq, token, logprob, now):
+            self._end_if_done(seq, self.output.add_text(seq))
+
+    def _take_token(self, seq: Sequence, token: int, logprob, now: float) -> bool:
+        """Appends the token unless it ends the sample; True when the sample goes on to its text."""
         request = self._requests[seq.request_id]
         if request.first_token_time is None:
             request.first_token_time = now
         params = seq.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
-            return self._finish_and_free(seq, FinishReason.STOP)
+            self._finish_and_free(seq, FinishReason.STOP)
+            return False
         seq.append_token(token)
         if logprob is not None:
             seq.logprobs.append(logprob)
         if seq.guide is not None and not seq.guide.advance(token):
             # Never while its mask applies; a sample whose output broke its grammar is not served on.
-            return self._finish_and_free(seq, FinishReason.ABORT)
-        if self.output.add_text(seq):
+            self._finish_and_free(seq, FinishReason.ABORT)
+            return False
+        return True
+
+    def _end_if_done(self, seq: Sequence, stopped: bool) -> None:
+        """Ends the sample whose new text met a stop string (`stopped`), whose grammar is whole, or at its length."""
+        if stopped:
             return self._finish_and_free(seq, FinishReason.STOP, text_complete=True)
         if seq.guide is not None and seq.guide.complete:  # the grammar allows nothing more: the output is whole
             return self._finish_and_free(seq, FinishReason.STOP)
@@ -506,8 +527,9 @@ class LLMEngine:
         self._requests[seq.request_id].finished.add(seq.sample_index)
 
     def _drop_pick_state(self, seq: Sequence) -> None:
-        """Drops the sample's matcher and zeroes its token counts: nothing of them outlives it."""
+        """Drops the sample's matcher and zeroes its token counts and settings: nothing of them outlives it."""
         seq.guide = None
+        self.sampler.release(seq.seq_id)
         if seq.penalty_slot is not None:
             self.sampler.processors.slots.release(seq.penalty_slot)
             seq.penalty_slot = None

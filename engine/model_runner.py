@@ -312,7 +312,10 @@ def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:
         seq, count, draft = chunk.seq, chunk.num_tokens, chunk.draft
         start = seq.num_computed_tokens
         end = start + count
-        input_ids += seq.tokens_between(start, end)
+        if count == 1 and not draft:  # decode: the token is one already read, or the pending one
+            input_ids.append(seq.token_at(start))
+        else:
+            input_ids += seq.tokens_between(start, end)
         if draft:  # speculative: the drafts follow as queries of their own (`engine.speculative`)
             input_ids += draft
             count, end = count + len(draft), end + len(draft)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -24,7 +24,8 @@ class ScheduledChunk:
     num_tokens: int
     # Speculative decoding: tokens proposed to follow the sequence's last one, verified by this step's
     # picks (`engine.speculative`); they take KV slots and query positions but are no part of `seq`.
-    draft: list[int] = field(default_factory=list)
+    # No drafts: an empty tuple, shared, where a list per chunk would be made for nothing.
+    draft: list[int] | tuple[()] = ()
 
     @property
     def samples(self) -> bool:
@@ -68,12 +69,19 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         preemptions_before = self.num_preemptions
         index = 0
+        decode_fits = self.block_manager.decode_fits if self.drafter is None else None
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             if not seq.can_grow:  # its pending token is its last: it ends when that is read
                 index += 1
                 continue
             num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if num_tokens == 1 and decode_fits is not None and decode_fits(seq):
+                # Most sequences of most steps: the next token's slot is reserved already, nothing to do.
+                chunks.append(ScheduledChunk(seq, 1))
+                budget -= 1
+                index += 1
+                continue
             if not self._make_room(seq, num_tokens):
                 break  # seq was the latest arrival and had to be preempted itself
             draft = self._draft(seq, num_tokens, budget, later=len(self.running) - index - 1)

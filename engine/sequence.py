@@ -70,7 +70,8 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + self.num_output_tokens
+        # `num_output_tokens` spelled out: read several times per sample per step.
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + (self.pending_row is not None)
 
     @property
     def can_grow(self) -> bool:
@@ -95,6 +96,16 @@ class Sequence:
         if end > known:  # only the pending token lies past what the host has read
             return self._known_tokens(start, known) + [placeholder(self.pending_row)]
         return self._known_tokens(start, end)
+
+    def token_at(self, position: int) -> int:
+        """`tokens_between(position, position + 1)`'s one id, without the lists (a decode step's input)."""
+        outputs = self.output_token_ids
+        index = position - len(self.prompt_token_ids)
+        if index < 0:
+            return self.prompt_token_ids[position]
+        if index < len(outputs):
+            return outputs[index]
+        return placeholder(self.pending_row)
 
     def _known_tokens(self, start: int, end: int) -> list[int]:
         prompt_len = len(self.prompt_token_ids)

@@ -41,6 +41,10 @@ class Tokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    def token_texts(self, vocab_size: int) -> list[str]:
+        """`decode([t])` of every id below `vocab_size`: the vocabulary's own, nothing of any request."""
+        return self._tokenizer.decode_batch([[t] for t in range(vocab_size)], skip_special_tokens=True)
+
     def to_json(self) -> str:
         """The tokenizer as `tokenizer.json` text: what llguidance indexes the vocabulary from."""
         return self._tokenizer.to_str()

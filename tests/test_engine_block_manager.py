@@ -257,9 +257,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def decode(self, data) -> None:
         seq = data.draw(st.sampled_from(self.live))
         seq.append_token(3)
+        fits = self.manager.decode_fits(seq)
         if self.manager.can_reserve(seq, 1):
+            table, copies = list(seq.block_table), len(self.recorder.copies)
             self._allocate(seq, lambda: self._write_one(seq))
+            # The scheduler skips reserve(seq, 1) when this says so: exactly when it would do nothing.
+            assert fits == (seq.block_table == table and len(self.recorder.copies) == copies)
         else:
+            assert not fits
             seq.output_token_ids.pop()  # no room this step; a real scheduler would preempt
 
     def _write_one(self, seq: Sequence) -> None:

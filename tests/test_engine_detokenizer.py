@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as FastTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.detokenizer import IncrementalDetokenizer, step_batch
 from engine.tokenizer import Tokenizer
 from tests.engine_models import tiny_model_dir
 
@@ -107,3 +107,57 @@ def test_each_step_decodes_a_short_window_not_the_whole_output(byte_level: Token
     built_text(counting, ids)
     # A full decode per step would read len^2 / 2 tokens; windows read a few per step.
     assert counting.decoded_tokens < 8 * len(ids) < len(ids) ** 2 / 2
+
+
+def singles_of(decoder, vocab_size: int) -> list[str]:
+    return [decoder.decode([t]) for t in range(vocab_size)]
+
+
+def check_batch_matches_one_by_one(decoder, singles: list[str], samples: list[list[int]]) -> None:
+    """Samples of different lengths stepped together, a token per step each, as an engine's batch is."""
+    batched = [IncrementalDetokenizer() for _ in samples]
+    alone = [IncrementalDetokenizer() for _ in samples]
+    for end in range(1, max(map(len, samples), default=0) + 1):
+        live = [i for i, ids in enumerate(samples) if len(ids) >= end]
+        pieces = step_batch(decoder, singles, [batched[i] for i in live], [samples[i][:end] for i in live])
+        assert pieces == [alone[i].step(decoder, samples[i][:end]) for i in live]
+        assert [(d.prefix_offset, d.read_offset) for d in batched] == [(d.prefix_offset, d.read_offset) for d in alone]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_a_batch_steps_each_sample_as_it_would_alone(byte_level: Tokenizer, data: st.DataObject) -> None:
+    ids = st.lists(st.integers(0, byte_level.vocab_size - 1), max_size=30)
+    samples = data.draw(st.lists(ids, max_size=6))
+    # A short table too: ids past it (a model's vocabulary can outgrow its tokenizer's) are decoded.
+    singles = data.draw(st.sampled_from([byte_level.token_texts(byte_level.vocab_size), singles_of(byte_level, 100)]))
+    check_batch_matches_one_by_one(byte_level, singles, samples)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, METASPACE.vocab_size - 1), max_size=30), max_size=6))
+def test_a_sentencepiece_batch_steps_each_sample_as_it_would_alone(samples: list[list[int]]) -> None:
+    check_batch_matches_one_by_one(METASPACE, singles_of(METASPACE, METASPACE.vocab_size), samples)
+
+
+class CallCounter:
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, 0
+
+    def decode(self, token_ids: list[int]) -> str:
+        self.calls += 1
+        return self.inner.decode(token_ids)
+
+
+def test_a_batch_decodes_once_per_sample_per_step(byte_level: Tokenizer) -> None:
+    ids = byte_level.encode("plain ascii words " * 20, add_special_tokens=False)
+    counting = CallCounter(byte_level)
+    singles = byte_level.token_texts(byte_level.vocab_size)
+    detokenizers = [IncrementalDetokenizer() for _ in range(3)]
+    step_batch(counting, singles, detokenizers, [ids[:1]] * 3)
+    for end in range(2, len(ids) + 1):
+        before = counting.calls
+        pieces = step_batch(counting, singles, detokenizers, [ids[:end]] * 3)
+        assert pieces[0]  # every token of plain ASCII adds text at once
+        # The window's old token is looked up in the table; only the window with the new one is decoded.
+        assert counting.calls - before == 3
