@@ -44,6 +44,7 @@ from policy.errors import InvalidValueError
 from policy.shipped import shipped_policy_path
 from protocol.constants import DIRECTORY_PATH, NODE_ATTEST_PATH
 from tests.fleet_support import running_fleet
+from veil.demo_transparency import print_transparency
 from veil.fleet import Fleet, FleetSettings
 
 MAX_AGE_S = 900
@@ -270,3 +271,11 @@ def test_only_a_development_policy_may_run_without_transparency() -> None:
     with pytest.raises(InvalidValueError, match="quorum is larger"):
         parse_policy(text.replace("quorum = 0", "quorum = 1"))
     assert parse_policy(text).transparency.required
+
+
+def test_the_demo_prints_each_nodes_transparency_check(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
+    print_transparency(fleet.gateway_url, load_policy(fleet.policy))
+    lines = capsys.readouterr().out.splitlines()
+    assert "quorum 2 of 2 witnesses" in lines[0]
+    (node,) = lines[1:]
+    assert "logged release 0.1.0" in node and "logged key" in node and "cosigned by witness-a, witness-b" in node

@@ -5,7 +5,9 @@ and the built-in tiny model (random weights, so the answers are noise): the
 point is the path, not the prose. By default the whole anonymous path runs:
 the client obtains Privacy Pass tokens blindly from the fleet's issuer and
 sends each request, with one token, through an OHTTP relay, from an address
-of its own (127.0.0.3) that the gateway never sees.
+of its own (127.0.0.3) that the gateway never sees. The fleet runs a transparency log and two
+witnesses, and the client refuses any node whose release and key it cannot find in the log,
+cosigned by both (the demo prints that check per node).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from client.sdk import Client
 from client.tokens import TokenWallet
 from client.types import ChatCompletionChunk
 from veil.commands import describe_route
+from veil.demo_transparency import print_transparency
 from veil.fleet import Fleet, FleetSettings
 from veil.fleet_access import RELAY_ADDRESS
 
@@ -60,9 +63,10 @@ def run_demo(nodes: int = 3, model_dir: Path | None = None, tokens: bool = True,
         root = Path(workdir)
         # Each node gets one torch thread: on a small machine N nodes then share the cores fairly.
         settings = FleetSettings(nodes=nodes, model_dir=model_dir, workdir=root / "fleet", torch_threads=1,
-                                 tokens=tokens, relay=relay, account=DEMO_ACCOUNT)
+                                 tokens=tokens, relay=relay, account=DEMO_ACCOUNT, transparency=True)
         fleet = Fleet(settings)
         extras = [name for name, wanted in (("a token issuer", tokens), ("a relay", relay)) if wanted]
+        extras.append("a transparency log with two witnesses")
         print(f"starting {nodes} node(s), {', '.join(['a gateway', *extras])} on loopback ...", flush=True)
         with fleet:
             os.environ[ROOT_DIR_ENV] = str(fleet.sim_root_dir)  # the dev policy trusts this fleet's simulated root
@@ -73,6 +77,7 @@ def run_demo(nodes: int = 3, model_dir: Path | None = None, tokens: bool = True,
             with _client_http(fleet.client_url, address) as http, \
                     Client(fleet.client_url, policy=fleet.policy, tokens=wallet, http=http) as client:
                 _requests(client)
+                print_transparency(fleet.gateway_url, client.policy)
                 _anonymous_path(fleet, http, address, wallet)
         audit_files = sorted((root / "fleet" / "audit").glob("*.jsonl"))
         _audit_summary(audit_files)
