@@ -44,6 +44,16 @@ def register(subparsers: Any) -> None:
     _register_residue(reports)
 
 
+def report_commands(subparsers: Any) -> Any:
+    """The subcommands of `veil audit report`, for a package that adds a report of its own (audit imports
+    none: the transparency report is gateway.transparency's, registered after this one)."""
+    return _subcommands(_subcommands(subparsers.choices["audit"]).choices["report"])
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> Any:
+    return next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+
+
 def _register_routes(reports: Any) -> None:
     routes = reports.add_parser("routes", help="non-targetability report from gateway route events")
     routes.add_argument("files", nargs="+", metavar="FILE", help="gateway audit JSON lines files")

@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.issuer.cli",
     "gateway.transparency.cli",
     "audit.cli",
+    "gateway.transparency.audit_cli",  # adds `veil audit report transparency`, so after audit.cli
 )
 
 

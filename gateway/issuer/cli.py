@@ -45,7 +45,7 @@ def _add_transparency(parser: argparse.ArgumentParser) -> None:
                         help="the operator's transparency log directory: log each key this issuer publishes "
                              "(current and next) there before serving (default: none, keys are not logged)")
     parser.add_argument("--transparency-log-key", type=Path, metavar="FILE",
-                        help="the log's signing key file (required with --transparency-log)")
+                        help="the log's signing key file (required with --transparency-log; default: none)")
     parser.add_argument("--transparency-witness", action="append", default=[], metavar="URL",
                         help="a witness to cosign the log's checkpoint after a key is logged, repeatable "
                              "(default: none)")

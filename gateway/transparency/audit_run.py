@@ -32,17 +32,22 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_audit(args: argparse.Namespace) -> AuditReport:
-    """Audit `args.source`; raise AuditInputError for the auditor's own input, TransparencyError for the log."""
+    """Audit `args.source`; raise AuditInputError for the auditor's own input (keys, lists, policy: the log was
+    not looked at), TransparencyError for the log."""
     import httpx
 
     from attestation.transparency.cosignature import CosignatureVerifier
+    from attestation.transparency.errors import TransparencyError
     from gateway.transparency.audit import audit_log
     from gateway.transparency.fetch import source_fetch
     from gateway.transparency.keys import read_trusted, read_verifier
 
-    log_key = read_verifier(args.log_key)
-    trusted = read_trusted(args.trusted) if args.trusted else None
-    witnesses = tuple(read_verifier(key) for key in args.witness_key)
+    try:
+        log_key = read_verifier(args.log_key)
+        trusted = read_trusted(args.trusted) if args.trusted else None
+        witnesses = tuple(read_verifier(key) for key in args.witness_key)
+    except TransparencyError as error:
+        raise AuditInputError(f"the auditor's keys or trusted list cannot be used: {error}") from None
     if not all(isinstance(witness, CosignatureVerifier) for witness in witnesses):
         raise AuditInputError("a --witness-key is not a witness key (cosignature/v1, type 0x04)")
     issuer_keys = _policy_issuer_keys(args.policy) if args.policy else ()
