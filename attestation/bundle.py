@@ -1,9 +1,10 @@
 """The evidence bundle: what a node sends to prove what it is (JSON, base64 fields, versioned).
 
     {
-      "version": "veil-evidence-v1",
+      "version": "veil-evidence-v2",
       "backend": "sim" | "nvml" | "tsm",
       "key_config": b64,                       # the node's OHTTP key configuration (RFC 9458)
+      "receipt_key": b64,                      # the node's receipt-signing Ed25519 public key (32 bytes)
       "measurement": {"code": b64, "policy": b64, "model": b64},
       "freshness": {"nonce": b64, "timestamp": int},   # 32-byte nonce, Unix seconds
       "report_data": b64,                      # 64 bytes, see attestation.binding
@@ -37,11 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from attestation import encoding as enc
-from attestation.binding import NONCE_SIZE, REPORT_DATA_SIZE, freshness_bytes
+from attestation.binding import NONCE_SIZE, RECEIPT_KEY_SIZE, REPORT_DATA_SIZE, freshness_bytes
 from attestation.errors import EvidenceFormatError
 from attestation.measurement import Measurement
 
-BUNDLE_VERSION = "veil-evidence-v1"
+BUNDLE_VERSION = "veil-evidence-v2"  # v2: the receipt key is bound
 BACKENDS: tuple[str, ...] = ("sim", "nvml", "tsm")
 CPU_KINDS: tuple[str, ...] = ("sim", "tdx", "sev-snp")
 GPU_KINDS: tuple[str, ...] = ("sim", "nvidia-hopper")
@@ -117,6 +118,7 @@ class EvidenceBundle:
     report_data: bytes
     cpu: CpuEvidence | None
     gpu: GpuEvidence | None
+    receipt_key: bytes  # the node's receipt-signing Ed25519 public key, bound as the key configuration is
     version: str = BUNDLE_VERSION
 
     def freshness(self) -> bytes:
@@ -139,6 +141,7 @@ def _bundle_to_dict(bundle: EvidenceBundle) -> dict[str, Any]:
         "version": bundle.version,
         "backend": bundle.backend,
         "key_config": enc.b64encode(bundle.key_config),
+        "receipt_key": enc.b64encode(bundle.receipt_key),
         "measurement": {
             "code": enc.b64encode(bundle.measurement.code_digest),
             "policy": enc.b64encode(bundle.measurement.policy_digest),
@@ -179,7 +182,8 @@ def _rim_to_dict(rim: StapledRim) -> dict[str, Any]:
     return {"xml": enc.b64encode(rim.xml), "ocsp": [enc.b64encode(response) for response in rim.ocsp]}
 
 
-_TOP_KEYS = {"version", "backend", "key_config", "measurement", "freshness", "report_data", "cpu", "gpu"}
+_TOP_KEYS = {"version", "backend", "key_config", "receipt_key", "measurement", "freshness", "report_data", "cpu",
+             "gpu"}
 
 
 def _bundle_from_dict(value: Any) -> EvidenceBundle:
@@ -191,6 +195,7 @@ def _bundle_from_dict(value: Any) -> EvidenceBundle:
     return EvidenceBundle(
         backend=enc.expect_choice(top["backend"], "backend", BACKENDS),
         key_config=enc.b64decode(top["key_config"], "key_config"),
+        receipt_key=enc.b64decode(top["receipt_key"], "receipt_key", length=RECEIPT_KEY_SIZE),
         measurement=Measurement(
             code_digest=enc.b64decode(measured["code"], "measurement.code", length=32),
             policy_digest=enc.b64decode(measured["policy"], "measurement.policy", length=32),

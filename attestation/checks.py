@@ -120,14 +120,15 @@ def check_signature(ctx: Context) -> str:
 
 def check_binding(ctx: Context) -> str:
     bundle = ctx.bundle
-    expected = report_data(bundle.key_config, bundle.measurement, bundle.freshness())
+    expected = report_data(bundle.key_config, bundle.receipt_key, bundle.measurement, bundle.freshness())
     if not hmac.compare_digest(expected, bundle.report_data):
-        raise BindingError("report_data does not match the key configuration, measurement and freshness in the bundle")
+        raise BindingError("report_data does not match the key configuration, receipt key, measurement and freshness "
+                           "in the bundle")
     if ctx.cpu_report is not None and not hmac.compare_digest(ctx.cpu_report.report_data, expected):
         raise BindingError("the CPU report carries different report_data than the bundle binds")
     if ctx.gpu_report is not None and not hmac.compare_digest(ctx.gpu_report.request_nonce, gpu_nonce(expected)):
         raise BindingError("the GPU report was requested with a nonce other than SHA-256(report_data)")
-    return "key configuration, measurement and freshness bound into " + " and ".join(_parts(ctx))
+    return "key configuration, receipt key, measurement and freshness bound into " + " and ".join(_parts(ctx))
 
 
 def check_freshness(ctx: Context) -> str:

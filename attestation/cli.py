@@ -64,7 +64,7 @@ def _collect(args: argparse.Namespace) -> int:
         measurement = measure(policy_path=resolve_policy_path(policy_name), model_dir=args.model)
         key_config = Path(args.key_config).read_bytes() if args.key_config else _throwaway_key_config()
         backend = get_backend(args.attestation, policy=policy)
-        bundle = backend.collect(key_config, measurement, nonce)
+        bundle = backend.collect(key_config, measurement, nonce, _throwaway_receipt_key())
     except (AttestationError, PolicyError, ValueError, OSError) as error:
         print(f"veil attest collect: {error}", file=sys.stderr)
         return 1
@@ -160,6 +160,13 @@ def _hex_argument(text: str, flag: str) -> bytes:
     if len(value) != 32:
         raise ValueError(f"{flag} must be 32 bytes (64 hex digits)")
     return value
+
+
+def _throwaway_receipt_key() -> bytes:
+    # As for the key configuration: the signing half is dropped, nothing can be signed under it.
+    from attestation.receipts import ReceiptSigner
+
+    return ReceiptSigner.generate().public_key
 
 
 def _throwaway_key_config() -> bytes:

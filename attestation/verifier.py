@@ -2,7 +2,7 @@
 
 Order: simulated (is simulated evidence acceptable under this policy?),
 chain, signature, reference measurements (the GPU's against NVIDIA's signed
-RIMs), binding, freshness, revocation (stapled OCSP for the GPU's and the
+RIMs), binding (of the key configuration and the receipt key), freshness, revocation (stapled OCSP for the GPU's and the
 RIMs' certificates), confidential mode, debug, measurement, key configuration. Each failing check raises its own subclass of
 AttestationError; there is no boolean result to forget to check.
 """
@@ -58,6 +58,7 @@ class VerifiedNode:
     node_id: str
     hardware_id: str
     key_config: bytes
+    receipt_key: bytes  # the Ed25519 public key the evidence binds; it signs the node's receipts
     measurement: Measurement
     policy_digest: bytes
     expires_at: float
@@ -127,6 +128,7 @@ def verify_with_report(
         node_id=node_id_for(bundle.key_config, bundle.measurement),
         hardware_id=ctx.hardware_id,
         key_config=bundle.key_config,
+        receipt_key=bundle.receipt_key,
         measurement=bundle.measurement,
         policy_digest=bundle.measurement.policy_digest,
         expires_at=float(bundle.timestamp + policy.attestation.max_evidence_age_s),

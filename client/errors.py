@@ -149,6 +149,17 @@ class ResponseIntegrityError(VeilClientError):
         super().__init__(f"{what}; the response was discarded. Send the request again")
 
 
+class ReceiptRefusedError(ResponseIntegrityError):
+    """The node's signed receipt for an answer is missing or does not prove this answer to this request.
+
+    `receipt_error` is the verifier's refusal (`attestation.receipts`: MissingReceiptError,
+    ReceiptFormatError, ReceiptKeyError, ReceiptSignatureError, ReceiptMismatchError, ReceiptTimeError)."""
+
+    def __init__(self, node_id: str | None, receipt_error: Exception) -> None:
+        self.receipt_error = receipt_error
+        super().__init__(node_id, f"the node's receipt for this answer was refused ({receipt_error})")
+
+
 class TokenPolicyError(VeilClientError):
     """A token wallet not bound to the client's policy: the policy lists no issuer key, or other keys."""
 

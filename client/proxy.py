@@ -9,10 +9,16 @@ Every field of a request goes to the node as sent: the node applies it or refuse
 refusal comes back in OpenAI's error shape (`message`, `type`, `param`, `code`), as every error here
 does. A client that disconnects from a stream ends it: the proxy closes the answer, so the gateway
 cancels the node's work.
+
+The SDK verifies every answer's receipt before the proxy sees the answer. A whole answer's receipt
+goes to the local application in the `veil-receipt` header (base64 of its JSON), which OpenAI clients
+ignore; a streamed answer's receipt comes after its last event, once the headers are long sent, so it
+is verified and dropped (a refused one ends the stream with an error event instead of [DONE]).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -29,6 +35,8 @@ from client.sdk import Client
 from client.streaming import Stream
 from protocol.constants import MAX_INNER_BODY_BYTES
 from protocol.errors import error_body
+
+RECEIPT_HEADER = "veil-receipt"  # a whole answer's verified receipt, for the local application
 
 
 def create_proxy_app(client: Client) -> FastAPI:
@@ -114,7 +122,9 @@ async def _forward(call: Any, include_usage: bool = False) -> Any:
     if isinstance(result, Stream):
         return StreamingResponse(_until_disconnect(result, include_usage), media_type="text/event-stream",
                                  headers={"cache-control": "no-store"})
-    return JSONResponse(result.to_dict())
+    receipt = getattr(result, "receipt", None)
+    headers = None if receipt is None else {RECEIPT_HEADER: base64.b64encode(receipt.encode()).decode("ascii")}
+    return JSONResponse(result.to_dict(), headers=headers)
 
 
 async def _until_disconnect(stream: Stream, include_usage: bool) -> AsyncIterator[bytes]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 from client.errors import ModelNotFoundError, ResponseIntegrityError
-from client.streaming import Stream
+from client.streaming import AnswerHandle, Stream
 from client.types import ChatCompletion, ChatCompletionChunk, Completion, Model, ModelList, Route
 
 T = TypeVar("T")
@@ -31,7 +31,7 @@ class Sender(Protocol):
 
     def listed_models(self) -> list[str]: ...
 
-    def stream(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, Callable[[], None]]: ...
+    def stream(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, AnswerHandle]: ...
 
 
 class ChatCompletions:
@@ -149,9 +149,9 @@ def _create(client: Sender, path: str, body: dict[str, Any], stream: bool,
 
 
 def _stream_of(client: Sender, path: str, body: dict[str, Any], parse: Callable[[Any], T]) -> Stream[T]:
-    payloads, route, close = client.stream(path, body)
+    payloads, route, answer = client.stream(path, body)
     typed = _parsed(parse, route.node_id)
-    return Stream((typed(p) for p in payloads), route, close)
+    return Stream((typed(p) for p in payloads), route, answer)
 
 
 def _extras(sampling: dict[str, Any]) -> dict[str, Any]:

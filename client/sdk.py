@@ -8,8 +8,9 @@ Per request (ARCHITECTURE.md, "The path of one request"): fetch the directory
 (cached briefly) → draw K candidates weighted by capacity → verify each one's
 evidence under the client's own policy → encapsulate the request separately
 to each verified node → `POST /v1/infer` → decrypt the answer with the
-context of the node the gateway names. Nothing is sent unless at least one
-candidate verified, and nothing of the request is ever logged.
+context of the node the gateway names → verify the node's signed receipt for
+it (`client.receipts`). Nothing is sent unless at least one candidate verified,
+no answer is taken without its receipt, and nothing of the request is ever logged.
 
 This module holds `Client`: its configuration, the directory and verification, and the two entry
 points every resource goes through (`request`, `stream`). Around it: `client.resources` (the
@@ -19,6 +20,7 @@ OpenAI-shaped surface), `client.retries` (when a request is sent again, and why)
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -28,6 +30,7 @@ from typing import Any, TypeVar
 import httpx
 
 from attestation.binding import NONCE_SIZE
+from attestation.receipts import Receipt
 from client import wire
 from client.directory import DirectoryCache, DirectoryEntry, capped, listed_models, sample_candidates, serving
 from client.errors import (
@@ -39,6 +42,7 @@ from client.errors import (
     StreamTruncatedError,
     VeilClientError,
 )
+from client.receipts import ReceiptCheck
 from client.resources import SAMPLING_EXTRAS, Chat, Completions, Models
 from client.retries import MAX_RETRY_AFTER_S, send_with_retries
 from client.sending import gateway_refusal, keep_no_cookies, post_candidates, served
@@ -143,8 +147,9 @@ class Client:
         """Every model name the directory lists (the gateway's word: each node's own listing is the truth)."""
         return listed_models(self._directory.get().entries)
 
-    def stream(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, Callable[[], None]]:
-        """Send one streamed inner request; return an iterator of event payloads, the route and a closer.
+    def stream(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, StreamedAnswer]:
+        """Send one streamed inner request; return an iterator of event payloads, the route and the answer
+        (which closes it, and holds its verified receipt once the iterator has ended).
 
         It returns once the node's answer has begun, so a refusal (an unknown model, bad parameters)
         raises NodeError here, as OpenAI's SDK raises on an error status, not in the middle of iteration.
@@ -169,17 +174,19 @@ class Client:
             response.close()
         if inner.status != 200:
             raise NodeError.from_body(inner.status, inner.content, target.node_id, inner.node_time())
+        check = self._receipt_check(target, route)
+        receipt = check.verify(inner.trailers, hashlib.sha256(inner.content).digest(), inner.status)
         try:
-            return inner.json(), self._record(route, target.node_id)
+            return inner.json(), self._record(route, target.node_id, receipt)
         except ValueError:
             raise ResponseIntegrityError(target.node_id, "the node's answer is not JSON") from None
 
-    def _stream_once(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, Callable[[], None]]:
+    def _stream_once(self, path: str, body: dict[str, Any]) -> tuple[Iterator[Any], Route, StreamedAnswer]:
         target, response, route = self._send("POST", path, body, streaming=True)
-        answer = StreamedAnswer(response, target)
+        answer = StreamedAnswer(response, target, self._receipt_check(target, route))
         if not answer.read_head():
             answer.raise_refusal()
-        return answer.events(), self._record(route, target.node_id), response.close
+        return answer.events(), self._record(route, target.node_id), answer
 
     def _send(
         self, method: str, path: str, body: dict[str, Any] | None, streaming: bool, model: str | None = None
@@ -235,8 +242,14 @@ class Client:
         """Take the node's clock as right from now on (RFC 9458 section 6.5: from its Date)."""
         self._clock_skew_s = node_time - time.time()
 
-    def _record(self, route: Route, node_id: str) -> Route:
-        served_route = Route(node_id, route.candidates, route.policy_name)
+    def _receipt_check(self, target: wire.SealedRequest, route: Route) -> ReceiptCheck:
+        """What the answer's receipt must prove: `target` was sealed to a verified candidate of `route`."""
+        node = next(r.verified for r in route.candidates if r.node_id == target.node_id and r.verified is not None)
+        return ReceiptCheck(target.request, node, self.policy.attestation.max_clock_skew_s,
+                            lambda: time.time() + self._clock_skew_s)
+
+    def _record(self, route: Route, node_id: str, receipt: Receipt | None = None) -> Route:
+        served_route = Route(node_id, route.candidates, route.policy_name, receipt)
         with self._route_lock:
             self.last_route = served_route
         return served_route

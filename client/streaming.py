@@ -2,33 +2,52 @@
 
 A streamed answer is read in two steps. `StreamedAnswer.read_head` reads until the node's status is
 known, so a refusal (an unknown model, bad parameters) is raised before the caller gets a Stream, as
-OpenAI's SDK raises on an error status. `StreamedAnswer.events` then yields each event's payload and
-checks that the answer reached its authenticated end. Nothing read is ever logged or put in an error.
+OpenAI's SDK raises on an error status. `StreamedAnswer.events` then yields each event's payload,
+checks that the answer reached its authenticated end and verifies the node's receipt for the whole
+body (`client.receipts`), which comes last: a stream whose receipt is missing or refused ends in
+`ReceiptRefusedError`, and its output is to be discarded as a truncated stream's is. Nothing read is
+ever logged or put in an error.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import httpx
 
+from attestation.receipts import Receipt
 from client import wire
 from client.errors import NodeError, ResponseIntegrityError, StreamTruncatedError
+from client.receipts import ReceiptCheck
 from client.types import Route
 from ohttp import OHTTPError, TruncatedError
 
 T = TypeVar("T")
 
 
-class Stream(Generic[T]):
-    """An iterator over streamed chunks; `route` says which node serves it and what was verified."""
+class AnswerHandle(Protocol):
+    """What a Stream needs of the answer it reads: closing it, and its receipt once verified."""
 
-    def __init__(self, chunks: Iterator[T], route: Route, close: Callable[[], None]) -> None:
+    receipt: Receipt | None
+
+    def close(self) -> None: ...
+
+
+class Stream(Generic[T]):
+    """An iterator over streamed chunks; `route` says which node serves it and what was verified, and
+    `receipt` is the node's verified receipt for the whole answer once the stream has ended (None before)."""
+
+    def __init__(self, chunks: Iterator[T], route: Route, answer: AnswerHandle) -> None:
         self._chunks = chunks
         self.route = route
-        self._close = close
+        self._answer = answer
+        self._close: Callable[[], None] = answer.close
+
+    @property
+    def receipt(self) -> Receipt | None:
+        return self._answer.receipt
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -50,12 +69,17 @@ class Stream(Generic[T]):
 class StreamedAnswer:
     """A chunked answer being read: its head first, then its events; the connection closes at the end."""
 
-    def __init__(self, response: httpx.Response, target: wire.SealedRequest) -> None:
+    def __init__(self, response: httpx.Response, target: wire.SealedRequest, check: ReceiptCheck) -> None:
         self._response = response
         self._node_id = target.node_id
         self._decoder = target.stream_decoder()
         self._pieces = response.iter_raw()
         self._early: list[Any] = []  # events that arrived in the same pieces as the head
+        self._check = check
+        self.receipt: Receipt | None = None  # verified, once the answer has ended
+
+    def close(self) -> None:
+        self._response.close()
 
     def read_head(self) -> bool:
         """Reads until the node's status is known; True if it is 200."""
@@ -88,6 +112,7 @@ class StreamedAnswer:
             raise NodeError.from_body(error.status, error.content, self._node_id, error.node_time())
         if not self._decoder.done:
             raise StreamTruncatedError(self._node_id, "the event stream")
+        self.receipt = self._check.verify(self._decoder.trailers, self._decoder.body_sha256, 200)
 
     @contextlib.contextmanager
     def _errors_translated(self, close: bool) -> Iterator[None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from attestation.receipts import Receipt
 from attestation.verifier import VerifiedNode
 
 
@@ -53,11 +54,13 @@ class CandidateRecord:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where one request went: the node that served it and every candidate's verification record."""
+    """Where one request went: the node that served it, every candidate's verification record and, for
+    a whole answer, the serving node's verified receipt for it (`attestation.receipts`)."""
 
     node_id: str | None
     candidates: tuple[CandidateRecord, ...]
     policy_name: str
+    receipt: Receipt | None = None
 
     @property
     def served_by(self) -> CandidateRecord | None:
@@ -65,6 +68,17 @@ class Route:
 
 
 # --- shared pieces ------------------------------------------------------------------------
+
+
+class _Receipted:
+    """A whole answer's `receipt`: the serving node's signed word for it, verified by the SDK."""
+
+    __slots__ = ()
+    route: Route | None
+
+    @property
+    def receipt(self) -> Receipt | None:
+        return None if self.route is None else self.route.receipt
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +175,7 @@ class ChatChoice:
 
 
 @dataclass(frozen=True, slots=True)
-class ChatCompletion:
+class ChatCompletion(_Receipted):
     """A whole chat answer (`object == "chat.completion"`)."""
 
     id: str
@@ -245,7 +259,7 @@ class CompletionChoice:
 
 
 @dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(_Receipted):
     """A text completion, whole or (when streamed) one piece of it (`object == "text_completion"`)."""
 
     id: str
@@ -286,7 +300,7 @@ class Model:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelList:
+class ModelList(_Receipted):
     object: str
     data: tuple[Model, ...]
     route: Route | None = field(default=None, compare=False)

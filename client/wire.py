@@ -5,15 +5,18 @@ Whole answers:    BHTTP request → `message/ohttp-req`; reply `message/ohttp-re
 Streamed answers: BHTTP request in one final chunk → `message/ohttp-chunked-req`; reply
                   `message/ohttp-chunked-res` whose plaintext is one indeterminate-length BHTTP
                   response whose content is server-sent events, one per engine delta.
+Either answer ends with the node's receipt in the BHTTP trailer `veil-receipt` (`client.receipts`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from attestation.receipts import RECEIPT_TRAILER, ReceiptFormatError
 from ohttp import (
     OHTTP_CHUNKED_REQUEST,
     OHTTP_REQUEST,
@@ -61,6 +64,7 @@ class SealedRequest:
     encapsulated: bytes
     context: ClientContext | None = None
     sealer: ChunkedRequestSealer | None = None
+    request: bytes = field(default=b"", repr=False)  # the plaintext BHTTP request, for its receipt's check
 
     @property
     def streaming(self) -> bool:
@@ -70,7 +74,7 @@ class SealedRequest:
         """Decrypt and parse a `message/ohttp-res` answer (raises ohttp errors if it does not authenticate)."""
         assert self.context is not None, "a streamed request is answered in chunks"
         response = decode_response(self.context.open_response(data))
-        return InnerResponse(response.status, response.content, tuple(response.headers))
+        return InnerResponse(response.status, response.content, tuple(response.headers), tuple(response.trailers))
 
     def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for the chunked answer to this request."""
@@ -83,9 +87,10 @@ def seal(node_id: str, key_config: bytes, bhttp_request: bytes, streaming: bool)
     config = KeyConfig.decode(key_config)
     if streaming:
         sealer = ChunkedRequestSealer(config)
-        return SealedRequest(node_id, OHTTP_CHUNKED_REQUEST, sealer.seal_chunk(bhttp_request, final=True), sealer=sealer)
+        return SealedRequest(node_id, OHTTP_CHUNKED_REQUEST, sealer.seal_chunk(bhttp_request, final=True), sealer=sealer,
+                             request=bhttp_request)
     encapsulated, context = ClientRequest.encapsulate(config, bhttp_request)
-    return SealedRequest(node_id, OHTTP_REQUEST, encapsulated, context=context)
+    return SealedRequest(node_id, OHTTP_REQUEST, encapsulated, context=context, request=bhttp_request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,7 @@ class InnerResponse:
     status: int
     content: bytes
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    trailers: tuple[tuple[bytes, bytes], ...] = ()
 
     def json(self) -> Any:
         return json.loads(self.content)
@@ -108,6 +114,14 @@ class InnerResponse:
             return parse_http_date(dates[0])
         except ValueError:
             return None
+
+
+def receipt_of(trailers: tuple[tuple[bytes, bytes], ...]) -> bytes | None:
+    """The one `veil-receipt` trailer's value; None without one, ReceiptFormatError for two (which to trust?)."""
+    values = [value for name, value in trailers if name.lower() == RECEIPT_TRAILER]
+    if len(values) > 1:
+        raise ReceiptFormatError("the answer carries more than one receipt")
+    return values[0] if values else None
 
 
 # The gateway's refusals that waiting does not cure, and what to do about each (its codes, never its text).
@@ -204,6 +218,7 @@ class StreamDecoder:
         self._bhttp = StreamingResponseDecoder()
         self._sse = SSEParser()
         self._error_body = bytearray()
+        self._body = hashlib.sha256()  # of all the content, as its receipt signs it
         self.done = False
 
     @property
@@ -218,6 +233,15 @@ class StreamDecoder:
             for content in self._bhttp.feed(plaintext):
                 payloads += self._content(content)
         return payloads
+
+    @property
+    def body_sha256(self) -> bytes:
+        return self._body.digest()
+
+    @property
+    def trailers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """The trailer fields (after `finish()`), where the node's receipt is."""
+        return tuple(self._bhttp.trailers or ())
 
     def finish(self) -> InnerResponse | None:
         """End of the wire stream: raises ohttp.TruncatedError if it was cut; an error answer if any."""
@@ -236,6 +260,7 @@ class StreamDecoder:
         return None
 
     def _content(self, content: bytes) -> list[Any]:
+        self._body.update(content)
         if self.status != 200:
             if len(self._error_body) + len(content) <= MAX_ERROR_BODY:
                 self._error_body += content

@@ -15,6 +15,7 @@ import grpc
 from attestation.backends import get_backend
 from attestation.bundle import EvidenceBundle
 from attestation.measurement import measure
+from attestation.receipts import ReceiptSigner
 from attestation.verifier import node_id_for, verify
 from audit.buckets import bucket_latency_ms, bucket_tokens
 from audit.events import (
@@ -97,6 +98,8 @@ class NodeServer:
                                    draft_dir=settings.draft_model)
         limits = check_node_settings(settings, self.policy, self.measurement.model_digest)
         self.backend = get_backend(settings.attestation, policy=self.policy)
+        # Signs every answer's receipt; bound into each evidence, kept in memory only, for the process's life.
+        self.receipts = ReceiptSigner.generate()
         self.keys = NodeKeys(settings.key_rotation_s, settings.key_grace_s)
         # The operator's --audit overrides the sink the measured policy names.
         # Metrics count the audit events as they are emitted, so they hold nothing the audit does not.
@@ -114,6 +117,7 @@ class NodeServer:
         self.health = NodeHealth(lambda: self.engine.alive, self.self_attest, settings.evidence_check_s)
         self.service = NodeService(
             keyring=lambda: self.keys.keyring, api=api, attest=self._attest, node_id=lambda: self.node_id,
+            sign_receipt=self._sign_receipt,
             capacity=settings.capacity, on_finished=self._audit_request, healthy=lambda: self.health.serving,
         )
         self._server = grpc.server(
@@ -199,12 +203,16 @@ class NodeServer:
 
     def _attest(self, nonce: bytes) -> str:
         try:
-            bundle = self.backend.collect(self.keys.current.config.encode(), self.measurement, nonce)
+            bundle = self.backend.collect(self.keys.current.config.encode(), self.measurement, nonce,
+                                          self.receipts.public_key)
         except Exception:
             self.audit.emit(EvidenceRefreshed(self.node_id, EvidenceOutcome.BACKEND_ERROR))
             raise
         self.audit.emit(EvidenceRefreshed(self.node_id, EvidenceOutcome.OK))
         return bundle.to_json()
+
+    def _sign_receipt(self, request: bytes, body_sha256: bytes, status: int) -> bytes:
+        return self.receipts.sign(request, body_sha256, status, self.measurement, time.time())
 
     def _tally_zeroed(self, report: ZeroingReport) -> None:
         """Adds the core's report to the tally and emits the tally when it is due (on the reader thread).

@@ -8,11 +8,16 @@ not decapsulate gets one of two fixed statuses: NOT_FOUND when its cleartext hea
 identifier or suite the node does not hold (fetch the key configuration again), INVALID_ARGUMENT for
 anything else; neither says more than that header already shows. Failures after decapsulation travel
 encrypted, as HTTP errors inside the response.
+
+Every answer, error or not, ends with the node's signed receipt (`attestation.receipts`) in the Binary
+HTTP trailer `veil-receipt`: the hashes of the request as decrypted and of the whole body as sent, so
+a streamed answer's receipt comes with its last chunk. It exists only inside the encryption.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 import grpc
 
 from attestation.binding import NONCE_SIZE
+from attestation.receipts import RECEIPT_TRAILER
 from enclave.api import ApiError, InnerApi, InnerResponse, error_response
 from ohttp import bhttp, bhttp_stream
 from ohttp.chunked import ChunkedRequestOpener
@@ -59,6 +65,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
         api: InnerApi,
         attest: Callable[[bytes], str],
         node_id: Callable[[], str],
+        sign_receipt: Callable[[bytes, bytes, int], bytes],
         capacity: int,
         on_finished: Callable[[Outcome], None],
         healthy: Callable[[], bool] = lambda: True,
@@ -67,6 +74,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
         self._api = api
         self._attest = attest
         self._node_id = node_id
+        # (request as decrypted, SHA-256 of the body, status) -> the encoded receipt
+        self._sign_receipt = sign_receipt
         self.capacity = capacity
         self._on_finished = on_finished
         self._slots = threading.BoundedSemaphore(capacity)
@@ -151,7 +160,9 @@ class NodeService(node_pb2_grpc.NodeServicer):
             body = response.body if not response.streaming else b"".join(response.events)
         finally:
             _close(response, result)
-        encoded = bhttp.encode_response(bhttp.Response(response.status, self._headers(response), body))
+        receipt = self._sign_receipt(plaintext, hashlib.sha256(body).digest(), response.status)
+        encoded = bhttp.encode_response(bhttp.Response(response.status, self._headers(response), body,
+                                                       trailers=[(RECEIPT_TRAILER, receipt)]))
         result.status = _status_of(response.status)
         yield _data(server_context.seal_response(encoded))
 
@@ -162,7 +173,9 @@ class NodeService(node_pb2_grpc.NodeServicer):
             pieces.append(opener.finish())
         yield _ACCEPTED
         sealer = opener.response_sealer()
-        response = self._answer(b"".join(pieces))
+        plaintext = b"".join(pieces)
+        response = self._answer(plaintext)
+        body = hashlib.sha256()  # of every piece sent, for the receipt at the end
         try:
             headers = self._headers(response)
             pieces = iter(response.events if response.streaming else _nonempty(response.body))
@@ -170,10 +183,11 @@ class NodeService(node_pb2_grpc.NodeServicer):
             # chunk fewer per request costs no latency.
             first = next(pieces, None)
             head = bhttp_stream.encode_response_head(response.status, headers)
-            yield _data(sealer.seal_chunk(head + (b"" if first is None else bhttp_stream.encode_content_chunk(first))))
+            yield _data(sealer.seal_chunk(head + (b"" if first is None else _content(first, body))))
             for piece in pieces:
-                yield _data(sealer.seal_chunk(bhttp_stream.encode_content_chunk(piece)))
-            yield _data(sealer.seal_chunk(bhttp_stream.encode_response_end(), final=True))
+                yield _data(sealer.seal_chunk(_content(piece, body)))
+            receipt = self._sign_receipt(plaintext, body.digest(), response.status)
+            yield _data(sealer.seal_chunk(bhttp_stream.encode_response_end([(RECEIPT_TRAILER, receipt)]), final=True))
             result.status = _status_of(response.status)
         finally:
             _close(response, result)
@@ -231,6 +245,12 @@ def _status_of(http_status: int) -> str:
 
 def _data(sealed: bytes) -> node_pb2.InferChunk:
     return node_pb2.InferChunk(data=sealed)
+
+
+def _content(piece: bytes, body: hashlib._Hash) -> bytes:
+    """One content chunk of a streamed answer, counted into the hash its receipt signs."""
+    body.update(piece)
+    return bhttp_stream.encode_content_chunk(piece)
 
 
 def _nonempty(body: bytes, piece: int = 64 * 1024) -> list[bytes]:

@@ -24,7 +24,7 @@ from attestation.tdx import INTEL_QE_MRSIGNER, INTEL_QE_VENDOR_ID
 from attestation.verifier import verify_with_report
 from policy import parse_policy, shipped_policy_path
 from tests.conftest import vectors_path
-from tests.test_attestation_support import NONCE, key_config
+from tests.test_attestation_support import NONCE, RECEIPT_KEY, key_config
 
 DER = serialization.Encoding.DER
 NOW = dt.datetime.now(dt.timezone.utc)
@@ -289,11 +289,12 @@ class Binding:
 def binding_for(policy, code_digest: str = CODE_DIGEST) -> Binding:
     measurement = Measurement(bytes.fromhex(code_digest), policy.digest, bytes.fromhex(MODEL_DIGEST))
     config, timestamp = key_config(), int(time.time())
-    return Binding(config, measurement, timestamp, bind(config, measurement, NONCE, timestamp, b""))
+    return Binding(config, measurement, timestamp, bind(config, RECEIPT_KEY, measurement, NONCE, timestamp, b""))
 
 
 def tsm_bundle(binding: Binding, cpu: CpuEvidence) -> EvidenceBundle:
-    return EvidenceBundle(backend="tsm", key_config=binding.key_config, measurement=binding.measurement,
+    return EvidenceBundle(backend="tsm", key_config=binding.key_config, receipt_key=RECEIPT_KEY,
+                          measurement=binding.measurement,
                           nonce=NONCE, timestamp=binding.timestamp, report_data=binding.report_data, cpu=cpu, gpu=None)
 
 

@@ -30,6 +30,7 @@ from tests.cpu_tee_support import SnpFields, TdxFields, cpu_policy, genuine_snp,
 from tests.test_attestation_nvidia_vectors import hopper_bundle
 from tests.test_attestation_support import (  # noqa: F401  (fixtures)
     NONCE,
+    RECEIPT_KEY,
     code_digest,
     collect,
     dev_policy,
@@ -110,7 +111,7 @@ def test_nvml_on_a_gpu_machine():
     except errors.BackendUnavailableError as error:
         pytest.fail(f"NVML present but unusable: {error}")
     try:
-        bundle = backend.collect(key_config(), measurement_for(shipped_policy("strict"), bytes(32)), NONCE)
+        bundle = backend.collect(key_config(), measurement_for(shipped_policy("strict"), bytes(32)), NONCE, RECEIPT_KEY)
     except errors.GpuConfidentialModeOffError as error:
         assert "confidential computing is not in production mode" in str(error)
         return

@@ -67,7 +67,8 @@ def test_report_data_follows_the_documented_formula(bundle):
     freshness = struct.pack(">B", 32) + NONCE + struct.pack(">QH", bundle.timestamp, len(bundle.gpu.state.encode()))
     freshness += bundle.gpu.state.encode()
     assert bundle.freshness() == freshness
-    material = ATTEST_TAG + struct.pack(">H", len(bundle.key_config)) + bundle.key_config
+    assert ATTEST_TAG == b"veil-attest-v2" and len(bundle.receipt_key) == 32
+    material = ATTEST_TAG + struct.pack(">H", len(bundle.key_config)) + bundle.key_config + bundle.receipt_key
     material += bundle.measurement.digest() + freshness
     assert bundle.report_data == hashlib.sha512(material).digest()
     assert gpu_nonce(bundle.report_data) == hashlib.sha256(bundle.report_data).digest()
@@ -76,7 +77,10 @@ def test_report_data_follows_the_documented_formula(bundle):
 def test_binding_is_unambiguous_across_the_key_config_boundary():
     measurement = Measurement(bytes(32), bytes(32), bytes(32))
     fresh = freshness_bytes(NONCE, 1, b"")
-    assert report_data(b"ab", measurement, fresh) != report_data(b"a", measurement, b"b" + fresh)
+    receipt_key = bytes(range(32))
+    assert report_data(b"ab", receipt_key, measurement, fresh) != report_data(b"a", receipt_key, measurement, b"b" + fresh)
+    with pytest.raises(ValueError, match="32 bytes"):
+        report_data(b"ab", receipt_key[:31], measurement, fresh)  # a fixed size, so no boundary to move
 
 
 @pytest.mark.parametrize(
@@ -92,6 +96,8 @@ def test_binding_is_unambiguous_across_the_key_config_boundary():
         lambda d: d["freshness"].update(timestamp=-1),
         lambda d: d["freshness"].update(nonce=b64(bytes(31))),
         lambda d: d["measurement"].update(code=b64(bytes(33))),
+        lambda d: d.pop("receipt_key"),
+        lambda d: d.update(receipt_key=b64(bytes(31))),
         lambda d: d.update(report_data="not base64!"),
         lambda d: d.update(report_data=d["report_data"].rstrip("=")),
         lambda d: d["gpu"].update(kind="amd-mi300"),

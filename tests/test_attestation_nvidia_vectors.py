@@ -34,7 +34,7 @@ from attestation.roots import NVIDIA_DEVICE_IDENTITY_CA_FINGERPRINT, NVIDIA_DEVI
 from attestation.verifier import VerificationReport, verify_with_report
 from policy import Policy, shipped_policy
 from tests.conftest import vectors_path
-from tests.test_attestation_support import NONCE, flip, key_config, measurement_for
+from tests.test_attestation_support import NONCE, RECEIPT_KEY, flip, key_config, measurement_for
 
 EXPECTED_NONCE = bytes.fromhex("931d8dd0add203ac3d8b4fbde75e115278eefcdceac5b87671a748f32364dfcb")
 VECTORS = vectors_path() / "nvidia-h100"
@@ -51,8 +51,8 @@ def hopper_bundle(policy: Policy, report: bytes = REPORT, chain: tuple[bytes, ..
     config = key_config()
     state = GpuState("PROD", cc_feature=True, devtools_mode=False)
     timestamp = int(time.time())
-    bound = bind(config, measurement, NONCE, timestamp, state.encode())
-    return EvidenceBundle(backend="nvml", key_config=config, measurement=measurement, nonce=NONCE,
+    bound = bind(config, RECEIPT_KEY, measurement, NONCE, timestamp, state.encode())
+    return EvidenceBundle(backend="nvml", key_config=config, receipt_key=RECEIPT_KEY, measurement=measurement, nonce=NONCE,
                           timestamp=timestamp, report_data=bound, cpu=None,
                           gpu=GpuEvidence("nvidia-hopper", report, chain, state, rims=rims))
 

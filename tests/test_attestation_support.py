@@ -11,10 +11,13 @@ import pytest
 from attestation.backends.sim import SimBackend
 from attestation.bundle import EvidenceBundle
 from attestation.measurement import Measurement, measure_code, measure_model
+from attestation.receipts import ReceiptSigner
 from ohttp.keys import generate_key_pair
 from policy import Policy, parse_policy, shipped_policy, shipped_policy_path
 
 NONCE = bytes(range(32))
+# A receipt key to bind into evidence that answers no request, so signs nothing.
+RECEIPT_KEY = ReceiptSigner.generate().public_key
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +52,8 @@ def dev_variant(old: str, new: str) -> Policy:
 
 
 def collect(backend: SimBackend, policy: Policy, code: bytes, *, config: bytes | None = None, nonce: bytes = NONCE) -> EvidenceBundle:
-    return backend.collect(config if config is not None else key_config(), measurement_for(policy, code), nonce)
+    return backend.collect(config if config is not None else key_config(), measurement_for(policy, code), nonce,
+                           RECEIPT_KEY)
 
 
 def edit_json(bundle: EvidenceBundle, change) -> str:

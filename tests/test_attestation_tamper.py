@@ -11,6 +11,7 @@ import pytest
 from attestation import errors
 from attestation.backends.sim import SIM_GPU_STATE, SimBackend
 from attestation.bundle import EvidenceBundle
+from attestation.receipts import ReceiptSigner
 from attestation.verifier import CHECK_NAMES, verify, verify_with_report
 from policy import shipped_policy
 from tests.test_attestation_support import (  # noqa: F401  (fixtures)
@@ -89,6 +90,12 @@ def case_cpu_debug_bit_edited(code, tmp_path):
 def case_key_config_replaced(code, tmp_path):
     bundle = collect(SimBackend(), dev_policy(), code)
     return edit_json(bundle, _set(["key_config"], b64(key_config()))), dev_policy(), {}
+
+
+def case_receipt_key_replaced(code, tmp_path):
+    # A receipt key the attested code never held: receipts signed under it would pass for the node's.
+    bundle = collect(SimBackend(), dev_policy(), code)
+    return edit_json(bundle, _set(["receipt_key"], b64(ReceiptSigner.generate().public_key))), dev_policy(), {}
 
 
 def case_measurement_swapped(code, tmp_path):
@@ -307,6 +314,7 @@ CASES = [
     (case_gpu_measurement_edited, errors.SignatureError),
     (case_cpu_debug_bit_edited, errors.SignatureError),
     (case_key_config_replaced, errors.BindingError),
+    (case_receipt_key_replaced, errors.BindingError),
     (case_measurement_swapped, errors.BindingError),
     (case_policy_digest_swapped, errors.BindingError),
     (case_timestamp_edited, errors.BindingError),

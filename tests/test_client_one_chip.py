@@ -28,6 +28,7 @@ from client.verify import CandidateVerifier, one_per_chip
 from ohttp import generate_key_pair
 from policy import shipped_policy
 from tests.http_stand_in import served
+from tests.test_attestation_support import RECEIPT_KEY
 
 K = 3
 DRAWS = 1500
@@ -47,7 +48,8 @@ class SimNode:
         return node_id_for(self.config, self.measurement)
 
     def evidence(self, nonce: bytes | None = None) -> str:
-        return self.backend.collect(self.config, self.measurement, nonce or secrets.token_bytes(32)).to_json()
+        return self.backend.collect(self.config, self.measurement, nonce or secrets.token_bytes(32),
+                                   RECEIPT_KEY).to_json()
 
     def listing(self, capacity: int) -> dict:
         return {"node_id": self.node_id, "key_config": base64.b64encode(self.config).decode(),

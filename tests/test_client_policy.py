@@ -24,6 +24,7 @@ from client.sdk import Client
 from ohttp import generate_key_pair
 from policy import Policy, load_policy, shipped_policy, shipped_policy_path
 from tests.http_stand_in import environment, served
+from tests.test_attestation_support import RECEIPT_KEY
 from tests.test_client_refusal import StandIn, _app
 
 NODES = 5
@@ -41,7 +42,7 @@ def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIn]:
 def _node(policy: Policy) -> dict:
     config = generate_key_pair(1).config.encode()
     measurement = Measurement(secrets.token_bytes(32), policy.digest, secrets.token_bytes(32))
-    bundle = SimBackend(Path(os.environ[ROOT_DIR_ENV])).collect(config, measurement, secrets.token_bytes(32))
+    bundle = SimBackend(Path(os.environ[ROOT_DIR_ENV])).collect(config, measurement, secrets.token_bytes(32), RECEIPT_KEY)
     return {"node_id": node_id_for(config, measurement), "key_config": base64.b64encode(config).decode(),
             "evidence": bundle.to_json(), "capacity": 4, "attestation_result": ""}
 

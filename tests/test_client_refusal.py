@@ -24,6 +24,7 @@ from client.sdk import Client
 from ohttp import generate_key_pair
 from policy import shipped_policy
 from tests.http_stand_in import environment, served
+from tests.test_attestation_support import RECEIPT_KEY
 from tests.test_gateway_support import with_broken_certificate
 
 
@@ -40,7 +41,7 @@ class StandIn:
 def _node(root: Path) -> dict:
     config = generate_key_pair(1).config.encode()
     measurement = Measurement(secrets.token_bytes(32), shipped_policy("dev").digest, secrets.token_bytes(32))
-    bundle = SimBackend(root).collect(config, measurement, secrets.token_bytes(32))
+    bundle = SimBackend(root).collect(config, measurement, secrets.token_bytes(32), RECEIPT_KEY)
     return {"node_id": node_id_for(config, measurement), "key_config": base64.b64encode(config).decode(),
             "evidence": bundle.to_json(), "capacity": 4, "attestation_result": ""}
 

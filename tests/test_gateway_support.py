@@ -27,6 +27,7 @@ import uvicorn
 from attestation.backends.sim import SimBackend
 from attestation.bundle import EvidenceBundle
 from attestation.measurement import NO_MODEL_DIGEST, Measurement
+from attestation.receipts import ReceiptSigner
 from attestation.verifier import node_id_for
 from audit.sink import MemorySink
 from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
@@ -61,13 +62,14 @@ class SimEvidence:
         self.keys: KeyPair = generate_key_pair(1)
         self.measurement = Measurement(TEST_CODE_DIGEST, shipped_policy(policy).digest, NO_MODEL_DIGEST)
         self.previous_keys: KeyPair | None = None
+        self.receipts = ReceiptSigner.generate()  # signs nothing here: the recording node answers no request
 
     @property
     def node_id(self) -> str:
         return node_id_for(self.keys.config.encode(), self.measurement)
 
     def bundle(self, nonce: bytes) -> EvidenceBundle:
-        return self.backend.collect(self.keys.config.encode(), self.measurement, nonce)
+        return self.backend.collect(self.keys.config.encode(), self.measurement, nonce, self.receipts.public_key)
 
     def evidence(self, nonce: bytes) -> str:
         return self.bundle(nonce).to_json()

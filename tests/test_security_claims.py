@@ -220,6 +220,7 @@ def test_strict_admits_no_node_until_a_release_is_listed(tmp_path: Path) -> None
     from attestation.errors import MeasurementNotAllowedError
     from attestation.measurement import Measurement
     from ohttp import generate_key_pair
+    from tests.test_attestation_support import RECEIPT_KEY
     from policy import parse_policy, shipped_policy, shipped_policy_path
 
     strict = shipped_policy("strict")
@@ -233,7 +234,7 @@ def test_strict_admits_no_node_until_a_release_is_listed(tmp_path: Path) -> None
     config = generate_key_pair(1).config.encode()
 
     def measurement_check(policy) -> str:
-        bundle = backend.collect(config, Measurement(code, policy.digest, model), secrets.token_bytes(32))
+        bundle = backend.collect(config, Measurement(code, policy.digest, model), secrets.token_bytes(32), RECEIPT_KEY)
         now = time.time()
         context = checks.Context(bundle, policy, now, None, dt.datetime.fromtimestamp(now, dt.timezone.utc))
         return checks.check_measurement(context)
@@ -268,6 +269,7 @@ def test_a_directory_capacity_is_the_gateways_word_not_attested(tmp_path: Path) 
     from attestation.verifier import node_id_for
     from client.directory import DirectoryEntry, capped, sample_candidates
     from client.verify import CandidateVerifier
+    from tests.test_attestation_support import RECEIPT_KEY
     from ohttp import generate_key_pair
     from policy import shipped_policy
 
@@ -275,7 +277,7 @@ def test_a_directory_capacity_is_the_gateways_word_not_attested(tmp_path: Path) 
     root = tmp_path / "sim-root"
     config = generate_key_pair(1).config.encode()
     measurement = Measurement(secrets.token_bytes(32), dev.digest, secrets.token_bytes(32))
-    evidence = SimBackend(root).collect(config, measurement, secrets.token_bytes(32)).to_json()
+    evidence = SimBackend(root).collect(config, measurement, secrets.token_bytes(32), RECEIPT_KEY).to_json()
     node_id = node_id_for(config, measurement)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ROOT_DIR_ENV, str(root))

@@ -36,6 +36,9 @@ def _register_chat(subparsers: argparse._SubParsersAction) -> None:
     _add_gateway_arguments(chat)
     chat.add_argument("--model", default=None, help="model id (default: the first one a verified node lists)")
     chat.add_argument("--show-attestation", action="store_true", help="print what was verified about each candidate")
+    chat.add_argument("--show-receipt", action="store_true",
+                      help="print the node's verified receipt for the answer, one line of JSON after it "
+                           "(for `veil receipt verify`)")
     chat.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="print the answer as it comes")
     chat.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (default: 64)")
     chat.add_argument("--temperature", type=float, default=None, help="sampling temperature, 0 = greedy (default: the node's)")
@@ -89,7 +92,7 @@ def _chat(args: argparse.Namespace) -> int:
         with Client(args.gateway, policy=args.policy, candidates=args.candidates, fresh_evidence=args.fresh_evidence) as client:
             _warn_if_development(client.policy)
             model = args.model or client.models.list().data[0].id
-            route = _ask(client, model, args)
+            route, receipt = _ask(client, model, args)
     except VeilClientError as error:
         print(f"veil chat: {error}", file=sys.stderr)
         return 1
@@ -98,23 +101,26 @@ def _chat(args: argparse.Namespace) -> int:
         return 2
     if args.show_attestation:
         print(describe_route(route))
+    if args.show_receipt:
+        print(receipt.encode().decode("ascii"))
     return 0
 
 
-def _ask(client: Any, model: str, args: argparse.Namespace) -> Any:
+def _ask(client: Any, model: str, args: argparse.Namespace) -> tuple[Any, Any]:
+    """Print the answer; return its route and the node's verified receipt for it."""
     messages = [{"role": "user", "content": args.prompt}]
     options = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
     if not args.stream:
         answer = client.chat.completions.create(model=model, messages=messages, **options)
         print(answer.choices[0].message.content)
-        return answer.route
+        return answer.route, answer.receipt
     with client.chat.completions.create(model=model, messages=messages, stream=True, **options) as stream:
         for chunk in stream:
             for choice in chunk.choices:
                 sys.stdout.write(choice.delta.content or "")
                 sys.stdout.flush()
         sys.stdout.write("\n")
-        return stream.route
+        return stream.route, stream.receipt
 
 
 def describe_route(route: Any, compact: bool = False) -> str:
@@ -134,6 +140,7 @@ def describe_route(route: Any, compact: bool = False) -> str:
                      + (f", all {len(node.checks)} checks passed" if compact and mark == "candidate" else ""))
         if compact and mark == "candidate":
             continue
+        lines.append(f"    receipt key {node.receipt_key.hex()} (bound into the evidence; signs its answers)")
         lines += [f"    {'ok ' if c.passed else '-- '} {c.name}: {c.detail}" for c in node.checks]
     return "\n".join(lines)
 

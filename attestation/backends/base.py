@@ -20,8 +20,8 @@ class AttestationBackend(Protocol):
 
     name: str
 
-    def collect(self, key_config: bytes, measurement: Measurement, nonce: bytes) -> EvidenceBundle:
-        """Evidence binding `key_config` and `measurement`, answering `nonce` (32 bytes)."""
+    def collect(self, key_config: bytes, measurement: Measurement, nonce: bytes, receipt_key: bytes) -> EvidenceBundle:
+        """Evidence binding `key_config`, `receipt_key` and `measurement`, answering `nonce` (32 bytes)."""
         ...
 
 
@@ -34,9 +34,10 @@ def now_seconds() -> int:
     return int(time.time())
 
 
-def bind(key_config: bytes, measurement: Measurement, nonce: bytes, timestamp: int, state: bytes) -> bytes:
+def bind(key_config: bytes, receipt_key: bytes, measurement: Measurement, nonce: bytes, timestamp: int,
+         state: bytes) -> bytes:
     """The report_data for these inputs (see attestation.binding)."""
-    return report_data(key_config, measurement, freshness_bytes(nonce, timestamp, state))
+    return report_data(key_config, receipt_key, measurement, freshness_bytes(nonce, timestamp, state))
 
 
 def sign_raw_p384(private_key: ec.EllipticCurvePrivateKey, data: bytes) -> bytes:

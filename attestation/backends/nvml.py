@@ -125,20 +125,20 @@ class NvmlBackend:
     def status(self) -> NvmlStatus:
         return self._status
 
-    def collect(self, key_config: bytes, measurement: Measurement, nonce: bytes) -> EvidenceBundle:
+    def collect(self, key_config: bytes, measurement: Measurement, nonce: bytes, receipt_key: bytes) -> EvidenceBundle:
         check_nonce(nonce)
         state = read_cc_state(self._nvml)
         require_production_cc(NvmlStatus(self._status.device_count, self._status.device_name, state))
         timestamp = now_seconds()
-        bound = bind(key_config, measurement, nonce, timestamp, state.encode())
+        bound = bind(key_config, receipt_key, measurement, nonce, timestamp, state.encode())
         report, chain = self._gpu_report(gpu_nonce(bound))
         ocsp, rims = read_collateral(self._collateral)
         cpu = None
         if tsm_available(self._tsm_root):
             cpu = tsm_evidence(bound, self._tsm_root)
         return EvidenceBundle(
-            backend=self.name, key_config=bytes(key_config), measurement=measurement, nonce=bytes(nonce),
-            timestamp=timestamp, report_data=bound, cpu=cpu,
+            backend=self.name, key_config=bytes(key_config), receipt_key=bytes(receipt_key), measurement=measurement,
+            nonce=bytes(nonce), timestamp=timestamp, report_data=bound, cpu=cpu,
             gpu=GpuEvidence("nvidia-hopper", report, chain, state, ocsp=ocsp, rims=rims),
         )
 

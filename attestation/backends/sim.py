@@ -74,14 +74,15 @@ class SimBackend:
         self._rim_signer = _make_rim_signer(self._root)
         self._rims = _sim_rims(self._rim_signer)
 
-    def collect(self, key_config: bytes, measurement: Measurement, nonce: bytes) -> EvidenceBundle:
-        """Simulated evidence for `key_config` and `measurement`, answering `nonce`."""
+    def collect(self, key_config: bytes, measurement: Measurement, nonce: bytes, receipt_key: bytes) -> EvidenceBundle:
+        """Simulated evidence for `key_config`, `receipt_key` and `measurement`, answering `nonce`."""
         check_nonce(nonce)
         timestamp = int(self._clock())
-        bound = bind(key_config, measurement, nonce, timestamp, self._gpu_state.encode())
+        bound = bind(key_config, receipt_key, measurement, nonce, timestamp, self._gpu_state.encode())
         return EvidenceBundle(
             backend=self.name,
             key_config=bytes(key_config),
+            receipt_key=bytes(receipt_key),
             measurement=measurement,
             nonce=bytes(nonce),
             timestamp=timestamp,

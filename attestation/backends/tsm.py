@@ -86,11 +86,12 @@ class TsmBackend:
         self._root = root
         self._collateral = collateral
 
-    def collect(self, key_config: bytes, measurement: Measurement, nonce: bytes) -> EvidenceBundle:
+    def collect(self, key_config: bytes, measurement: Measurement, nonce: bytes, receipt_key: bytes) -> EvidenceBundle:
         check_nonce(nonce)
         timestamp = now_seconds()
-        bound = bind(key_config, measurement, nonce, timestamp, b"")
+        bound = bind(key_config, receipt_key, measurement, nonce, timestamp, b"")
         return EvidenceBundle(
-            backend=self.name, key_config=bytes(key_config), measurement=measurement, nonce=bytes(nonce),
-            timestamp=timestamp, report_data=bound, cpu=tsm_evidence(bound, self._root, self._collateral), gpu=None,
+            backend=self.name, key_config=bytes(key_config), receipt_key=bytes(receipt_key), measurement=measurement,
+            nonce=bytes(nonce), timestamp=timestamp, report_data=bound,
+            cpu=tsm_evidence(bound, self._root, self._collateral), gpu=None,
         )
