@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "veil.commands",
     "engine.cli",
     "attestation.cli",
+    "attestation.receipt_cli",
     "policy.cli",
     "enclave.cli",
     "gateway.cli",
