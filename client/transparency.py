@@ -84,4 +84,5 @@ def identity(node: VerifiedNode) -> NodeIdentity:
     """What the verified evidence says about the node, as the log's statements name it."""
     measurement = node.measurement
     return NodeIdentity(measurement.code_digest.hex(), measurement.policy_digest.hex(),
-                        measurement.model_digest.hex(), measurement.digest().hex(), node.key_config)
+                        measurement.model_digest.hex(), measurement.digest().hex(), node.key_config,
+                        node.receipt_key)

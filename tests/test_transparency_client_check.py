@@ -48,7 +48,7 @@ def _hex(label: str) -> str:
     return hashlib.sha256(label.encode()).hexdigest()
 
 
-NODE = NodeIdentity(_hex("code"), _hex("policy"), _hex("model"), _hex("measurement"), KEY_CONFIG)
+NODE = NodeIdentity(_hex("code"), _hex("policy"), _hex("model"), _hex("measurement"), KEY_CONFIG, bytes([0xAB] * 32))
 RELEASE = ReleaseStatement("1.0", NODE.code_digest, NODE.policy_digest, (NODE.model_digest,))
 OTHER_RELEASE = ReleaseStatement("0.9", _hex("old code"), NODE.policy_digest, (NODE.model_digest,))
 NODE_KEY = NodeKeyStatement(hashlib.sha256(KEY_CONFIG).hexdigest(), NODE.measurement, NOW - 100, NOW + 3600,
@@ -98,6 +98,8 @@ def test_a_release_or_key_not_logged_is_refused(reader: LogReader) -> None:
         check_node(good, NODE, replace(REQUIREMENT, max_age_s=86400), NOW + 7200)  # the key expired at NOW + 3600
     with pytest.raises(WrongEntryError):  # a key configuration the log never saw
         check_node(good, replace(NODE, key_config=b"another key"), REQUIREMENT, NOW)
+    with pytest.raises(WrongEntryError, match="receipt key"):  # receipts under a key the log never saw
+        check_node(good, replace(NODE, receipt_key=bytes(32)), REQUIREMENT, NOW)
 
 
 def test_a_proof_for_another_entry_is_refused(reader: LogReader) -> None:

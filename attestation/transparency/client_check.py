@@ -7,7 +7,8 @@ own error: both proofs are there (NotLoggedError), each leads from its entry to 
 by the policy's log (WrongEntryError otherwise), the checkpoint carries the quorum of witness
 cosignatures (WitnessQuorumError), recent enough (CheckpointAgeError), and no two checkpoints seen
 for the log have one size and two roots (ForkError). Then the logged statements must be this
-node's: the attested code, policy and model digests, the served key configuration and measurement.
+node's: the attested code, policy and model digests, the served key configuration and measurement,
+and the receipt key its evidence binds (so a receipt checks against the log as against the evidence).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class NodeIdentity:
     model_digest: str
     measurement: str  # the measurement digest bound into the evidence
     key_config: bytes
+    receipt_key: bytes  # the Ed25519 key the evidence binds, which signs the node's receipts
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +189,8 @@ def _check_key(node_key: object, node: NodeIdentity, now: float) -> None:
         raise WrongEntryError("the logged key is not the key configuration this node serves")
     if node_key.measurement != node.measurement:
         raise WrongEntryError("the logged key belongs to another measurement than this node's")
+    if node_key.receipt_key != node.receipt_key.hex():
+        raise WrongEntryError("the logged key carries another receipt key than the one this node's evidence binds")
     if not node_key.not_before <= now < node_key.not_after:
         raise NotLoggedError("the node's key is logged for another time: outside its logged validity")
 
