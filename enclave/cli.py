@@ -14,6 +14,7 @@ from audit.logs import add_operation_options, configure_logging
 _log = logging.getLogger("veil.node")
 
 if TYPE_CHECKING:
+    from enclave.node import NodeServer
     from enclave.settings import NodeSettings
 
 
@@ -114,6 +115,7 @@ def _run_node(args: argparse.Namespace) -> int:
     _log.info("veil node: serving on %s:%s (node %s)", host, port, node.node_id[:16])
     if node.metrics_server is not None:
         _log.info("veil node: metrics on %s:%s", settings.metrics_listen.rpartition(":")[0], node.metrics_server.port)
+    _report_transparency(node)
     stopped = threading.Event()
 
     def shut_down(signum: int, frame: object) -> None:
@@ -132,3 +134,16 @@ def _run_node(args: argparse.Namespace) -> int:
     else:
         _log.warning("veil node: stopped; requests still running at --drain-s were ended")
     return 0
+
+
+def _report_transparency(node: NodeServer) -> None:
+    """Say whether the node staples log proofs: it logs nothing itself (only typed audit events leave it)."""
+    stapler = node.stapler
+    if stapler is None:
+        _log.info("veil node: no --transparency-log: this node staples no log proofs")
+    elif stapler.last_error is not None:
+        _log.warning("veil node: the transparency log did not take or prove this node's key (retrying every "
+                     "%g s): %s", stapler.refresh_s, stapler.last_error)
+    else:
+        _log.info("veil node: key statement logged at index %s; proofs stapled to the evidence",
+                  stapler.logged_index)

@@ -37,6 +37,7 @@ from enclave.keys import NodeKeys
 from enclave.selfcheck import EngineLimits, check_node_settings
 from enclave.service import NodeService, Outcome
 from enclave.settings import NodeSettings
+from enclave.transparency import TransparencyStapler
 from engine import EngineConfig, EngineCoreClient, Tokenizer, ZeroingReport
 from policy import resolve_policy
 from policy.shipped import resolve_policy_path
@@ -100,7 +101,11 @@ class NodeServer:
         self.backend = get_backend(settings.attestation, policy=self.policy)
         # Signs every answer's receipt; bound into each evidence, kept in memory only, for the process's life.
         self.receipts = ReceiptSigner.generate()
-        self.keys = NodeKeys(settings.key_rotation_s, settings.key_grace_s)
+        self.keys = NodeKeys(settings.key_rotation_s, settings.key_grace_s, on_rotate=self._key_rotated)
+        self.stapler = None if settings.transparency_log is None else TransparencyStapler(
+            settings.transparency_log, self.measurement, lambda: self.keys.current.config.encode(), self._attest,
+            settings.key_rotation_s + settings.key_grace_s if settings.key_rotation_s > 0 else 0,
+            settings.transparency_refresh_s, self.receipts.public_key)
         # The operator's --audit overrides the sink the measured policy names.
         # Metrics count the audit events as they are emitted, so they hold nothing the audit does not.
         self.metrics = Metrics()
@@ -118,6 +123,7 @@ class NodeServer:
         self.service = NodeService(
             keyring=lambda: self.keys.keyring, api=api, attest=self._attest, node_id=lambda: self.node_id,
             sign_receipt=self._sign_receipt,
+            transparency=lambda: "" if self.stapler is None else self.stapler.proofs,
             capacity=settings.capacity, on_finished=self._audit_request, healthy=lambda: self.health.serving,
         )
         self._server = grpc.server(
@@ -160,6 +166,9 @@ class NodeServer:
         if self.settings.metrics_listen is not None:  # bound before the model loads: a taken port fails fast
             self.metrics_server = _metrics_server(self.metrics, self.settings.metrics_listen)
         self.engine.start()  # loads the model; only a node that passed its self-checks spends that time
+        if self.stapler is not None:  # proofs before the first Attest, so the gateway lists them from the start
+            self.stapler.refresh_quietly()
+            self.stapler.start()
         self.keys.start()
         self._server.start()
         self.health.start()  # self_attest above is its first fresh evidence
@@ -173,6 +182,10 @@ class NodeServer:
 
     def rotate_key(self) -> None:
         self.keys.rotate()
+
+    def _key_rotated(self) -> None:
+        if self.stapler is not None:
+            self.stapler.key_rotated()
 
     def drain(self, drain_s: float) -> bool:
         """Stop admitting (health NOT_SERVING, new requests refused as never taken) and wait up to
@@ -193,6 +206,8 @@ class NodeServer:
         self.engine.stop()  # its last zeroing report arrives before this returns
         self._flush_zeroed()
         self.keys.stop()
+        if self.stapler is not None:
+            self.stapler.stop()
         self.audit.emit(NodeStopped(self.node_id, StopReason.SHUTDOWN))
         self.audit.close()
 

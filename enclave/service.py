@@ -69,8 +69,10 @@ class NodeService(node_pb2_grpc.NodeServicer):
         capacity: int,
         on_finished: Callable[[Outcome], None],
         healthy: Callable[[], bool] = lambda: True,
+        transparency: Callable[[], str] = lambda: "",
     ) -> None:
         self._keyring = keyring
+        self._transparency = transparency  # the stapled log proofs (JSON), "" without a log
         self._api = api
         self._attest = attest
         self._node_id = node_id
@@ -99,7 +101,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
         if len(request.nonce) != NONCE_SIZE:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the nonce must be exactly {NONCE_SIZE} bytes")
         return node_pb2.AttestResponse(evidence_bundle=self._attest(bytes(request.nonce)), capacity=self.capacity,
-                                       models=[self._api.model_name])
+                                       models=[self._api.model_name], transparency_proofs=self._transparency())
 
     def Health(self, request: node_pb2.HealthRequest, context: grpc.ServicerContext) -> node_pb2.HealthResponse:
         return node_pb2.HealthResponse(
