@@ -3,10 +3,10 @@
 Model. A node measures its code (every module file of Veil's packages), its
 policy (the canonical policy digest) and its model weights
 (:mod:`attestation.measurement`), and binds that measurement, its OHTTP key
-configuration and a verifier's nonce into hardware evidence
-(:mod:`attestation.binding`)::
+configuration, its receipt key (:mod:`attestation.receipts`) and a verifier's
+nonce into hardware evidence (:mod:`attestation.binding`)::
 
-    report_data = SHA-512("veil-attest-v1" ‖ key_config ‖ measurement ‖ freshness)   CPU TEE report
+    report_data = SHA-512("veil-attest-v2" ‖ key_config ‖ receipt_key ‖ measurement ‖ freshness)   CPU TEE report
     gpu_nonce   = SHA-256(report_data)                                              GPU SPDM report
 
 An :class:`~attestation.bundle.EvidenceBundle` (versioned JSON with base64
