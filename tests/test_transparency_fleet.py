@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -279,3 +280,19 @@ def test_the_demo_prints_each_nodes_transparency_check(fleet: Fleet, capsys: pyt
     assert "quorum 2 of 2 witnesses" in lines[0]
     (node,) = lines[1:]
     assert "logged release 0.1.0" in node and "logged key" in node and "cosigned by witness-a, witness-b" in node
+
+
+def test_a_nodes_transparency_log_comes_from_its_config_file_too(tmp_path: Path) -> None:
+    from enclave.cli import node_settings
+    from veil.cli import build_parser
+    from veil.config_file import apply_config_file
+
+    config = tmp_path / "node.toml"
+    config.write_text('model = "/models/tiny"\ntransparency-log = "http://127.0.0.1:8300"\n'
+                      "transparency-refresh-s = 30\n", encoding="utf-8")
+    argv = ["node", "--config", str(config)]
+    parser = build_parser()
+    apply_config_file(parser, argv)
+    settings = node_settings(parser.parse_args(argv))
+    assert (settings.transparency_log, settings.transparency_refresh_s) == ("http://127.0.0.1:8300", 30.0)
+    assert node_settings(build_parser().parse_args(["node", "--model", "/m"])).transparency_log is None

@@ -44,12 +44,12 @@ def register(subparsers: Any) -> None:
                        help="the log's signing key: also take attested nodes' key statements (POST /add-node-key) "
                             "and give nodes their proofs (default: none, read-only)")
     serve.add_argument("--policy", help="with --key: the policy nodes' evidence must verify under "
-                                        "(a shipped name or a file; required with --key)")
+                                        "(a shipped name or a file; required with --key, default: none)")
     serve.add_argument("--witness", action="append", default=[], metavar="URL",
                        help="with --key: a witness to cosign each new checkpoint, repeatable (default: none)")
     serve.add_argument("--cosign-every-s", type=float, default=300.0,
                        help="with --witness: ask the witnesses again this often, so proofs stay fresh while the "
-                            "log does not grow (default: 300; 0: only when it grows)")
+                            "log does not grow; 0: only when it grows (default: %(default)s)")
     serve.set_defaults(handler=_serve)
 
     audit = commands.add_parser("audit", help="fetch a whole log, recompute it and list its statements")
