@@ -439,14 +439,23 @@ def test_a_rotated_node_keeps_serving_clients_holding_the_old_directory(world: W
 
 
 def test_canaries_leave_no_trace_and_no_freed_block_holds_data(world: World, client: Client) -> None:
+    receipts = []  # the canary answers' receipts and the keys that signed them: the client's alone too
     for index, canary in enumerate(CANARIES):
         content = f"Please repeat exactly: {canary} {canary}"
         if index % 2:
             with client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
                                                 stream=True, max_tokens=24, seed=index) as stream:
                 assert list(stream)
+            receipts.append((stream.receipt, stream.route))
         else:
-            assert client.completions.create(model=MODEL, prompt=content, max_tokens=24, seed=index).choices
+            answer = client.completions.create(model=MODEL, prompt=content, max_tokens=24, seed=index)
+            assert answer.choices
+            receipts.append((answer.receipt, answer.route))
+    traces = [canary.encode() for canary in CANARIES]
+    for receipt, route in receipts:
+        key = route.served_by.verified.receipt_key
+        traces += [receipt.encode(), base64.b64encode(receipt.signature), receipt.request_sha256.encode(),
+                   receipt.response_sha256.encode(), key.hex().encode(), base64.b64encode(key)]
     world.fleet.stop()
     for process in world.extra_processes:
         process.terminate()
@@ -455,8 +464,8 @@ def test_canaries_leave_no_trace_and_no_freed_block_holds_data(world: World, cli
     assert any(p.suffix == ".jsonl" for p in written) and any(p.suffix == ".err" for p in written)
     for path in written:
         data = path.read_bytes()
-        for canary in CANARIES:
-            assert canary.encode() not in data, f"a canary leaked into {path.name}"
+        for trace in traces:
+            assert trace not in data, f"a canary or a receipt leaked into {path.name}"
     node_audits = [p for p in world.fleet.audit_files() if p.name.startswith("node-")]
     zeroed = [r.event for r in read_audit_files(node_audits).records if isinstance(r.event, BlocksZeroed)]
     assert sum(event.blocks for event in zeroed) > 0
