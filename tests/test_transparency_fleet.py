@@ -25,6 +25,7 @@ import pytest
 
 from attestation.bundle import EvidenceBundle
 from attestation.transparency.checkpoint import Checkpoint, parse_checkpoint
+from attestation.transparency.errors import WrongEntryError
 from attestation.transparency.cosignature import CosignatureSigner
 from attestation.transparency.merkle import leaf_hash
 from attestation.transparency.node_append import APPEND_PATH, AppendRequest, append_nonce
@@ -296,3 +297,41 @@ def test_a_nodes_transparency_log_comes_from_its_config_file_too(tmp_path: Path)
     settings = node_settings(parser.parse_args(argv))
     assert (settings.transparency_log, settings.transparency_refresh_s) == ("http://127.0.0.1:8300", 30.0)
     assert node_settings(build_parser().parse_args(["node", "--model", "/m"])).transparency_log is None
+
+
+def test_a_rotated_key_is_logged_and_its_proofs_replace_the_old_keys(fleet: Fleet) -> None:
+    """The node's stapler against the fleet's real log and witnesses, with simulated evidence of its own."""
+    from attestation.backends import get_backend
+    from attestation.measurement import measure
+    from attestation.receipts import ReceiptSigner
+    from attestation.transparency.client_check import NodeIdentity, check_node, parse_bundle
+    from attestation.transparency.requirement import transparency_requirement
+    from enclave.transparency import TransparencyStapler
+    from ohttp.keys import generate_key_pair
+
+    policy = load_policy(fleet.policy)
+    measurement = measure(policy_path=fleet.policy, model_dir=fleet.model_dir.resolve())
+    backend, receipts = get_backend("sim", policy=policy), ReceiptSigner.generate()
+    served = [generate_key_pair(0).config.encode()]
+    stapler = TransparencyStapler(fleet.log_url, measurement, lambda: served[0],
+                                  lambda nonce: backend.collect(served[0], measurement, nonce,
+                                                                receipts.public_key).to_json(),
+                                  3600, 60, receipts.public_key)
+    requirement = transparency_requirement(policy.transparency)
+
+    def node(key_config: bytes) -> NodeIdentity:
+        return NodeIdentity(measurement.code_digest.hex(), measurement.policy_digest.hex(),
+                            measurement.model_digest.hex(), measurement.digest().hex(), key_config,
+                            receipts.public_key)
+
+    assert stapler.refresh_quietly(), stapler.last_error
+    first, first_index = served[0], stapler.logged_index
+    check_node(parse_bundle(stapler.proofs), node(first), requirement, time.time())
+    served[0] = generate_key_pair(1).config.encode()  # the rotation
+    stapler.key_rotated()
+    assert stapler.proofs == "" and stapler.logged_index is None  # nothing stapled for a key not yet logged
+    assert stapler.refresh_quietly(), stapler.last_error
+    assert stapler.logged_index is not None and stapler.logged_index > first_index  # type: ignore[operator]
+    check_node(parse_bundle(stapler.proofs), node(served[0]), requirement, time.time())
+    with pytest.raises(WrongEntryError, match="not the key configuration this node serves"):
+        check_node(parse_bundle(stapler.proofs), node(first), requirement, time.time())
