@@ -75,23 +75,19 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    previous = os.environ.get("VEIL_SIM_ROOT_DIR")
-    os.environ["VEIL_SIM_ROOT_DIR"] = str(tmp_path_factory.mktemp("sim-root"))
     model = write_tiny_model(tmp_path_factory.mktemp("model") / MODEL)
     audit_path = tmp_path_factory.mktemp("audit") / "node.jsonl"
-    node = NodeServer(NodeSettings(model=model, policy="dev", attestation="sim", capacity=4, audit=f"file:{audit_path}",
-                                   key_rotation_s=0, key_grace_s=3600, kv_cache_gib=0.05, model_name=MODEL))
-    node.start()
-    try:
-        with LiveGateway(gateway_settings([f"127.0.0.1:{node.port}"])) as gateway:
-            gateway.wait_for(lambda: len(gateway.runtime.pool) == 1, timeout=60)
-            yield Served(node, gateway, audit_path)
-    finally:
-        node.stop()
-        if previous is None:
-            os.environ.pop("VEIL_SIM_ROOT_DIR", None)
-        else:
-            os.environ["VEIL_SIM_ROOT_DIR"] = previous
+    with pytest.MonkeyPatch.context() as patch:  # the node, the gateway and the clients trust one simulated root
+        patch.setenv("VEIL_SIM_ROOT_DIR", str(tmp_path_factory.mktemp("sim-root")))
+        node = NodeServer(NodeSettings(model=model, policy="dev", attestation="sim", capacity=4, key_rotation_s=0,
+                                       audit=f"file:{audit_path}", kv_cache_gib=0.05, model_name=MODEL))
+        node.start()
+        try:
+            with LiveGateway(gateway_settings([f"127.0.0.1:{node.port}"])) as gateway:
+                gateway.wait_for(lambda: len(gateway.runtime.pool) == 1, timeout=60)
+                yield Served(node, gateway, audit_path)
+        finally:
+            node.stop()
 
 
 @pytest.fixture()
