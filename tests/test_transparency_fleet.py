@@ -238,6 +238,38 @@ def test_the_logs_append_endpoint_takes_only_the_evidences_own_key_statement(fle
     assert accepted.status_code == 200 and accepted.json()["index"] == size
 
 
+@pytest.mark.parametrize("body", [b"", b"not json", b'{"entry": 1, "evidence": "x"}', b'{"entry": "!!", "evidence": ""}',
+                                  b'{"entry": "e30=", "evidence": "{}"}', b"[" * 5000])
+def test_a_malformed_append_is_a_400_naming_what_is_wrong_and_the_log_keeps_serving(fleet: Fleet, body: bytes) -> None:
+    size = _current(fleet).size
+    refused = httpx.post(f"{fleet.log_url}{APPEND_PATH}", content=body, timeout=30.0)
+    assert refused.status_code == 400
+    message = refused.json()["error"]
+    assert "append request" in message or "not a statement Veil logs" in message
+    assert _current(fleet).size == size
+    assert httpx.get(f"{fleet.log_url}/proof/0").status_code == 200
+
+
+def test_the_logs_lookups_refuse_what_it_does_not_hold(fleet: Fleet) -> None:
+    assert httpx.get(f"{fleet.log_url}/proof/{10 ** 6}").status_code == 404
+    assert httpx.get(f"{fleet.log_url}/proof/-1").status_code == 404
+    missing = httpx.get(f"{fleet.log_url}/release-index", params={"code": "0" * 64, "policy": "0" * 64, "model": "0" * 64})
+    assert missing.status_code == 404 and "no release statement" in missing.json()["error"]
+
+
+@pytest.mark.parametrize("arguments,reason", [
+    (["--policy", "dev"], "only with --key"), (["--witness", "http://127.0.0.1:9"], "only with --key"),
+    (["--key", "KEY"], "--key needs --policy"),
+])
+def test_veil_log_serve_refuses_writer_options_it_cannot_use(fleet: Fleet, arguments: list[str], reason: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from veil.cli import main
+
+    arguments = [str(fleet.log_keys.log_key) if value == "KEY" else value for value in arguments]  # type: ignore[union-attr]
+    assert main(["log", "serve", str(fleet.log_keys.log_directory), *arguments]) == 2  # type: ignore[union-attr]
+    assert reason in capsys.readouterr().err
+
+
 # ----- what the policy says --------------------------------------------------------------------
 
 

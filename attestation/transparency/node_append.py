@@ -31,6 +31,10 @@ class AppendRefusedError(TransparencyError):
     """The log refuses a statement: not a node key, or not the key and measurement of the evidence."""
 
 
+class AppendFormatError(TransparencyError):
+    """An append request is not JSON of a base64 entry and an evidence bundle, or is too large."""
+
+
 @dataclass(frozen=True, slots=True)
 class AppendRequest:
     entry: bytes  # the canonical statement, as it will stand in the log
@@ -47,7 +51,7 @@ def append_nonce(entry: bytes) -> bytes:
 
 def parse_append_request(body: bytes) -> AppendRequest:
     if len(body) > MAX_APPEND_BYTES:
-        raise AppendRefusedError("an append request is larger than 512 KiB")
+        raise AppendFormatError("an append request is larger than 512 KiB")
     try:
         value = json.loads(body)
         entry, evidence = value["entry"], value["evidence"]
@@ -55,7 +59,7 @@ def parse_append_request(body: bytes) -> AppendRequest:
             raise TypeError
         return AppendRequest(base64.b64decode(entry, validate=True), evidence)
     except (ValueError, KeyError, TypeError, binascii.Error, RecursionError):
-        raise AppendRefusedError("an append request is JSON with a base64 entry and an evidence bundle") from None
+        raise AppendFormatError("an append request is JSON with a base64 entry and an evidence bundle") from None
 
 
 def check_append(request: AppendRequest, policy: Policy, now: float | None = None) -> NodeKeyStatement:
@@ -63,7 +67,7 @@ def check_append(request: AppendRequest, policy: Policy, now: float | None = Non
     try:
         statement = decode_statement(request.entry)
     except StatementFormatError as error:
-        raise AppendRefusedError(f"the entry is not a statement Veil logs: {error}") from None
+        raise AppendFormatError(f"the entry is not a statement Veil logs: {error}") from None
     if not isinstance(statement, NodeKeyStatement):
         raise AppendRefusedError("a node may append only its own key statement, not a release or issuer key")
     node = _verified(request, policy, now)
