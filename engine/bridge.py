@@ -117,10 +117,13 @@ class Staging:
         self.array = self.tensor.numpy() if device.type == "cpu" else None
 
     def reserve(self, nbytes: int) -> None:
+        """Room for `nbytes`; what the buffer holds is kept (an upload's earlier segments are already in it)."""
         if nbytes <= self.tensor.numel():
             return
         size = max(_INITIAL_BYTES, 1 << (nbytes - 1).bit_length())
-        self.tensor = torch.empty(size, dtype=torch.uint8, device=self.device, pin_memory=self.pinned)
+        grown = torch.empty(size, dtype=torch.uint8, device=self.device, pin_memory=self.pinned)
+        grown[: self.tensor.numel()].copy_(self.tensor)
+        self.tensor = grown
         self.array = self.tensor.numpy() if self.device.type == "cpu" else None
 
     def view(self, segment: Segment) -> torch.Tensor:

@@ -5,9 +5,10 @@ carries; rows that use none are untouched. The order is vLLM's: bias first, then
 penalty, then frequency and presence, then the grammar mask (which only removes tokens, so it
 commutes with everything before it).
 
-What a step needs crosses in the step's one upload (`engine.bridge`): `pack` adds two segments of
-settings and one of grammar bitmasks, `apply` reads their device views. Nothing comes back: the
-counts are updated on the device.
+What a step needs crosses in the step's one upload (`engine.bridge`): `pack` adds the rows that use
+each part, the bias entries and the grammar bitmasks, `apply` reads their device views; the penalty
+values are read from the sampler's device tables (`engine.sampling_tables`), written when a sample
+starts. Nothing comes back: the counts are updated on the device.
 
 Penalties need each sample's output-token counts on the device. They live in `PenaltySlots`: one
 row per penalized sample, taken at its first pick (its prompt's tokens marked from a segment of that
@@ -24,6 +25,7 @@ import torch
 
 from engine.bridge import Upload
 from engine.sampling_params import SamplingParams
+from engine.sampling_tables import FREQUENCY, PRESENCE, REPETITION
 
 # This module's segments in a step's upload.
 INTS, FLOATS, MASKS = "processors.ints", "processors.floats", "processors.masks"
@@ -137,28 +139,33 @@ class LogitsProcessors:
         upload.add(INTS, [s for s, _ in marks] + [t for _, t in marks] + [k for k, _, _ in biased]
                    + [t for _, t, _ in biased] + penalized + [rows[k].slot for k in penalized]
                    + masked + [rows[k].mask_row for k in masked], torch.int64)
-        upload.add(FLOATS, [v for _, _, v in biased] + [rows[k].params.repetition_penalty for k in penalized]
-                   + [rows[k].params.frequency_penalty for k in penalized]
-                   + [rows[k].params.presence_penalty for k in penalized], torch.float32)
+        # The penalties' values live on the device with the rest of each sample's settings (`apply`'s
+        # `settings`): only the bias, which can hold hundreds of entries a row, is sent with the step.
+        if biased:
+            upload.add(FLOATS, [v for _, _, v in biased], torch.float32)
         if masked:
             upload.add(MASKS, masks, torch.int32, tuple(masks.shape))
         return ProcessingPlan(len(marks), len(biased), len(penalized), len(masked))
 
-    def apply(self, logits: torch.Tensor, plan: ProcessingPlan | None, views: dict[str, torch.Tensor]
-              ) -> tuple[torch.Tensor, Counting | None]:
-        """`logits` [rows, vocab] processed (a new tensor when anything applies), and what to count after the pick."""
+    def apply(self, logits: torch.Tensor, plan: ProcessingPlan | None, views: dict[str, torch.Tensor],
+              settings: torch.Tensor) -> tuple[torch.Tensor, Counting | None]:
+        """`logits` [rows, vocab] processed (a new tensor when anything applies), and what to count after the pick.
+
+        `settings`: the float columns of the step's rows' settings (`engine.sampling_tables`), of every
+        penalized row at least.
+        """
         if plan is None:
             return logits, None
         mark_slots, mark_tokens, bias_rows, bias_tokens, pen_rows, slots, mask_rows, mask_index = views[INTS].split(
             [plan.marks] * 2 + [plan.biased] * 2 + [plan.penalized] * 2 + [plan.masked] * 2
         )
-        bias_values, repetition, frequency, presence = views[FLOATS].split([plan.biased] + [plan.penalized] * 3)
         if plan.marks:
             self.slots.mark(mark_slots, mark_tokens)
         if plan.biased:
-            logits = logits.index_put((bias_rows, bias_tokens), bias_values, accumulate=True)
+            logits = logits.index_put((bias_rows, bias_tokens), views[FLOATS], accumulate=True)
         if plan.penalized:
-            penalties = Penalties(repetition, frequency, presence)
+            chosen = settings.index_select(0, pen_rows)
+            penalties = Penalties(chosen[:, REPETITION], chosen[:, FREQUENCY], chosen[:, PRESENCE])
             logits = logits.index_copy(0, pen_rows, self._penalize(logits.index_select(0, pen_rows), slots, penalties))
         if plan.masked:
             bits = views[MASKS].index_select(0, mask_index)

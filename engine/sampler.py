@@ -22,11 +22,12 @@ from engine.errors import EngineError
 from engine.logits_processors import LogitsProcessors, ProcessingPlan, RowSettings
 from engine.sampling_noise import NoiseBuffers, exponential_noise
 from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
+from engine.sampling_tables import MIN_P, POSITION, SEED, TEMPERATURE, TOP_K, TOP_P, SamplingTables, StepValues, TablesPlan
 from engine.sequence import TokenLogprob
 
 
-# The sampler's segments in a step's crossings (`engine.bridge`).
-SETTINGS_INTS, SETTINGS_FLOATS, PICKS = "sampler.ints", "sampler.floats", "sampler.picks"
+# The sampler's segments in a step's crossings (`engine.bridge`); the settings' diff is `engine.sampling_tables`'.
+SETTINGS, PICKS = "sampler.settings", "sampler.picks"
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class SampleRequest:
     position: int = 0  # tokens the sample has output so far: selects its noise
     slot: int | None = None  # its row of token counts when it is penalized (`engine.logits_processors`)
     mask_row: int | None = None  # its row of the step's grammar masks when its output is constrained
+    sample: int | None = None  # the sample's key (its sequence id): its settings stay on the device under it
 
 
 @dataclass(slots=True)
@@ -57,10 +59,12 @@ class SettingsPlan:
 
     order: list[int]  # request index of each reordered row
     drawn: int
+    slotted: int  # rows whose settings come from the device tables: the drawn ones, then greedy penalized ones
     wanted: list[int]  # reordered rows that report logprobs
     logprob_counts: list[int]  # alternatives each of those asked for
     sorts: bool
     filtered: bool  # a drawn row sets top-k, top-p or min-p
+    tables: TablesPlan
 
 
 @dataclass(slots=True)
@@ -73,54 +77,72 @@ class SamplerPlan:
 
 @dataclass(slots=True)
 class StepSettings:
-    """One step's settings as device tensors, views of the step's upload (`engine.bridge`).
+    """One step's settings as device tensors: the upload's row map and the tables' rows it selects.
 
-    Rows are reordered so those that draw come first (`drawn` of them) and greedy rows after:
-    the draw then works on a slice, and greedy rows cost one argmax.
+    Rows are reordered so those that draw come first (`drawn` of them), then greedy rows with
+    penalties, then plain greedy rows: the draw works on a slice, greedy rows cost one argmax, and
+    only the first `slotted` rows read the device tables (`engine.sampling_tables`).
     """
 
     order: list[int]  # request index of each reordered row
     drawn: int
     rows: torch.Tensor  # [rows] the logits row of each
-    seeds: torch.Tensor  # [drawn]
-    positions: torch.Tensor  # [drawn]
-    temperatures: torch.Tensor  # [drawn]
+    slots: torch.Tensor  # [slotted] each slotted row's slot of the tables
+    transient: torch.Tensor  # slots taken for this step alone
+    values: StepValues  # [slotted] rows of the tables
     filters: Filters  # [drawn] each
     logprob_rows: torch.Tensor  # [wanted] reordered rows that report logprobs
     wanted: list[int]  # the same rows, on the host
     logprob_counts: list[int]  # alternatives each of those asked for
     filtered: bool  # a drawn row sets top-k, top-p or min-p: `filters` must run
+    tables: TablesPlan
+
+    @property
+    def seeds(self) -> torch.Tensor:
+        return self.values.ints[: self.drawn, SEED]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.values.ints[: self.drawn, POSITION]
+
+    @property
+    def temperatures(self) -> torch.Tensor:
+        return self.values.floats[: self.drawn, TEMPERATURE]
 
     @staticmethod
-    def pack(upload: Upload, requests: list[SampleRequest], vocab_size: int) -> SettingsPlan:
-        """Adds the step's settings to `upload`: one int64 and one float32 segment, whatever the mix."""
-        drawing = [i for i, r in enumerate(requests) if not r.params.greedy]
-        order = drawing + [i for i, r in enumerate(requests) if r.params.greedy]
-        draws = [_with_seed(requests[i]) for i in drawing]
+    def pack(upload: Upload, requests: list[SampleRequest], vocab_size: int, tables: SamplingTables
+             ) -> SettingsPlan:
+        """Adds the step's row map (and the tables' diff) to `upload`: one int64 segment, whatever the mix."""
+        drawing: list[int] = []
+        penalized: list[int] = []
+        plain: list[int] = []
+        for i, request in enumerate(requests):
+            params = request.params
+            penalizes = params.penalized or request.slot is not None  # its penalties are read from the tables
+            (drawing if not params.greedy else penalized if penalizes else plain).append(i)
+        order = drawing + penalized + plain
+        slotted = [requests[i] for i in order[: len(drawing) + len(penalized)]]
+        draws = [_with_seed(r) for r in slotted[: len(drawing)]]
+        top_ks = [_top_k(r.params.top_k, vocab_size) for r in slotted]
+        slots, tables_plan = tables.pack(upload, [r.sample for r in slotted], [r.params for r in slotted],
+                                         [r.seed for r in slotted], [r.position for r in slotted], top_ks)
         wanted = [k for k, i in enumerate(order) if requests[i].params.logprobs is not None]
-        top_ks = [_top_k(r.params.top_k, vocab_size) for r in draws]
-        upload.add(SETTINGS_INTS, [requests[i].row for i in order] + top_ks + [r.seed for r in draws]
-                   + [r.position for r in draws] + wanted, torch.int64)
-        if draws:
-            upload.add(SETTINGS_FLOATS, [r.params.temperature for r in draws] + [r.params.top_p for r in draws]
-                       + [r.params.min_p for r in draws], torch.float32)
-        sorts = any(k < vocab_size for k in top_ks) or any(r.params.top_p < 1.0 for r in draws)
+        upload.add(SETTINGS, [requests[i].row for i in order] + slots + wanted + tables_plan.transient, torch.int64)
+        sorts = any(k < vocab_size for k in top_ks[: len(draws)]) or any(r.params.top_p < 1.0 for r in draws)
         counts = [requests[order[k]].params.logprobs for k in wanted]
         filtered = sorts or any(r.params.min_p > 0.0 for r in draws)
-        return SettingsPlan(order, len(draws), wanted, counts, sorts, filtered)
+        return SettingsPlan(order, len(draws), len(slotted), wanted, counts, sorts, filtered, tables_plan)
 
     @classmethod
-    def bind(cls, plan: SettingsPlan, views: dict[str, torch.Tensor]) -> StepSettings:
-        """The settings `pack` added, as the device views the upload's send returned."""
-        drawn = plan.drawn
-        rows, top_k, seeds, positions, logprob_rows = views[SETTINGS_INTS].split(
-            [len(plan.order)] + [drawn] * 3 + [len(plan.wanted)])
-        floats = views[SETTINGS_FLOATS] if drawn else views[SETTINGS_INTS][:0].float()
-        temperatures, top_p, min_p = floats.split([drawn] * 3)
-        return cls(
-            plan.order, drawn, rows, seeds, positions, temperatures, Filters(top_k, top_p, min_p, plan.sorts),
-            logprob_rows, plan.wanted, plan.logprob_counts, plan.filtered,
-        )
+    def bind(cls, plan: SettingsPlan, views: dict[str, torch.Tensor], tables: SamplingTables) -> StepSettings:
+        """The settings `pack` added, as the device views the upload's send returned and the tables' rows."""
+        rows, slots, logprob_rows, transient = views[SETTINGS].split(
+            [len(plan.order), plan.slotted, len(plan.wanted), len(plan.tables.transient)])
+        values = tables.gather(plan.tables, views, slots)
+        ints, floats = values.ints[: plan.drawn], values.floats[: plan.drawn]
+        filters = Filters(ints[:, TOP_K], floats[:, TOP_P], floats[:, MIN_P], plan.sorts)
+        return cls(plan.order, plan.drawn, rows, slots, transient, values, filters, logprob_rows, plan.wanted,
+                   plan.logprob_counts, plan.filtered, plan.tables)
 
 
 @dataclass(slots=True)
@@ -146,6 +168,20 @@ class Sampler:
         self.processors = processors  # bias, penalties and grammar masks (`engine.logits_processors`)
         self._bridge = bridge  # the engine's; a sampler used alone makes its own for the logits' device
         self._noise = NoiseBuffers()  # the draw's noise block, reused from step to step
+        self._tables: SamplingTables | None = None  # each sample's settings on the device, made at the first pack
+
+    def release(self, sample: int) -> None:
+        """Zeroes an ended sample's settings on the device and frees their slot (`engine.sampling_tables`)."""
+        if self._tables is not None:
+            self._tables.release(sample)
+
+    @property
+    def tables(self) -> SamplingTables:
+        if self._tables is None:
+            if self._bridge is None:
+                raise EngineError("a sampler packs only once it has a bridge (the engine's, or launch's own)")
+            self._tables = SamplingTables(self._bridge.device)
+        return self._tables
 
     def __call__(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[tuple[int, TokenLogprob | None]]:
         """The token (and logprob, if asked) of each request, in request order."""
@@ -171,7 +207,7 @@ class Sampler:
     def pack(self, upload: Upload, requests: list[SampleRequest], vocab_size: int,
              masks: torch.Tensor | None = None) -> SamplerPlan:
         """Adds everything the picks need to the step's upload: settings, and what the logits processors use."""
-        settings = StepSettings.pack(upload, requests, vocab_size)
+        settings = StepSettings.pack(upload, requests, vocab_size, self.tables)
         processing = None
         if self.processors is not None:
             rows = [RowSettings(requests[i].params, requests[i].slot, requests[i].mask_row) for i in settings.order]
@@ -184,17 +220,18 @@ class Sampler:
 
         Logprobs are the model's own, before bias, penalties and grammar masks (vLLM's default).
         """
-        step = StepSettings.bind(plan.settings, views)
+        step = StepSettings.bind(plan.settings, views, self.tables)
         raw = picked = logits.index_select(0, step.rows).float()
         counting = None
         if self.processors is not None:
-            picked, counting = self.processors.apply(raw, plan.processing, views)
+            picked, counting = self.processors.apply(raw, plan.processing, views, step.values.floats)
         tokens = _most_likely(picked)
         if step.drawn:
             drawn = _draw(picked[: step.drawn], step, tokens[: step.drawn], self._noise)
             tokens = torch.cat([drawn, tokens[step.drawn :]])
         if self.processors is not None:
             self.processors.record(counting, tokens)
+        self.tables.advance(step.tables, step.slots, step.transient)
         row_of = [0] * len(step.order)
         for row, index in enumerate(step.order):
             row_of[index] = row

@@ -44,6 +44,16 @@ def test_the_staging_buffer_is_reused_across_steps_and_grows_only_when_a_step_ne
     assert [staging.tensor.data_ptr() for staging in bridge._uploads.staging] == buffers
 
 
+def test_segments_written_before_the_staging_buffer_grows_cross_as_written() -> None:
+    bridge = Bridge(CPU)
+    upload = bridge.upload()
+    upload.add("small", [11, -12, 13], torch.int64)
+    upload.add("large", list(range(20_000)), torch.int64)  # past the first buffer: it grows mid-upload
+    views = bridge.send(upload)
+    assert views["small"].tolist() == [11, -12, 13]
+    assert views["large"].tolist() == list(range(20_000))
+
+
 def test_a_segment_name_is_used_once_per_crossing_and_shapes_must_match() -> None:
     upload = Bridge(CPU).upload()
     upload.add("ids", [1], torch.int64)

@@ -17,6 +17,9 @@ import pytest
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.bridge import CrossingCount
 from engine.cuda_graphs import DecodeGraphs
+from engine.logits_processors import FLOATS as PROCESSOR_FLOATS
+from engine.sampler import SETTINGS as SAMPLER_SETTINGS
+from engine.sampling_tables import DIFF_INTS
 from tests.conftest import REPO_ROOT
 from tests.engine_models import greedy, random_lengths, random_prompts, tiny_model_dir
 
@@ -98,6 +101,45 @@ def test_a_decode_step_crosses_once_each_way_and_any_step_at_most_once(kind, ove
         assert llm.runner.graphs.replays >= len(decode)
     assert llm.residue_check() == []
     assert [len(t) for t in tokens.values()] == [n * params[0].n for n in lengths]
+
+
+def record_segments(llm: LLMEngine) -> list[dict[str, int]]:
+    """Every upload's segments and their byte sizes, in send order."""
+    sent: list[dict[str, int]] = []
+    send = llm.runner.bridge.send
+
+    def recording_send(upload):
+        sent.append({name: segment.nbytes for name, segment in upload.segments.items()})
+        return send(upload)
+
+    llm.runner.bridge.send = recording_send
+    return sent
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
+@pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
+@pytest.mark.parametrize("kind", ["sampled", "n=3", "penalized", "logprobs"])
+def test_a_samples_settings_cross_once_and_decode_steps_carry_only_the_row_map(kind, overlapped, graphs):
+    """Settings, seeds and positions live on the device (`engine.sampling_tables`): each sample's are
+    written at its first pick, requests admitted mid-run included, and each pick advances its position
+    there, so later steps carry none of them (and penalized rows none of their penalty values)."""
+    prompts = random_prompts(5, 3, 14, seed=35)
+    lengths = random_lengths(5, 4, 12, seed=36)
+    params = [SETTINGS[kind](n) for n in lengths]
+    llm = engine(overlapped, graphs, max_num_seqs=4)  # five requests, four at a time: one is admitted mid-run
+    sent = record_segments(llm)
+    records, tokens = run_recorded(llm, prompts, params)
+    written = sum(segment.get(DIFF_INTS, 0) for segment in sent) // (4 * 8)  # (slot, top-k, seed, position)
+    slotted = 0 if kind == "logprobs" else len(prompts) * params[0].n  # greedy without penalties holds no slot
+    assert written == slotted
+    assert sum(DIFF_INTS in segment for segment in sent) <= (2 if slotted else 0)  # at the start and the admission
+    if kind == "penalized":  # every row draws and is slotted: the row map is its logits row and its slot
+        for segment in sent:
+            rows = segment.get(SAMPLER_SETTINGS, 0) // (2 * 8)
+            assert segment.get(PROCESSOR_FLOATS, 0) == rows * len(params[0].logit_bias) * 4  # the bias alone
+    assert [len(t) for t in tokens.values()] == [n * params[0].n for n in lengths]
+    tables = llm.sampler.tables
+    assert tables.held == 0 and not tables.ints.any() and not tables.floats.any()
 
 
 @pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])

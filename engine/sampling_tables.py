@@ -1,0 +1,153 @@
+"""Per-sample sampling settings that live on the device, updated by the diff each step's upload carries.
+
+A sample's settings (temperature, top-k, top-p, min-p, penalties), its seed and its output position are
+the same from step to step, but for the position, which grows by one a pick. So each sample holds a
+slot, a row of two device tables, from its first pick to its end; the host keeps a mirror of what each
+slot holds and uploads only the slots that differ (a new sample, or one whose position moved other
+than by its picks, as a speculative step moves it), plus the slot of each of the step's rows. Each
+pick adds one to its slot's position on the device, and the mirror does the same.
+
+Nothing of a sample outlives it: `release` (the engine calls it when the sample ends) zeroes the slot's
+rows on the device, queued after every pick already queued, before the slot serves another sample. A
+pick whose request names no sample (tests, tools) takes a slot for its step alone, zeroed after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.bridge import Upload
+from engine.sampling_params import SamplingParams
+
+# The tables' segment in a step's upload: the written slots' int and float columns.
+DIFF_INTS, DIFF_FLOATS = "sampling.diff_ints", "sampling.diff_floats"
+# Columns of the int64 table, then of the float32 one.
+TOP_K, SEED, POSITION = range(3)
+TEMPERATURE, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE = range(6)
+_INTS, _FLOATS = 3, 6
+_INITIAL_SLOTS = 8
+
+
+@dataclass(slots=True)
+class _Held:
+    """What a slot holds on the device, as the host last wrote or advanced it."""
+
+    params: SamplingParams
+    seed: int
+    position: int  # the position column once every queued pick has added its one
+
+
+@dataclass(slots=True)
+class TablesPlan:
+    """What `SamplingTables.pack` put in a step's upload, and the one-step slots to zero after the picks."""
+
+    written: int  # slots rewritten whole
+    transient: list[int]
+
+
+@dataclass(slots=True)
+class StepValues:
+    """The step's rows' settings, gathered from the tables on the device: [rows, columns] each."""
+
+    ints: torch.Tensor
+    floats: torch.Tensor
+
+
+class SamplingTables:
+    """The device tables and their host mirror; one per sampler."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.ints = torch.zeros((0, _INTS), dtype=torch.int64, device=device)
+        self.floats = torch.zeros((0, _FLOATS), dtype=torch.float32, device=device)
+        self._held: list[_Held | None] = []
+        self._free: list[int] = []
+        self.slot_of: dict[int, int] = {}  # sample key -> slot, for every sample that picked and has not ended
+
+    @property
+    def held(self) -> int:
+        return len(self._held) - len(self._free)
+
+    def pack(self, upload: Upload, keys: list[int | None], params: list[SamplingParams], seeds: list[int | None],
+             positions: list[int], top_ks: list[int]) -> tuple[list[int], TablesPlan]:
+        """Each row's slot, after adding the slots whose device rows differ from the row's settings to `upload`."""
+        if len(self._free) < len(keys):  # at most every row new: one growth at most, whatever the count
+            self._grow(len(self._held) + len(keys) - len(self._free))
+        slots: list[int] = []
+        transient: list[int] = []
+        ints: list[int] = []
+        floats: list[float] = []
+        for key, p, seed, position, top_k in zip(keys, params, seeds, positions, top_ks):
+            slot = self.slot_of.get(key) if key is not None else None
+            if slot is None:
+                slot = self._take()
+                if key is None:
+                    transient.append(slot)
+                else:
+                    self.slot_of[key] = slot
+            seed = seed or 0  # greedy rows draw nothing
+            held = self._held[slot]
+            if held is None or held.params is not p or held.seed != seed or held.position != position:
+                ints += (slot, top_k, seed, position)
+                floats += (p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.frequency_penalty,
+                           p.presence_penalty)
+                held = self._held[slot] = _Held(p, seed, position)
+            held.position = position + 1  # the pick adds its one on the device
+            slots.append(slot)
+        written = len(ints) // 4
+        if written:
+            upload.add(DIFF_INTS, ints, torch.int64, (written, 4))
+            upload.add(DIFF_FLOATS, floats, torch.float32, (written, _FLOATS))
+        return slots, TablesPlan(written, transient)
+
+    def gather(self, plan: TablesPlan, views: dict[str, torch.Tensor], slots: torch.Tensor) -> StepValues:
+        """Writes the step's diff into the tables and returns its rows' settings (new tensors)."""
+        if plan.written:
+            written = views[DIFF_INTS]
+            self.ints.index_copy_(0, written[:, 0], written[:, 1:])
+            self.floats.index_copy_(0, written[:, 0], views[DIFF_FLOATS])
+        return StepValues(self.ints.index_select(0, slots), self.floats.index_select(0, slots))
+
+    def advance(self, plan: TablesPlan, slots: torch.Tensor, transient: torch.Tensor) -> None:
+        """After the step's picks: one more output position for each row's slot; one-step slots zeroed.
+
+        `transient`: `plan.transient` on the device (a view of the step's upload).
+        """
+        self.ints[:, POSITION].index_add_(0, slots, torch.ones_like(slots))
+        if plan.transient:
+            self.ints.index_fill_(0, transient, 0)
+            self.floats.index_fill_(0, transient, 0.0)
+            for slot in plan.transient:
+                self._held[slot] = None
+            self._free += plan.transient
+
+    def release(self, key: int) -> None:
+        """Zeroes an ended sample's slot on the device (after every pick queued) and frees it; no-op if none."""
+        slot = self.slot_of.pop(key, None)
+        if slot is not None:
+            self._zero(slot)
+
+    def _zero(self, slot: int) -> None:
+        self.ints[slot].zero_()
+        self.floats[slot].zero_()
+        self._held[slot] = None
+        self._free.append(slot)
+
+    def _take(self) -> int:
+        return self._free.pop()
+
+    # Normal tensors even when a step under inference mode grows them: `release` zeroes them in place
+    # outside it, which an inference tensor refuses.
+    @torch.inference_mode(False)
+    def _grow(self, slots: int) -> None:
+        """To at least `slots` slots. Doubling keeps reallocations logarithmic in the most samples held at once."""
+        old = len(self._held)
+        new = max(_INITIAL_SLOTS, 2 * old)
+        while new < slots:
+            new *= 2
+        self.ints = torch.cat([self.ints, self.ints.new_zeros((new - old, _INTS))])
+        self.floats = torch.cat([self.floats, self.floats.new_zeros((new - old, _FLOATS))])
+        self._held += [None] * (new - old)
+        self._free += range(new - 1, old - 1, -1)
