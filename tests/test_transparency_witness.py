@@ -112,6 +112,16 @@ def test_refuses_what_it_cannot_check(log: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "state.json").exists()
 
 
+def test_refuses_a_tree_of_size_zero_with_any_root_but_the_empty_one(log: Path, tmp_path: Path) -> None:
+    witness = _witness(tmp_path / "state.json")
+    empty_but_wrong = Checkpoint("log.example/veil", 0, hashlib.sha256(b"not nothing").digest())
+    with pytest.raises(WitnessRequestError, match="empty tree's root"):
+        witness.add_checkpoint(0, (), sign_note(empty_but_wrong.body(), LOG).encode())
+    assert not (tmp_path / "state.json").exists()
+    witness.add_checkpoint(0, (), _note(log))  # the log's own empty checkpoint carries SHA-256 of nothing
+    assert witness.seen("log.example/veil").size == 0
+
+
 def test_a_corrupt_state_file_stops_the_witness(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
     state.write_text('{"logs": {"log.example/veil": {"size": "7"}}}')

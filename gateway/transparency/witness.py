@@ -10,6 +10,7 @@ another root is a fork: both are refused, and the state is left as it was.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import threading
@@ -30,6 +31,8 @@ from gateway.transparency.errors import (
     WitnessConfigError,
     WitnessRequestError,
 )
+
+EMPTY_ROOT = hashlib.sha256(b"").digest()  # RFC 9162: the root of the tree of no entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,9 @@ def _by_origin(logs: Sequence[NoteVerifier]) -> dict[str, NoteVerifier]:
 
 
 def _check_extends(seen: Seen, old_size: int, proof: Sequence[bytes], checkpoint: Checkpoint) -> None:
+    if checkpoint.size == 0 and checkpoint.root != EMPTY_ROOT:
+        # No tree of size 0 has another root: cosigning one would vouch for a history no log can have.
+        raise WitnessRequestError("a checkpoint of size 0 must carry the empty tree's root")
     if checkpoint.size < seen.size:
         raise RollbackError(f"the checkpoint is older than the one this witness cosigned (size {seen.size})")
     if checkpoint.size == seen.size and seen.size and checkpoint.root != seen.root:
