@@ -91,7 +91,7 @@ def test_a_log_two_witnesses_and_an_audit_over_http(tmp_path: Path, capsys: pyte
         assert "4 entries" in out and "cosigned by: w1.example\n" in out
         assert "not verified, no key given): w2.example" in out
         assert f"trusted 1.0 code {CODE}" in out and "FLAGGED untrusted release 1.1-special" in out
-        assert "node key " + "12" * 32 in out
+        assert "node key " + "12" * 32 in out and "receipt key " + "56" * 32 in out
 
         # A fork (another tree of size 4, signed by the log's own key) and a rollback: both witnesses refuse.
         signer = read_signer(tmp_path / "log.key")

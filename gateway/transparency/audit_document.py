@@ -78,9 +78,10 @@ def _statements(doc: Document, entries: list[AuditedEntry]) -> None:
                     frozenset(row for row, entry in enumerate(releases) if entry.trusted is False)))
     node_keys = [entry for entry in entries if isinstance(entry.statement, NodeKeyStatement)]
     doc.heading(f"Node keys ({len(node_keys)})")
-    doc.table(Table(("entry", "key configuration digest", "measurement", "valid from", "valid until"),
+    doc.table(Table(("entry", "key configuration digest", "measurement", "valid from", "valid until", "receipt key"),
                     tuple((str(entry.index), entry.statement.key_config_digest, entry.statement.measurement,
-                           str(entry.statement.not_before), str(entry.statement.not_after))
+                           str(entry.statement.not_before), str(entry.statement.not_after),
+                           entry.statement.receipt_key)
                           for entry in node_keys if isinstance(entry.statement, NodeKeyStatement))))
     issuer_keys = [entry for entry in entries if isinstance(entry.statement, IssuerKeyStatement)]
     doc.heading(f"Issuer keys ({len(issuer_keys)})")

@@ -37,6 +37,6 @@ def describe(entry: AuditedEntry) -> str:
                 + (f" launch {launches}" if launches else ""))
     if isinstance(statement, NodeKeyStatement):
         return (f"{entry.index:6d} node key {statement.key_config_digest} measurement {statement.measurement[:16]}… "
-                f"valid {statement.not_before}-{statement.not_after}")
+                f"valid {statement.not_before}-{statement.not_after} receipt key {statement.receipt_key}")
     assert isinstance(statement, IssuerKeyStatement)
     return f"{entry.index:6d} issuer key {statement.token_key_id} valid {statement.not_before}-{statement.not_after}"
