@@ -22,7 +22,9 @@ from engine.errors import EngineError
 from engine.logits_processors import LogitsProcessors, ProcessingPlan, RowSettings
 from engine.sampling_noise import NoiseBuffers, exponential_noise
 from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
-from engine.sampling_tables import MIN_P, POSITION, SEED, TEMPERATURE, TOP_K, TOP_P, SamplingTables, StepValues, TablesPlan
+from engine.sampling_tables import (
+    MIN_P, POSITION, SEED, TEMPERATURE, TOP_K, TOP_P, SamplingTables, StepValues, TablesPlan,
+)
 from engine.sequence import TokenLogprob
 
 
@@ -116,22 +118,25 @@ class StepSettings:
         drawing: list[int] = []
         penalized: list[int] = []
         plain: list[int] = []
+        sorts = filtered = False
         for i, request in enumerate(requests):
             params = request.params
-            penalizes = params.penalized or request.slot is not None  # its penalties are read from the tables
-            (drawing if not params.greedy else penalized if penalizes else plain).append(i)
+            if not params.greedy:
+                _with_seed(request)
+                drawing.append(i)
+                sorts = sorts or 0 < params.top_k < vocab_size or params.top_p < 1.0
+                filtered = filtered or params.min_p > 0.0
+            elif params.penalized or request.slot is not None:  # its penalties are read from the tables
+                penalized.append(i)
+            else:
+                plain.append(i)
         order = drawing + penalized + plain
-        slotted = [requests[i] for i in order[: len(drawing) + len(penalized)]]
-        draws = [_with_seed(r) for r in slotted[: len(drawing)]]
-        top_ks = [_top_k(r.params.top_k, vocab_size) for r in slotted]
-        slots, tables_plan = tables.pack(upload, [r.sample for r in slotted], [r.params for r in slotted],
-                                         [r.seed for r in slotted], [r.position for r in slotted], top_ks)
+        slotted = len(drawing) + len(penalized)
+        slots, tables_plan = tables.pack(upload, [requests[i] for i in order[:slotted]], vocab_size)
         wanted = [k for k, i in enumerate(order) if requests[i].params.logprobs is not None]
         upload.add(SETTINGS, [requests[i].row for i in order] + slots + wanted + tables_plan.transient, torch.int64)
-        sorts = any(k < vocab_size for k in top_ks[: len(draws)]) or any(r.params.top_p < 1.0 for r in draws)
         counts = [requests[order[k]].params.logprobs for k in wanted]
-        filtered = sorts or any(r.params.min_p > 0.0 for r in draws)
-        return SettingsPlan(order, len(draws), len(slotted), wanted, counts, sorts, filtered, tables_plan)
+        return SettingsPlan(order, len(drawing), slotted, wanted, counts, sorts, sorts or filtered, tables_plan)
 
     @classmethod
     def bind(cls, plan: SettingsPlan, views: dict[str, torch.Tensor], tables: SamplingTables) -> StepSettings:
@@ -253,7 +258,9 @@ def _draw(logits: torch.Tensor, step: StepSettings, fallback: torch.Tensor, buff
         probs = filter_batch(probs, step.filters)
         is_distribution &= probs.sum(dim=-1) > 0
     noise = exponential_noise(step.seeds, step.positions, probs.shape[-1], buffers)
-    drawn = probs.div_(noise).argmax(dim=-1)
+    # The scores are >= +0 or NaN, whose int32 bit patterns order as the floats do (NaN above all, as
+    # argmax ranks it): the integer argmax picks the same token at a fraction of the float one's cost.
+    drawn = probs.div_(noise).view(torch.int32).argmax(dim=-1)
     return torch.where(is_distribution, drawn, fallback)
 
 
@@ -337,10 +344,9 @@ def _unpack(values: list, step: StepSettings) -> list[tuple[int, TokenLogprob | 
     return list(zip(tokens, logprobs))
 
 
-def _with_seed(request: SampleRequest) -> SampleRequest:
+def _with_seed(request: SampleRequest) -> None:
     if request.seed is None:
         raise EngineError("a sample that draws needs a seed; the engine gives every sequence one at admission")
-    return request
 
 
 def _top_k(top_k: int, vocab_size: int) -> int:

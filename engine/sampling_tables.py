@@ -14,7 +14,9 @@ pick whose request names no sample (tests, tools) takes a slot for its step alon
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -28,6 +30,15 @@ TOP_K, SEED, POSITION = range(3)
 TEMPERATURE, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE = range(6)
 _INTS, _FLOATS = 3, 6
 _INITIAL_SLOTS = 8
+
+
+class SlottedRow(Protocol):
+    """What the tables read of a pick (`engine.sampler.SampleRequest`)."""
+
+    sample: int | None  # the sample's key; None: a slot for this step alone
+    params: SamplingParams
+    seed: int | None
+    position: int
 
 
 @dataclass(slots=True)
@@ -70,26 +81,28 @@ class SamplingTables:
     def held(self) -> int:
         return len(self._held) - len(self._free)
 
-    def pack(self, upload: Upload, keys: list[int | None], params: list[SamplingParams], seeds: list[int | None],
-             positions: list[int], top_ks: list[int]) -> tuple[list[int], TablesPlan]:
+    def pack(self, upload: Upload, rows: Sequence[SlottedRow], vocab_size: int) -> tuple[list[int], TablesPlan]:
         """Each row's slot, after adding the slots whose device rows differ from the row's settings to `upload`."""
-        if len(self._free) < len(keys):  # at most every row new: one growth at most, whatever the count
-            self._grow(len(self._held) + len(keys) - len(self._free))
+        if len(self._free) < len(rows):  # at most every row new: one growth at most, whatever the count
+            self._grow(len(self._held) + len(rows) - len(self._free))
         slots: list[int] = []
         transient: list[int] = []
         ints: list[int] = []
         floats: list[float] = []
-        for key, p, seed, position, top_k in zip(keys, params, seeds, positions, top_ks):
+        for row in rows:
+            key, p, position = row.sample, row.params, row.position
             slot = self.slot_of.get(key) if key is not None else None
             if slot is None:
-                slot = self._take()
+                slot = self._free.pop()
                 if key is None:
                     transient.append(slot)
                 else:
                     self.slot_of[key] = slot
-            seed = seed or 0  # greedy rows draw nothing
+            seed = row.seed or 0  # greedy rows draw nothing
             held = self._held[slot]
             if held is None or held.params is not p or held.seed != seed or held.position != position:
+                # top-k as a count to keep: the whole vocabulary when off (0) or not smaller than it.
+                top_k = p.top_k if 0 < p.top_k < vocab_size else vocab_size
                 ints += (slot, top_k, seed, position)
                 floats += (p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.frequency_penalty,
                            p.presence_penalty)
@@ -134,9 +147,6 @@ class SamplingTables:
         self.floats[slot].zero_()
         self._held[slot] = None
         self._free.append(slot)
-
-    def _take(self) -> int:
-        return self._free.pop()
 
     # Normal tensors even when a step under inference mode grows them: `release` zeroes them in place
     # outside it, which an inference tensor refuses.

@@ -15,10 +15,12 @@ CPU = torch.device("cpu")
 PARAMS = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1, presence_penalty=0.5, seed=3)
 
 
-def step(bridge: Bridge, tables: SamplingTables, keys, params, seeds, positions, top_ks):
+def step(bridge: Bridge, tables: SamplingTables, keys, params, seeds, positions, vocab_size=100):
     """One step's pack, gather and advance, as a sampler runs them; returns (plan, gathered values)."""
     upload = bridge.upload()
-    slots, plan = tables.pack(upload, keys, params, seeds, positions, top_ks)
+    rows = [SampleRequest(0, p, seed, position, sample=key)
+            for key, p, seed, position in zip(keys, params, seeds, positions)]
+    slots, plan = tables.pack(upload, rows, vocab_size)
     views = bridge.send(upload)
     slots = torch.tensor(slots, dtype=torch.int64)
     values = tables.gather(plan, views, slots)
@@ -29,7 +31,7 @@ def step(bridge: Bridge, tables: SamplingTables, keys, params, seeds, positions,
 def test_a_sample_is_written_at_its_first_pick_and_its_position_advances_on_the_device():
     bridge, tables = Bridge(CPU), SamplingTables(CPU)
     for position in range(4):
-        plan, values = step(bridge, tables, [7], [PARAMS], [123], [position], [5])
+        plan, values = step(bridge, tables, [7], [PARAMS], [123], [position])
         assert plan.written == (position == 0)
         assert values.ints.tolist() == [[5, 123, position]]
         assert values.floats[0].tolist() == pytest.approx([0.7, 0.9, 0.1, 1.0, 0.0, 0.5])
@@ -37,20 +39,20 @@ def test_a_sample_is_written_at_its_first_pick_and_its_position_advances_on_the_
 
 def test_a_position_moved_otherwise_than_by_one_pick_is_written_again():
     bridge, tables = Bridge(CPU), SamplingTables(CPU)
-    step(bridge, tables, [7], [PARAMS], [123], [0], [5])
-    plan, values = step(bridge, tables, [7], [PARAMS], [123], [4], [5])  # a speculative step emitted four
+    step(bridge, tables, [7], [PARAMS], [123], [0])
+    plan, values = step(bridge, tables, [7], [PARAMS], [123], [4])  # a speculative step emitted four
     assert plan.written == 1 and values.ints[0, 2] == 4
 
 
 def test_an_ended_samples_slot_is_zeroed_and_the_next_sample_reads_only_its_own_settings():
     bridge, tables = Bridge(CPU), SamplingTables(CPU)
-    step(bridge, tables, [7, 8], [PARAMS, PARAMS], [123, 456], [0, 0], [5, 5])
+    step(bridge, tables, [7, 8], [PARAMS, PARAMS], [123, 456], [0, 0])
     slot = tables.slot_of[7]
     tables.release(7)
     assert tables.held == 1
     assert not tables.ints[slot].any() and not tables.floats[slot].any()
     other = SamplingParams(temperature=1.3)
-    _, values = step(bridge, tables, [9], [other], [77], [0], [100])
+    _, values = step(bridge, tables, [9], [other], [77], [0])  # top-k off: the whole vocabulary
     assert tables.slot_of[9] == slot  # the freed slot serves the next sample
     assert values.ints.tolist() == [[100, 77, 0]]
     assert values.floats[0].tolist() == pytest.approx([1.3, 1.0, 0.0, 1.0, 0.0, 0.0])
