@@ -22,8 +22,17 @@ Async scheduling: a constrained sample's mask for step N+1 depends on step N's t
 has not read when step N+1 is launched. The engine therefore launches step N+1's forward first and
 its pick after step N's picks are read and the matchers advanced (`LLMEngine.step`): the forward
 still overlaps the host's work, and only steps with a constrained sample defer their pick. Such a step
-sends its picks' settings and masks in an upload of their own: two host-to-device crossings instead of
+sends its picks' row map and masks in an upload of their own: two host-to-device crossings instead of
 one (still one download), the price of keeping the overlap where each crossing has a toll.
+
+Why not one: the mask is computed by llguidance's matcher, on the host, from the tokens the sample
+has output, and step N's token is on the device when step N+1's forward must be queued. Reading it
+first would make such steps synchronous (the host's whole step of work no longer overlaps the
+forward: milliseconds at large batches, against one ~0.3 ms toll); computing a mask per possible
+token would cost a vocabulary's worth of matcher advances; and the grammar cannot move to the device,
+since llguidance's parser is an Earley parser over a lexer, not a token automaton a kernel could
+index. The second upload carries the row map and the masks: the settings live on the device
+(`engine.sampling_tables`), written by a sample's first pick only.
 """
 
 from __future__ import annotations
