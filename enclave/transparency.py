@@ -21,13 +21,14 @@ import httpx
 
 from attestation.measurement import Measurement
 from attestation.transparency.client_check import parse_bundle
-from attestation.transparency.errors import TransparencyError
+from attestation.transparency.errors import NotLoggedError, TransparencyError
 from attestation.transparency.node_append import APPEND_PATH, AppendRequest, append_nonce
 from attestation.transparency.statements import NodeKeyStatement, encode_statement
 
 CLOCK_ALLOWANCE_S = 60  # a statement's window starts this early, for clients whose clocks run behind
 UNROTATED_KEY_WINDOW_S = 86_400  # a key that is never rotated is logged for a day at a time, then again
-EXCHANGE_TIMEOUT_S = 10.0
+EXCHANGE_TIMEOUT_S = 30.0  # the log verifies evidence and asks its witnesses before it answers an append
+RETRY_S = 5.0  # after a failed refresh, the next comes this soon (at most refresh_s)
 
 
 def node_key_statement(key_config: bytes, measurement: Measurement, now: float, lifetime_s: float,
@@ -93,6 +94,8 @@ class TransparencyStapler:
         bundle = parse_bundle(json.dumps(parts))  # what the client will parse: refuse to serve anything else
         with self._lock:
             self._proofs = bundle.to_json() if self._key_config() == logged.key_config else ""
+        if release is None:  # the key's proof is stapled; the release's is looked for again soon
+            raise NotLoggedError("no release statement in the log lists this node's code, policy and model")
 
     def key_rotated(self) -> None:
         """The node serves a new key: log it and refresh the proofs now, on the stapler's thread."""
@@ -108,11 +111,12 @@ class TransparencyStapler:
         self._wake.set()
 
     def _run(self) -> None:
+        worked = self.last_error is None
         while not self._stop.is_set():
-            self._wake.wait(self.refresh_s)
+            self._wake.wait(self.refresh_s if worked else min(self.refresh_s, RETRY_S))
             self._wake.clear()
             if not self._stop.is_set():
-                self.refresh_quietly()
+                worked = self.refresh_quietly()
 
     def refresh_quietly(self) -> bool:
         """`refresh()`; True if it worked, else False with `last_error` saying why (the log's word or the

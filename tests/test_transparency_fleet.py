@@ -367,3 +367,30 @@ def test_a_rotated_key_is_logged_and_its_proofs_replace_the_old_keys(fleet: Flee
     check_node(parse_bundle(stapler.proofs), node(served[0]), requirement, time.time())
     with pytest.raises(WrongEntryError, match="not the key configuration this node serves"):
         check_node(parse_bundle(stapler.proofs), node(first), requirement, time.time())
+
+
+def test_a_fleet_whose_code_changed_under_its_first_measurement_logs_the_current_release(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkout is edited between the fleet's measurement and the nodes' own: the first release
+    logged names code nobody runs. The fleet sees its node staple no release, logs the release as
+    measured now, and starts only once the directory lists the node's proofs of both."""
+    import veil.fleet
+
+    measured = veil.fleet.release_of
+    calls: list[ReleaseStatement] = []
+
+    def first_one_stale(policy_path: str, model_dir: Path) -> ReleaseStatement:
+        release = measured(policy_path, model_dir)
+        stale = dataclasses.replace(release, code_digest=hashlib.sha256(b"before the edit").hexdigest())
+        calls.append(release if calls else stale)
+        return calls[-1]
+
+    monkeypatch.setattr(veil.fleet, "release_of", first_one_stale)
+    with running_fleet(FleetSettings(nodes=1, transparency=True, torch_threads=1)) as edited:
+        listed = json.loads(httpx.get(f"{edited.gateway_url}{DIRECTORY_PATH}").json()["nodes"][0]["transparency"])
+        with Client(edited.gateway_url, policy=edited.policy, max_retries=0) as client:
+            answer = client.chat.completions.create(model=client.listed_models()[0], max_tokens=2,
+                                                    messages=[{"role": "user", "content": "hi"}])
+    assert len(calls) >= 2 and calls[0].code_digest != calls[1].code_digest
+    assert base64.b64decode(listed["release"]["entry"]) == encode_statement(calls[1])
+    assert answer.route.candidates[0].ok

@@ -1,5 +1,6 @@
 """A local fleet on loopback: one `veil gateway` and N `veil node` processes (`veil up`), and on request
-a `veil issuer` whose tokens the gateway then demands and a `veil relay` in front of the gateway.
+a `veil issuer` whose tokens the gateway then demands, a `veil relay` in front of the gateway, and a
+transparency log with two witnesses (`veil.fleet_transparency`).
 
 For development, the demo, the end-to-end tests and the benchmark. Nodes run
 the built-in tiny model under SIMULATED attestation and the development
@@ -8,7 +9,8 @@ so. Each process writes its own stdout and stderr to files in the fleet's
 work folder, next to its audit file, so that tests can prove none of them
 holds anything of a request.
 
-Neither this module nor the SDK imports the engine, the node or the gateway:
+Neither this module nor the SDK imports the engine, the node or the gateway's
+servers (only the transparency log's files, to create it and log a release):
 processes are started as `python -m veil ...`, and the tiny model is written by
 a `veil model init-tiny` subprocess.
 """
@@ -16,6 +18,7 @@ a `veil model init-tiny` subprocess.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -31,10 +34,20 @@ from typing import TypeVar
 import httpx
 
 from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
+from attestation.transparency.errors import TransparencyError
+from attestation.transparency.statements import ReleaseStatement
 from client.tokens import DEFAULT_BATCH_SIZE, TokenWallet
-from ohttp.privacypass import WELL_KNOWN_PATH
 from gateway.transparency.keys import read_signer
-from veil.fleet_transparency import WITNESSES, FleetLogKeys, log_release, make_log_keys, write_transparency_policy
+from ohttp.privacypass import WELL_KNOWN_PATH
+from protocol.constants import DIRECTORY_PATH
+from veil.fleet_transparency import (
+    WITNESSES,
+    FleetLogKeys,
+    log_release,
+    make_log_keys,
+    release_of,
+    write_transparency_policy,
+)
 from veil.fleet_access import (
     FleetError,
     ORIGIN,
@@ -149,6 +162,7 @@ class Fleet:
         self.log: FleetProcess | None = None
         self.witnesses: list[FleetProcess] = []
         self.log_keys: FleetLogKeys | None = None
+        self._releases: list[ReleaseStatement] = []  # logged by this fleet
         self.account: FleetAccount | None = None
         self.issuer_key_ids: tuple[str, ...] = ()
         # The policy every process and the client load: the base policy, or the fleet's own file listing its issuer.
@@ -178,6 +192,8 @@ class Fleet:
                 self.relay = self._start_relay()
                 self.relay.port = self._wait_for_port(self.relay, deadline)
             self.wait_for_pool(self.settings.nodes, deadline - time.monotonic(), at_least=True)
+            if self.log is not None:
+                self._wait_for_proofs(deadline)
         except BaseException:
             self.stop()
             raise
@@ -365,7 +381,7 @@ class Fleet:
         assert keys is not None, "the witnesses start first"
         for witness in self.witnesses:
             witness.port = self._wait_for_port(witness, deadline)
-        log_release(keys, read_signer(keys.log_key), self.policy, Path(self.model_dir).resolve(), self.witness_urls)
+        self._log_release()
         process = self._spawn("log", [
             "log", "serve", str(keys.log_directory.resolve()), "--key", str(keys.log_key.resolve()),
             "--policy", self.policy, "--cosign-every-s", f"{self.settings.cosign_every_s:g}",
@@ -373,6 +389,34 @@ class Fleet:
             *(argument for url in self.witness_urls for argument in ("--witness", url))])
         process.port = self._wait_for_port(process, deadline)
         return process
+
+    def _log_release(self) -> None:
+        """Log the release of the code, policy and model as measured now, unless it is logged already."""
+        assert self.log_keys is not None, "the witnesses start first"
+        release = release_of(self.policy, Path(self.model_dir).resolve())
+        if release not in self._releases:
+            log_release(self.log_keys, read_signer(self.log_keys.log_key), release, self.witness_urls)
+            self._releases.append(release)
+
+    def _wait_for_proofs(self, deadline: float) -> None:
+        """Wait until the directory lists proofs of its release and key for every node.
+
+        A node's first exchange with the log may have failed (it retries), or its code may have changed on
+        disk between the fleet's measurement and its own (a checkout being edited): the fleet then logs the
+        release it measures now, as a release process would, and the node finds it when it retries.
+        """
+        while True:
+            self._check_alive()
+            try:
+                nodes = httpx.get(f"{self.gateway_url}{DIRECTORY_PATH}", timeout=5.0).json()["nodes"]
+                if all(json.loads(node.get("transparency") or "{}").get("release") for node in nodes):
+                    return
+                self._log_release()
+            except (httpx.HTTPError, KeyError, ValueError, TypeError, AttributeError, TransparencyError):
+                pass  # asked again below, until the deadline
+            if time.monotonic() > deadline:
+                raise FleetError(f"the gateway lists no proof of its release or key for some node; see {self.paths.logs}")
+            time.sleep(0.2)
 
     def _start_relay(self) -> FleetProcess:
         target = self.settings.relay_target or self.gateway_url
@@ -413,7 +457,9 @@ class Fleet:
         ]
         for address in [f"127.0.0.1:{node.port}" for node in self.nodes] + list(s.extra_gateway_nodes):
             arguments += ["--node", address]
-        arguments += _optional("--reattest-s", s.reattest_s) + _optional("--health-s", s.health_s)
+        # With a log, nodes' proofs reach the directory when the gateway attests them again: soon, in a fleet.
+        reattest_s = s.reattest_s if s.reattest_s is not None or self.log is None else 5.0
+        arguments += _optional("--reattest-s", reattest_s) + _optional("--health-s", s.health_s)
         arguments += _optional("--key-grace-s", s.key_grace_s) + self._access_arguments() + list(s.extra_gateway_args)
         return self._spawn("gateway", arguments, s.gateway_cpus)
 

@@ -82,14 +82,16 @@ def write_transparency_policy(path: Path, base_policy: str, keys: FleetLogKeys, 
     return path
 
 
-def log_release(keys: FleetLogKeys, signer: NoteSigner, policy_path: str, model_dir: Path,
-                witness_urls: list[str]) -> ReleaseStatement:
-    """Append the release statement of what the fleet's nodes run, and have both witnesses cosign it."""
+def release_of(policy_path: str, model_dir: Path) -> ReleaseStatement:
+    """The release statement of the code installed now, the policy and the model, as `veil attest measure` sees them."""
     measured = measure(policy_path=policy_path, model_dir=model_dir)
-    release = ReleaseStatement(__version__, measured.code_digest.hex(), measured.policy_digest.hex(),
-                               (measured.model_digest.hex(),))
+    return ReleaseStatement(__version__, measured.code_digest.hex(), measured.policy_digest.hex(),
+                            (measured.model_digest.hex(),))
+
+
+def log_release(keys: FleetLogKeys, signer: NoteSigner, release: ReleaseStatement, witness_urls: list[str]) -> None:
+    """Append `release` and have both witnesses cosign the new checkpoint."""
     append_entries(keys.log_directory, signer, [encode_statement(release)])
     with httpx.Client(timeout=30.0, trust_env=False) as client:
         if len(cosign_checkpoint(keys.log_directory, signer, witness_urls, client)) != QUORUM:
             raise FleetError("the fleet's witnesses did not both cosign the release")
-    return release
