@@ -401,3 +401,28 @@ def test_no_receipt_nor_receipt_key_reaches_the_audit_or_the_logs(
     for text in seen:
         for value in secrets_of_receipts:
             assert value not in text
+
+
+def test_a_monitor_checks_a_receipt_against_the_node_key_statements_of_the_log_it_audits(
+        served: Served, whole: Answer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log, receipt = tmp_path / "log", tmp_path / "receipt.json"
+    assert main(["log", "init", str(log), "--origin", "log.example/veil", "--key", str(tmp_path / "log.key")]) == 0
+    log_key = capsys.readouterr().out.strip()
+    receipt.write_bytes(whole.receipt)
+
+    def audit() -> int:
+        return main(["log", "audit", str(log), "--log-key", log_key, "--state", str(tmp_path / "seen.json"),
+                     "--receipt", str(receipt)])
+
+    def append(*statements: NodeKeyStatement) -> None:
+        entries = tmp_path / "entries.json"
+        entries.write_text(json.dumps([{"type": "veil.node-key/v1", **dataclasses.asdict(s)} for s in statements]))
+        assert main(["log", "append", str(log), "--key", str(tmp_path / "log.key"), "--statement", str(entries)]) == 0
+
+    append(_statement(served, receipt_key=ReceiptSigner.generate().public_key.hex()))  # another node's key
+    assert audit() == 1 and "no node key statement of the log carries the key" in capsys.readouterr().err
+    signed_at = decode_receipt(whole.receipt).time
+    append(_statement(served, not_before=signed_at + 10, not_after=signed_at + 60))  # its key, logged for later
+    assert audit() == 1 and "validity window" in capsys.readouterr().err
+    append(_statement(served))
+    assert audit() == 0 and "node key statement at entry 2" in capsys.readouterr().out

@@ -21,7 +21,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "veil.commands",
     "engine.cli",
     "attestation.cli",
-    "attestation.receipt_cli",
     "policy.cli",
     "enclave.cli",
     "gateway.cli",

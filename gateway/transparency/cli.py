@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.transparency.audit_run import add_audit_arguments
 
 if TYPE_CHECKING:
+    from gateway.transparency.audit import AuditedEntry
     from gateway.transparency.writer import LogWriter
 
 
@@ -54,6 +55,9 @@ def register(subparsers: Any) -> None:
 
     audit = commands.add_parser("audit", help="fetch a whole log, recompute it and list its statements")
     add_audit_arguments(audit)
+    audit.add_argument("--receipt", type=Path, default=None,
+                       help="also check this node receipt (its JSON, as veil chat --show-receipt prints it) against "
+                            "the log's node key statements (default: none)")
     audit.set_defaults(handler=_audit)
     _register_witness(subparsers)
 
@@ -173,7 +177,24 @@ def _audit(args: argparse.Namespace) -> int:
         return _fail("log audit", error)
     except TransparencyError as error:
         return _fail("log audit", f"FAILED: {error}", 1)
-    return print_report(report)
+    status = print_report(report)
+    return max(status, _check_receipt(args.receipt, report.entries)) if args.receipt is not None else status
+
+
+def _check_receipt(path: Path, entries: list[AuditedEntry]) -> int:
+    """Exit 0 when the receipt verifies against a node key statement of the audited log, 1 otherwise."""
+    from attestation.receipts import ReceiptError
+    from gateway.transparency.receipt_lookup import logged_statement_for
+
+    try:
+        entry, receipt = logged_statement_for(entries, path.read_bytes()[:4096].strip())
+    except OSError as error:
+        return _fail("log audit", f"cannot read {path}: {error.strerror}")
+    except ReceiptError as error:
+        return _fail("log audit", f"receipt REFUSED: {error}", 1)
+    print(f"receipt verified: signed at {receipt.time} by the receipt key of the node key statement at entry "
+          f"{entry.index} (measurement {receipt.measurement[:16]}…)")
+    return 0
 
 
 def _witness(args: argparse.Namespace) -> int:
