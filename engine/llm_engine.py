@@ -488,9 +488,10 @@ class LLMEngine:
 
     def _take_token(self, seq: Sequence, token: int, logprob, now: float) -> bool:
         """Appends the token unless it ends the sample; True when the sample goes on to its text."""
-        request = self._requests[seq.request_id]
-        if request.first_token_time is None:
-            request.first_token_time = now
+        if not seq.output_token_ids:  # a sample with output tokens has had its request's first token time set
+            request = self._requests[seq.request_id]
+            if request.first_token_time is None:
+                request.first_token_time = now
         params = seq.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             self._finish_and_free(seq, FinishReason.STOP)
@@ -535,28 +536,25 @@ class LLMEngine:
             seq.penalty_slot = None
 
     def _deltas(self, sequences: list[Sequence]) -> list[StreamDelta]:
+        """What each listed sample produced since its previous delta, for those that have something."""
         deltas = []
+        requests, take = self._requests, self.output.take
         for seq in dict.fromkeys(sequences):  # a sequence can sample and be listed once only
-            delta = self._delta(seq)
-            if delta is not None:
-                deltas.append(delta)
+            request = requests.get(seq.request_id)
+            # Ids are reused once released: a sample of an ended request still listed in a step in flight
+            # finds a newer request under its id, and must not speak for it.
+            if request is None or seq.sample_index in request.emitted_final or seq not in request.sequences:
+                continue
+            new = take(seq)
+            if new is None:
+                continue
+            metrics = None
+            if seq.is_finished:
+                request.emitted_final.add(seq.sample_index)
+                metrics = self._release_if_done(request)
+            deltas.append(StreamDelta(seq.request_id, seq.sample_index, new.text, new.token_ids, seq.finish_reason,
+                                      new.logprobs, metrics))
         return deltas
-
-    def _delta(self, seq: Sequence) -> StreamDelta | None:
-        request = self._requests.get(seq.request_id)
-        # Ids are reused once released: a sample of an ended request still listed in a step in flight
-        # finds a newer request under its id, and must not speak for it.
-        if request is None or seq not in request.sequences or seq.sample_index in request.emitted_final:
-            return None
-        new = self.output.take(seq)
-        if new is None:
-            return None
-        metrics = None
-        if seq.is_finished:
-            request.emitted_final.add(seq.sample_index)
-            metrics = self._release_if_done(request)
-        return StreamDelta(seq.request_id, seq.sample_index, new.text, new.token_ids, seq.finish_reason, new.logprobs,
-                           metrics)
 
     def _release_if_done(self, request: Request) -> RequestMetrics | None:
         """Forgets the request once every sample's last delta is out; that delta carries the metrics."""

@@ -307,34 +307,42 @@ def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:
     cu_seqlens = [0]
     context_lens: list[int] = []
     sample_rows: list[int] = []
-    total = 0
+    tables: list[list[int]] = []
+    seq_ids: list[int] = []
+    total = widest = 0
     for chunk in chunks:
         seq, count, draft = chunk.seq, chunk.num_tokens, chunk.draft
         start = seq.num_computed_tokens
+        table = seq.block_table
+        tables.append(table)
+        seq_ids.append(seq.seq_id)
+        if count == 1 and not draft:  # decode: most chunks of most steps, so no range or comprehension
+            input_ids.append(seq.token_at(start))  # one already read, or the pending one
+            positions.append(start)
+            slots.append(table[start // block_size] * block_size + start % block_size)
+            total += 1
+            cu_seqlens.append(total)
+            context_lens.append(start + 1)
+            if start + 1 == seq.num_tokens:  # its sequence's last token: its row samples
+                sample_rows.append(total - 1)
+            widest = widest or 1
+            continue
         end = start + count
-        if count == 1 and not draft:  # decode: the token is one already read, or the pending one
-            input_ids.append(seq.token_at(start))
-        else:
-            input_ids += seq.tokens_between(start, end)
+        input_ids += seq.tokens_between(start, end)
         if draft:  # speculative: the drafts follow as queries of their own (`engine.speculative`)
             input_ids += draft
             count, end = count + len(draft), end + len(draft)
-        table = seq.block_table
-        if count == 1:  # decode: most chunks of most steps, so no range or comprehension for them
-            positions.append(start)
-            slots.append(table[start // block_size] * block_size + start % block_size)
-        else:
-            positions += range(start, end)
-            slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        positions += range(start, end)
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
         total += count
+        widest = max(widest, count)
         cu_seqlens.append(total)
         context_lens.append(end)
         if end - len(draft) == seq.num_tokens:  # the chunk reaches the sequence's end: its last row samples
             if draft:  # and so does each draft's row, to verify it
                 sample_rows += range(total - 1 - len(draft), total - 1)
             sample_rows.append(total - 1)
-    return StepLists(input_ids, positions, slots, cu_seqlens, context_lens, [c.seq.block_table for c in chunks],
-                     sample_rows, max(c.num_tokens + len(c.draft) for c in chunks), [c.seq.seq_id for c in chunks])
+    return StepLists(input_ids, positions, slots, cu_seqlens, context_lens, tables, sample_rows, widest, seq_ids)
 
 
 def _dtype(name: str) -> torch.dtype:

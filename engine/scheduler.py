@@ -72,10 +72,11 @@ class Scheduler:
         decode_fits = self.block_manager.decode_fits if self.drafter is None else None
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            if not seq.can_grow:  # its pending token is its last: it ends when that is read
+            outputs = seq.num_output_tokens  # read once: `can_grow` and `num_uncomputed_tokens` spelled out
+            if outputs >= seq.max_tokens:  # its pending token is its last: it ends when that is read
                 index += 1
                 continue
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            num_tokens = min(len(seq.prompt_token_ids) + outputs - seq.num_computed_tokens, budget)
             if num_tokens == 1 and decode_fits is not None and decode_fits(seq):
                 # Most sequences of most steps: the next token's slot is reserved already, nothing to do.
                 chunks.append(ScheduledChunk(seq, 1))
