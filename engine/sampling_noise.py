@@ -130,9 +130,14 @@ def uniform_from_bits(bits: torch.Tensor, out: torch.Tensor | None = None) -> to
     Consumes `bits` (it is masked in place). Scaling by a power of two is exact, and the one rounding
     add is IEEE on every device.
     """
+    return _negated_uniform(bits, out).neg_()
+
+
+def _negated_uniform(bits: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """-u for `uniform_from_bits`' u, which is what log1p takes: one pass fewer than negating u."""
     bits.bitwise_and_((1 << _UNIFORM_BITS) - 1)
     out = torch.empty(bits.shape, dtype=torch.float32, device=bits.device) if out is None else out
-    return out.copy_(bits).add_(0.5).mul_(2.0**-_UNIFORM_BITS).clamp_(max=_BELOW_ONE)
+    return out.copy_(bits).add_(0.5).mul_(-(2.0**-_UNIFORM_BITS)).clamp_(min=-_BELOW_ONE)
 
 
 def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int,
@@ -144,10 +149,10 @@ def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: 
     buffers = buffers or NoiseBuffers()
     keys = row_keys(seeds, positions)
     bits, scratch, noise, steps = buffers.take(keys.shape[0], vocab_size, keys.device)
-    uniform = uniform_from_bits(_hash_(bits, steps, keys, scratch), noise)
+    negated = _negated_uniform(_hash_(bits, steps, keys, scratch), noise)
     # -log(1 - u) rather than -log(u): small noise, which decides races, comes from small u, where
     # float32 is finely spaced.
-    return uniform.neg_().log1p_().neg_()
+    return negated.log1p_().neg_()
 
 
 def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
