@@ -21,6 +21,7 @@ _EXPORTS = {
     "ModelNotFoundError": "client.errors",
     "StreamTruncatedError": "client.errors",
     "ResponseIntegrityError": "client.errors",
+    "ReceiptRefusedError": "client.errors",
     "TokenIssuanceError": "client.errors",
     "TokenPolicyError": "client.errors",
     "TokenWallet": "client.tokens",
