@@ -394,3 +394,24 @@ def test_a_fleet_whose_code_changed_under_its_first_measurement_logs_the_current
     assert len(calls) >= 2 and calls[0].code_digest != calls[1].code_digest
     assert base64.b64decode(listed["release"]["entry"]) == encode_statement(calls[1])
     assert answer.route.candidates[0].ok
+
+
+def test_veil_chat_under_a_policy_not_requiring_transparency_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from veil.cli import main
+
+    with socket.socket() as probe:  # a port nobody listens on: the chat fails after its warnings
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    assert main(["chat", "hi", "--gateway", f"http://127.0.0.1:{closed}", "--policy", "dev"]) == 1
+    assert "does not require transparency" in capsys.readouterr().err
+    assert main(["chat", "hi", "--gateway", f"http://127.0.0.1:{closed}", "--policy", "strict"]) == 1
+    assert "transparency" not in capsys.readouterr().err
+
+
+def test_veil_up_can_run_the_log_and_witnesses() -> None:
+    from veil.cli import build_parser
+
+    assert build_parser().parse_args(["up", "--transparency"]).transparency is True
+    assert build_parser().parse_args(["up"]).transparency is False

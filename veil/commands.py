@@ -58,6 +58,9 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--relay", action=argparse.BooleanOptionalAction, default=False,
                     help="run an OHTTP relay in front of the gateway and print its URL for clients; the gateway "
                          "then takes requests for nodes from the relay only (default: off)")
+    up.add_argument("--transparency", action=argparse.BooleanOptionalAction, default=False,
+                    help="run a transparency log and two witnesses; nodes log their keys and staple proofs, and the "
+                         "fleet's policy (printed) requires a quorum of both (default: off)")
     up.set_defaults(handler=_up)
 
 
@@ -171,7 +174,7 @@ def _up(args: argparse.Namespace) -> int:
         # The default simulated root, so that `veil chat` in another shell trusts this fleet as is.
         settings = FleetSettings(nodes=args.nodes, gateway_port=args.gateway_port, model_dir=args.model,
                                  workdir=args.workdir, sim_root_dir=sim_root_dir(), capacity=args.capacity,
-                                 relay=args.relay)
+                                 relay=args.relay, transparency=args.transparency)
         print(f"veil up: starting {args.nodes} node(s) and a gateway (SIMULATED attestation, development policy)",
               file=sys.stderr)
         with Fleet(settings) as fleet:
@@ -179,6 +182,9 @@ def _up(args: argparse.Namespace) -> int:
             if fleet.relay is not None:
                 print(f"veil up: the relay at {fleet.relay_url} forwards to the gateway at {fleet.gateway_url}",
                       file=sys.stderr)
+            if fleet.log is not None:
+                print(f"veil up: transparency log at {fleet.log_url}, witnesses at {', '.join(fleet.witness_urls)}; "
+                      f"clients verify with --policy {fleet.policy}", file=sys.stderr)
             print(f"veil up: ready; logs and audit files in {fleet.workdir}. Ctrl-C stops the fleet.", file=sys.stderr)
             stopping.wait()
     except KeyboardInterrupt:
