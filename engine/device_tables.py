@@ -50,7 +50,7 @@ class DeviceBlockTables:
         diffs: list[int] = []
         for row, table in zip(rows, block_tables):
             self._diff(row, table, diffs)
-        upload.add(ROWS, rows, torch.int64)
+        upload.add(ROWS, rows, torch.int32)  # row numbers fit; index_select takes int32 ids
         upload.add(DIFF, diffs, torch.int64, (len(diffs) // 3, 3))
         return TablePlan(max(map(len, block_tables)), len(diffs) // 3)
 

@@ -114,7 +114,7 @@ class StepSettings:
     @staticmethod
     def pack(upload: Upload, requests: list[SampleRequest], vocab_size: int, tables: SamplingTables
              ) -> SettingsPlan:
-        """Adds the step's row map (and the tables' diff) to `upload`: one int64 segment, whatever the mix."""
+        """Adds the step's row map (and the tables' diff) to `upload`: one int32 segment, whatever the mix."""
         drawing: list[int] = []
         penalized: list[int] = []
         plain: list[int] = []
@@ -134,7 +134,8 @@ class StepSettings:
         slotted = len(drawing) + len(penalized)
         slots, tables_plan = tables.pack(upload, [requests[i] for i in order[:slotted]], vocab_size)
         wanted = [k for k, i in enumerate(order) if requests[i].params.logprobs is not None]
-        upload.add(SETTINGS, [requests[i].row for i in order] + slots + wanted + tables_plan.transient, torch.int64)
+        # int32: row and slot numbers fit, and every index op takes them (half the bytes of int64).
+        upload.add(SETTINGS, [requests[i].row for i in order] + slots + wanted + tables_plan.transient, torch.int32)
         counts = [requests[order[k]].params.logprobs for k in wanted]
         return SettingsPlan(order, len(drawing), slotted, wanted, counts, sorts, sorts or filtered, tables_plan)
 

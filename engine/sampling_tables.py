@@ -128,8 +128,9 @@ class SamplingTables:
 
         `transient`: `plan.transient` on the device (a view of the step's upload).
         """
-        self.ints[:, POSITION].index_add_(0, slots, torch.ones_like(slots))
+        self.ints[:, POSITION].index_add_(0, slots, torch.ones_like(slots, dtype=torch.int64))
         if plan.transient:
+            transient = transient.long()  # index_fill_ takes int64 ids only
             self.ints.index_fill_(0, transient, 0)
             self.floats.index_fill_(0, transient, 0.0)
             for slot in plan.transient:

@@ -135,7 +135,7 @@ def test_a_samples_settings_cross_once_and_decode_steps_carry_only_the_row_map(k
     assert sum(DIFF_INTS in segment for segment in sent) <= (2 if slotted else 0)  # at the start and the admission
     if kind == "penalized":  # every row draws and is slotted: the row map is its logits row and its slot
         for segment in sent:
-            rows = segment.get(SAMPLER_SETTINGS, 0) // (2 * 8)
+            rows = segment.get(SAMPLER_SETTINGS, 0) // (2 * 4)  # int32
             assert segment.get(PROCESSOR_FLOATS, 0) == rows * len(params[0].logit_bias) * 4  # the bias alone
     assert [len(t) for t in tokens.values()] == [n * params[0].n for n in lengths]
     tables = llm.sampler.tables
