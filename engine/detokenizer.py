@@ -14,7 +14,7 @@ looked up in a table of every token's text instead of decoded: one decode per sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,22 +55,25 @@ class IncrementalDetokenizer:
         return after[len(before) :]
 
 
-def step_batch(decoder: Decoder, singles: Sequence[str], detokenizers: list[IncrementalDetokenizer],
-               token_lists: list[list[int]]) -> list[str]:
+def step_batch(decode: Callable[[list[int]], str], singles: Sequence[str],
+               detokenizers: list[IncrementalDetokenizer], token_lists: list[list[int]]) -> list[str]:
     """`IncrementalDetokenizer.step` for a step's samples (each its detokenizer and its tokens).
 
-    `singles[t]` is `decoder.decode([t])`: a window's old part is usually the one token of the previous
-    step, so a step decodes once per sample rather than twice.
+    `singles[t]` is `decode([t])`: a window's old part is usually the one token of the previous step,
+    so a step decodes once per sample rather than twice. `_settle` is spelled out: this runs per sample.
     """
-    decode = decoder.decode
     known = len(singles)
     pieces = []
     for detokenizer, ids in zip(detokenizers, token_lists):
-        prefix, read = detokenizer.prefix_offset, detokenizer.read_offset
-        if read >= len(ids):
+        prefix, read, length = detokenizer.prefix_offset, detokenizer.read_offset, len(ids)
+        if read >= length:
             pieces.append("")
             continue
-        single = read - prefix == 1 and ids[prefix] < known
-        before = singles[ids[prefix]] if single else decode(ids[prefix:read])
-        pieces.append(detokenizer._settle(before, decode(ids[prefix:]), len(ids), final=False))
+        before = singles[ids[prefix]] if read - prefix == 1 and ids[prefix] < known else decode(ids[prefix:read])
+        after = decode(ids[prefix:])
+        if len(after) <= len(before) or after.endswith(_INCOMPLETE):
+            pieces.append("")
+            continue
+        detokenizer.prefix_offset, detokenizer.read_offset = read, length
+        pieces.append(after[len(before) :])
     return pieces

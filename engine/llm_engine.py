@@ -197,14 +197,18 @@ class LLMEngine:
         chunks = self.scheduler.schedule() if self.scheduler.has_work() else []
         if not chunks:
             return None
-        sampling = [chunk.seq for chunk in chunks if chunk.samples]
         drafting = self._drafting(chunks)
         drafts = None if self.scheduler.drafter is None else {c.seq.seq_id: c.draft for c in chunks if c.draft}
         lists, in_flight_ids = step_lists(chunks, self.config.block_size), self._in_flight_ids(chunks)
         self.num_tokens_computed += len(lists.input_ids)  # every chunk's tokens and drafts
-        for chunk in chunks:
-            chunk.seq.num_computed_tokens += chunk.num_tokens
-        if any(seq.guide is not None and seq.pending_row is not None for seq in sampling):
+        sampling, waiting_mask = [], False
+        for chunk in chunks:  # one pass: the chunks count as computed, and those that reach their end sample
+            seq = chunk.seq
+            seq.num_computed_tokens += chunk.num_tokens
+            if seq.num_computed_tokens == seq.num_tokens:
+                sampling.append(seq)
+                waiting_mask = waiting_mask or (seq.guide is not None and seq.pending_row is not None)
+        if waiting_mask:
             return ForwardOnly(sampling, self.runner.run(lists, in_flight_ids).logits)
         # The picks' settings are known before the forward, so they ride in the step's one upload.
         picks = self._pick_request(sampling, drafts)

@@ -28,6 +28,7 @@ class NewOutput:
 class OutputProcessor:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+        self._decode = tokenizer.decoder()
         self._singles: list[str] | None = None  # each token's text alone, built at the first batch
 
     @property
@@ -43,13 +44,14 @@ class OutputProcessor:
 
     def add_texts(self, seqs: list[Sequence]) -> list[bool]:
         """`add_text` for a step's samples at once: one decode each (`engine.detokenizer.step_batch`)."""
-        pieces = step_batch(self.tokenizer, self.singles, [seq.detokenizer for seq in seqs],
+        pieces = step_batch(self._decode, self.singles, [seq.detokenizer for seq in seqs],
                             [seq.output_token_ids for seq in seqs])
         stopped = [False] * len(seqs)
         for index, (seq, piece) in enumerate(zip(seqs, pieces)):
             if piece:  # no new text: no new stop string either (the previous check found none)
                 seq.output_text += piece
-                stopped[index] = self._cut_at_stop(seq)
+                if seq.params.stop:
+                    stopped[index] = self._cut_at_stop(seq)
         return stopped
 
     @staticmethod

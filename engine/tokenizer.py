@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from tokenizers import Tokenizer as FastTokenizer
@@ -40,6 +42,10 @@ class Tokenizer:
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def decoder(self) -> Callable[[list[int]], str]:
+        """`decode` as one call into the library, without this wrapper's frame (per sample per step)."""
+        return functools.partial(self._tokenizer.decode, skip_special_tokens=True)
 
     def token_texts(self, vocab_size: int) -> list[str]:
         """`decode([t])` of every id below `vocab_size`: the vocabulary's own, nothing of any request."""

@@ -119,7 +119,7 @@ def check_batch_matches_one_by_one(decoder, singles: list[str], samples: list[li
     alone = [IncrementalDetokenizer() for _ in samples]
     for end in range(1, max(map(len, samples), default=0) + 1):
         live = [i for i, ids in enumerate(samples) if len(ids) >= end]
-        pieces = step_batch(decoder, singles, [batched[i] for i in live], [samples[i][:end] for i in live])
+        pieces = step_batch(decoder.decode, singles, [batched[i] for i in live], [samples[i][:end] for i in live])
         assert pieces == [alone[i].step(decoder, samples[i][:end]) for i in live]
         assert [(d.prefix_offset, d.read_offset) for d in batched] == [(d.prefix_offset, d.read_offset) for d in alone]
 
@@ -154,10 +154,10 @@ def test_a_batch_decodes_once_per_sample_per_step(byte_level: Tokenizer) -> None
     counting = CallCounter(byte_level)
     singles = byte_level.token_texts(byte_level.vocab_size)
     detokenizers = [IncrementalDetokenizer() for _ in range(3)]
-    step_batch(counting, singles, detokenizers, [ids[:1]] * 3)
+    step_batch(counting.decode, singles, detokenizers, [ids[:1]] * 3)
     for end in range(2, len(ids) + 1):
         before = counting.calls
-        pieces = step_batch(counting, singles, detokenizers, [ids[:end]] * 3)
+        pieces = step_batch(counting.decode, singles, detokenizers, [ids[:end]] * 3)
         assert pieces[0]  # every token of plain ASCII adds text at once
         # The window's old token is looked up in the table; only the window with the new one is decoded.
         assert counting.calls - before == 3
