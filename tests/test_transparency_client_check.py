@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from attestation.transparency.checkpoint import Checkpoint
 from attestation.transparency.client_check import (
     CheckpointMemory,
     NodeIdentity,
@@ -141,6 +142,16 @@ def test_a_forked_log_is_refused(reader: LogReader, tmp_path: Path) -> None:
     check_node(proof_bundle(reader, 1, 3), NODE, REQUIREMENT, NOW, memory)
     with pytest.raises(ForkError):
         check_node(proof_bundle(forked, 1, 3), NODE, REQUIREMENT, NOW, memory)
+
+
+def test_the_checkpoint_memory_is_bounded_and_forgets_the_oldest_first() -> None:
+    memory = CheckpointMemory(limit=3)
+    for size in range(1, 6):
+        memory.remember(Checkpoint("log.example/veil", size, hashlib.sha256(b"%d" % size).digest()))
+    assert sorted(size for _, size in memory.roots) == [3, 4, 5]
+    with pytest.raises(ForkError):
+        memory.remember(Checkpoint("log.example/veil", 5, hashlib.sha256(b"another tree").digest()))
+    assert len(memory.roots) == 3
 
 
 def test_a_checkpoint_of_another_log_key_and_malformed_proofs_are_refused(reader: LogReader, tmp_path: Path) -> None:

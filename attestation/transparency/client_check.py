@@ -87,15 +87,23 @@ def _stapled(value: object) -> StapledEntry | None:
 
 @dataclass(slots=True)
 class CheckpointMemory:
-    """The roots a client has seen per log and size: two roots for one size is a fork."""
+    """The roots a client has seen per log and size: two roots for one size is a fork.
+
+    Bounded: a long-lived client sees a new size every time the log grows, and its memory must not
+    grow with the log. The oldest sizes are forgotten first; a fork is caught among the last `limit`
+    checkpoints seen, which covers every node a client draws from at one time.
+    """
 
     roots: dict[tuple[str, int], bytes] = field(default_factory=dict)
+    limit: int = 4096
 
     def remember(self, checkpoint: Checkpoint) -> None:
         key = (checkpoint.origin, checkpoint.size)
         known = self.roots.setdefault(key, checkpoint.root)
         if known != checkpoint.root:
             raise ForkError(f"the log shows two trees of size {checkpoint.size}: it is forked; refuse it")
+        while len(self.roots) > self.limit:
+            del self.roots[next(iter(self.roots))]  # dicts keep insertion order: the oldest goes first
 
 
 @dataclass(frozen=True, slots=True)
