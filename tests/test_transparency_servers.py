@@ -119,6 +119,9 @@ def test_the_commands_say_what_is_wrong_and_exit_non_zero(tmp_path: Path, capsys
     (tmp_path / "s.json").write_text("{}")
     assert main(["log", "init", str(tmp_path / "log"), "--origin", "o", "--key", str(tmp_path / "k")]) == 0
     assert main(["log", "init", str(tmp_path / "log"), "--origin", "o", "--key", str(tmp_path / "k2")]) == 2
+    (tmp_path / "a-file").write_text("")  # a log directory that cannot be created: no key is left behind
+    assert main(["log", "init", str(tmp_path / "a-file" / "log"), "--origin", "o", "--key", str(tmp_path / "k3")]) == 2
+    assert not (tmp_path / "k3").exists()
     assert main(["log", "append", str(tmp_path / "empty"), "--key", str(tmp_path / "k"), "--statement",
                  str(_statements(tmp_path / "ok.json", CODE, "1"))]) == 1
     assert main(["log", "append", str(tmp_path / "log"), "--key", str(tmp_path / "k"), "--statement",
@@ -127,7 +130,7 @@ def test_the_commands_say_what_is_wrong_and_exit_non_zero(tmp_path: Path, capsys
                  str(tmp_path / "st")]) == 2  # the auditor's own key is unusable: the log is not looked at
     assert main(["witness", "--key", str(tmp_path / "k")]) == 2
     err = capsys.readouterr().err
-    for expected in ("already holds a log", "holds no log; run `veil log init` first", "statement 0",
+    for expected in ("already holds a log", "cannot create", "holds no log; run `veil log init` first", "statement 0",
                      "is not a witness key"):
         assert expected in err
     assert "Traceback" not in err

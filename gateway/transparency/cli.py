@@ -95,8 +95,12 @@ def _init(args: argparse.Namespace) -> int:
         if (args.directory / "checkpoint").exists():
             return _fail("log init", f"{args.directory} already holds a log; choose an empty directory")
         write_key(args.key, signer.encode())
+    except TransparencyError as error:
+        return _fail("log init", error)
+    try:
         init_log(args.directory, signer)
     except TransparencyError as error:
+        args.key.unlink(missing_ok=True)  # ours (written exclusively above): a key without its log only blocks a retry
         return _fail("log init", error)
     print(f"veil log init: created an empty log in {args.directory}; its key is in {args.key}", file=sys.stderr)
     print(signer.verifier.encode())
