@@ -67,6 +67,7 @@ class SettingsPlan:
     sorts: bool
     filtered: bool  # a drawn row sets top-k, top-p or min-p
     tables: TablesPlan
+    in_place: bool  # row k of the picks is row k of the logits: no gather needed when they have as many
 
 
 @dataclass(slots=True)
@@ -134,10 +135,13 @@ class StepSettings:
         slotted = len(drawing) + len(penalized)
         slots, tables_plan = tables.pack(upload, [requests[i] for i in order[:slotted]], vocab_size)
         wanted = [k for k, i in enumerate(order) if requests[i].params.logprobs is not None]
+        rows = [requests[i].row for i in order]
         # int32: row and slot numbers fit, and every index op takes them (half the bytes of int64).
-        upload.add(SETTINGS, [requests[i].row for i in order] + slots + wanted + tables_plan.transient, torch.int32)
+        upload.add(SETTINGS, rows + slots + wanted + tables_plan.transient, torch.int32)
         counts = [requests[order[k]].params.logprobs for k in wanted]
-        return SettingsPlan(order, len(drawing), slotted, wanted, counts, sorts, sorts or filtered, tables_plan)
+        in_place = rows == list(range(len(rows)))  # each pick reads its own logits row, in order
+        return SettingsPlan(order, len(drawing), slotted, wanted, counts, sorts, sorts or filtered, tables_plan,
+                            in_place)
 
     @classmethod
     def bind(cls, plan: SettingsPlan, views: dict[str, torch.Tensor], tables: SamplingTables) -> StepSettings:
@@ -227,7 +231,9 @@ class Sampler:
         Logprobs are the model's own, before bias, penalties and grammar masks (vLLM's default).
         """
         step = StepSettings.bind(plan.settings, views, self.tables)
-        raw = picked = logits.index_select(0, step.rows).float()
+        # Nothing writes into `raw` (each processor and the draw make new tensors), so it may be the logits.
+        in_place = plan.settings.in_place and logits.shape[0] == len(step.order)
+        raw = picked = (logits if in_place else logits.index_select(0, step.rows)).float()
         counting = None
         if self.processors is not None:
             picked, counting = self.processors.apply(raw, plan.processing, views, step.values.floats)
