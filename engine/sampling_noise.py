@@ -91,22 +91,25 @@ class NoiseBuffers:
     """
 
     def __init__(self) -> None:
-        self.bits = self.scratch = self.noise = self.steps = None
+        self.bits = self.noise = self.steps = None
 
     # Normal tensors even when first taken under inference mode: a sampler used outside it (tests,
     # tools) writes them in place, which an inference tensor refuses.
     @torch.inference_mode(False)
     def take(self, rows: int, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """[rows, vocab] int32 bits, int32 scratch and float32 noise; [vocab] int32 counters."""
+        """[rows, vocab] int32 bits, int32 scratch and float32 noise; [vocab] int32 counters.
+
+        The scratch is the noise's memory seen as int32: the hash is done with it before the noise is written.
+        """
         if self.steps is None or self.steps.shape[0] != vocab_size or self.steps.device != device:
             self.steps = token_steps(vocab_size, device)
             self.bits = None
         if self.bits is None or self.bits.shape[0] < rows:
             size = max(rows, 2 * (0 if self.bits is None else self.bits.shape[0]))
             self.bits = torch.empty((size, vocab_size), dtype=torch.int32, device=device)
-            self.scratch = torch.empty_like(self.bits)
             self.noise = torch.empty((size, vocab_size), dtype=torch.float32, device=device)
-        return self.bits[:rows], self.scratch[:rows], self.noise[:rows], self.steps
+        noise = self.noise[:rows]
+        return self.bits[:rows], noise.view(torch.int32), noise, self.steps
 
 
 def token_bits(keys: torch.Tensor, vocab_size: int, buffers: NoiseBuffers | None = None) -> torch.Tensor:

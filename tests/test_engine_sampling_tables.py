@@ -86,3 +86,16 @@ def test_an_engines_sampling_state_is_zeroed_as_each_sample_ends_aborted_or_fini
         llm.step()
     assert second not in llm._requests
     assert tables.held == 0 and not tables.ints.any() and not tables.floats.any()
+
+
+def test_the_noise_block_is_reused_from_step_to_step_and_grows_only_for_more_rows():
+    sampler = Sampler()
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(2))
+    sampler(logits, [SampleRequest(row, PARAMS, seed=row, position=0) for row in range(6)])
+    buffers = sampler._noise
+    first = (buffers.bits.data_ptr(), buffers.noise.data_ptr())
+    for position in range(1, 4):
+        sampler(logits, [SampleRequest(row, PARAMS, seed=row, position=position) for row in range(6)])
+        assert (buffers.bits.data_ptr(), buffers.noise.data_ptr()) == first
+    sampler(logits, [SampleRequest(row % 6, PARAMS, seed=row, position=0) for row in range(20)])
+    assert buffers.bits.shape[0] >= 20
