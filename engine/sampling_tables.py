@@ -76,6 +76,7 @@ class SamplingTables:
         self._held: list[_Held | None] = []
         self._free: list[int] = []
         self.slot_of: dict[int, int] = {}  # sample key -> slot, for every sample that picked and has not ended
+        self._unpicked: tuple[list[int], list[int]] | None = None  # the latest pack's slots until its picks advance
 
     @property
     def held(self) -> int:
@@ -83,6 +84,8 @@ class SamplingTables:
 
     def pack(self, upload: Upload, rows: Sequence[SlottedRow], vocab_size: int) -> tuple[list[int], TablesPlan]:
         """Each row's slot, after adding the slots whose device rows differ from the row's settings to `upload`."""
+        if self._unpicked is not None:
+            self._forget(*self._unpicked)
         if len(self._free) < len(rows):  # at most every row new: one growth at most, whatever the count
             self._grow(len(self._held) + len(rows) - len(self._free))
         slots: list[int] = []
@@ -113,7 +116,17 @@ class SamplingTables:
         if written:
             upload.add(DIFF_INTS, ints, torch.int64, (written, 4))
             upload.add(DIFF_FLOATS, floats, torch.float32, (written, _FLOATS))
+        self._unpicked = (slots, transient)
         return slots, TablesPlan(written, transient)
+
+    def _forget(self, slots: list[int], transient: list[int]) -> None:
+        """The previous pack's picks never ran (its step failed): its slots' device rows may not hold what
+        the mirror says, so they are written again when next picked; its one-step slots are zeroed and freed."""
+        for slot in slots:
+            self._held[slot] = None
+        for slot in transient:
+            self._zero(slot)
+        self._unpicked = None
 
     def gather(self, plan: TablesPlan, views: dict[str, torch.Tensor], slots: torch.Tensor) -> StepValues:
         """Writes the step's diff into the tables and returns its rows' settings (new tensors)."""
@@ -128,6 +141,7 @@ class SamplingTables:
 
         `transient`: `plan.transient` on the device (a view of the step's upload).
         """
+        self._unpicked = None
         self.ints[:, POSITION].index_add_(0, slots, torch.ones_like(slots, dtype=torch.int64))
         if plan.transient:
             transient = transient.long()  # index_fill_ takes int64 ids only

@@ -99,3 +99,15 @@ def test_the_noise_block_is_reused_from_step_to_step_and_grows_only_for_more_row
         assert (buffers.bits.data_ptr(), buffers.noise.data_ptr()) == first
     sampler(logits, [SampleRequest(row % 6, PARAMS, seed=row, position=0) for row in range(20)])
     assert buffers.bits.shape[0] >= 20
+
+
+def test_a_step_whose_picks_never_ran_leaves_no_slot_believed_written():
+    bridge, tables = Bridge(CPU), SamplingTables(CPU)
+    upload = bridge.upload()  # packed and sent, never picked: the step failed before its picks
+    tables.pack(upload, [SampleRequest(0, PARAMS, 123, 0, sample=7), SampleRequest(0, PARAMS, 5, 0)], 100)
+    bridge.send(upload)
+    plan, values = step(bridge, tables, [7], [PARAMS], [123], [1])  # the sample's next pick
+    assert plan.written == 1 and values.ints.tolist() == [[5, 123, 1]]
+    assert tables.held == 1  # the failed step's one-step slot is free again
+    tables.release(7)
+    assert tables.held == 0 and not tables.ints.any()
