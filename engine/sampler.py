@@ -1,9 +1,10 @@
 """Turns logits into tokens for a whole batch at once: greedy, temperature, top-k, top-p, min-p, seeded draws.
 
-One step is a fixed handful of batched tensor ops, whatever mix of settings its rows carry. Its settings
-reach the device as two segments of the step's one upload (`StepSettings.pack`, then `bind` once it has
-crossed; `engine.bridge`), and its picks, with any requested logprobs packed beside them, leave in one
-segment of the step's one download. The download is started with the picks (`launch`) and waited for
+One step is a fixed handful of batched tensor ops, whatever mix of settings its rows carry. Each
+sample's settings, seed and output position live on the device (`engine.sampling_tables`), written at
+its first pick; a step's upload carries the row map, each pick's logits row and slot, in one segment
+(`StepSettings.pack`, then `bind` once it has crossed; `engine.bridge`), and its picks, with any
+requested logprobs packed beside them, leave in one segment of the step's one download. The download is started with the picks (`launch`) and waited for
 only when the values are read (`_to_host`), so an engine that schedules asynchronously launches the
 next step in between; the picked ids stay on the device for that step's inputs.
 Draws race counter-based noise (`engine.sampling_noise`) that is a pure function of the sample's seed,
