@@ -6,7 +6,7 @@ penalty, then frequency and presence, then the grammar mask (which only removes 
 commutes with everything before it).
 
 What a step needs crosses in the step's one upload (`engine.bridge`): `pack` adds the rows that use
-each part, the bias entries and the grammar bitmasks, `apply` reads their device views; the penalty
+each part and the grammar bitmasks, `apply` reads their device views; the bias entries and penalty
 values are read from the sampler's device tables (`engine.sampling_tables`), written when a sample
 starts. Nothing comes back: the counts are updated on the device.
 
@@ -25,10 +25,10 @@ import torch
 
 from engine.bridge import Upload
 from engine.sampling_params import SamplingParams
-from engine.sampling_tables import FREQUENCY, PRESENCE, REPETITION
+from engine.sampling_tables import FREQUENCY, PRESENCE, REPETITION, StepValues
 
 # This module's segments in a step's upload.
-INTS, FLOATS, MASKS = "processors.ints", "processors.floats", "processors.masks"
+INTS, MASKS = "processors.ints", "processors.masks"
 _INITIAL_SLOTS = 4
 
 
@@ -96,7 +96,7 @@ class ProcessingPlan:
     """How many of each part `pack` put in the step's upload: what `apply` cuts the device views into."""
 
     marks: int  # (slot, prompt token) pairs of new slots
-    biased: int  # (row, token, bias) entries
+    biased: int  # rows
     penalized: int  # rows
     masked: int  # rows
 
@@ -131,40 +131,40 @@ class LogitsProcessors:
         """
         marks = [(slot, token) for slot, ids in self.slots.unmarked for token in ids]
         self.slots.unmarked = []
-        biased = [(k, token, value) for k, row in enumerate(rows) for token, value in row.params.logit_bias]
+        biased = [k for k, row in enumerate(rows) if row.params.logit_bias]
         penalized = [k for k, row in enumerate(rows) if row.slot is not None]
         masked = [k for k, row in enumerate(rows) if row.mask_row is not None]
         if not (marks or biased or penalized or masked):
             return None
-        upload.add(INTS, [s for s, _ in marks] + [t for _, t in marks] + [k for k, _, _ in biased]
-                   + [t for _, t, _ in biased] + penalized + [rows[k].slot for k in penalized]
-                   + masked + [rows[k].mask_row for k in masked], torch.int64)
-        # The penalties' values live on the device with the rest of each sample's settings (`apply`'s
-        # `settings`): only the bias, which can hold hundreds of entries a row, is sent with the step.
-        if biased:
-            upload.add(FLOATS, [v for _, _, v in biased], torch.float32)
+        # The bias and penalty values live on the device with the rest of each sample's settings
+        # (`apply`'s `settings`): only which rows use them crosses with the step.
+        upload.add(INTS, [s for s, _ in marks] + [t for _, t in marks] + biased + penalized
+                   + [rows[k].slot for k in penalized] + masked + [rows[k].mask_row for k in masked], torch.int64)
         if masked:
             upload.add(MASKS, masks, torch.int32, tuple(masks.shape))
         return ProcessingPlan(len(marks), len(biased), len(penalized), len(masked))
 
     def apply(self, logits: torch.Tensor, plan: ProcessingPlan | None, views: dict[str, torch.Tensor],
-              settings: torch.Tensor) -> tuple[torch.Tensor, Counting | None]:
+              settings: StepValues) -> tuple[torch.Tensor, Counting | None]:
         """`logits` [rows, vocab] processed (a new tensor when anything applies), and what to count after the pick.
 
-        `settings`: the float columns of the step's rows' settings (`engine.sampling_tables`), of every
-        penalized row at least.
+        `settings`: the step's rows' settings from the device tables (`engine.sampling_tables`), of every
+        biased or penalized row at least.
         """
         if plan is None:
             return logits, None
-        mark_slots, mark_tokens, bias_rows, bias_tokens, pen_rows, slots, mask_rows, mask_index = views[INTS].split(
-            [plan.marks] * 2 + [plan.biased] * 2 + [plan.penalized] * 2 + [plan.masked] * 2
+        mark_slots, mark_tokens, bias_rows, pen_rows, slots, mask_rows, mask_index = views[INTS].split(
+            [plan.marks] * 2 + [plan.biased] + [plan.penalized] * 2 + [plan.masked] * 2
         )
         if plan.marks:
             self.slots.mark(mark_slots, mark_tokens)
         if plan.biased:
-            logits = logits.index_put((bias_rows, bias_tokens), views[FLOATS], accumulate=True)
+            # A row's entries past its own are token 0 with a bias of 0.0: adding them changes nothing.
+            tokens = settings.bias_tokens.index_select(0, bias_rows)
+            rows = bias_rows.unsqueeze(-1).expand_as(tokens)
+            logits = logits.index_put((rows, tokens), settings.bias_values.index_select(0, bias_rows), accumulate=True)
         if plan.penalized:
-            chosen = settings.index_select(0, pen_rows)
+            chosen = settings.floats.index_select(0, pen_rows)
             penalties = Penalties(chosen[:, REPETITION], chosen[:, FREQUENCY], chosen[:, PRESENCE])
             logits = logits.index_copy(0, pen_rows, self._penalize(logits.index_select(0, pen_rows), slots, penalties))
         if plan.masked:

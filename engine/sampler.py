@@ -62,7 +62,7 @@ class SettingsPlan:
 
     order: list[int]  # request index of each reordered row
     drawn: int
-    slotted: int  # rows whose settings come from the device tables: the drawn ones, then greedy penalized ones
+    slotted: int  # rows whose settings come from the device tables: the drawn ones, then greedy biased or penalized
     wanted: list[int]  # reordered rows that report logprobs
     logprob_counts: list[int]  # alternatives each of those asked for
     sorts: bool
@@ -84,7 +84,7 @@ class StepSettings:
     """One step's settings as device tensors: the upload's row map and the tables' rows it selects.
 
     Rows are reordered so those that draw come first (`drawn` of them), then greedy rows with
-    penalties, then plain greedy rows: the draw works on a slice, greedy rows cost one argmax, and
+    bias or penalties, then plain greedy rows: the draw works on a slice, greedy rows cost one argmax, and
     only the first `slotted` rows read the device tables (`engine.sampling_tables`).
     """
 
@@ -128,7 +128,7 @@ class StepSettings:
                 drawing.append(i)
                 sorts = sorts or 0 < params.top_k < vocab_size or params.top_p < 1.0
                 filtered = filtered or params.min_p > 0.0
-            elif params.penalized or request.slot is not None:  # its penalties are read from the tables
+            elif params.penalized or params.logit_bias or request.slot is not None:  # read from the tables
                 penalized.append(i)
             else:
                 plain.append(i)
@@ -237,7 +237,7 @@ class Sampler:
         raw = picked = (logits if in_place else logits.index_select(0, step.rows)).float()
         counting = None
         if self.processors is not None:
-            picked, counting = self.processors.apply(raw, plan.processing, views, step.values.floats)
+            picked, counting = self.processors.apply(raw, plan.processing, views, step.values)
         tokens = _most_likely(picked)
         if step.drawn:
             drawn = _draw(picked[: step.drawn], step, tokens[: step.drawn], self._noise)

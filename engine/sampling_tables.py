@@ -1,8 +1,8 @@
 """Per-sample sampling settings that live on the device, updated by the diff each step's upload carries.
 
-A sample's settings (temperature, top-k, top-p, min-p, penalties), its seed and its output position are
-the same from step to step, but for the position, which grows by one a pick. So each sample holds a
-slot, a row of two device tables, from its first pick to its end; the host keeps a mirror of what each
+A sample's settings (temperature, top-k, top-p, min-p, penalties, logit bias), its seed and its output
+position are the same from step to step, but for the position, which grows by one a pick. So each
+sample holds a slot, a row of the device tables, from its first pick to its end; the host keeps a mirror of what each
 slot holds and uploads only the slots that differ (a new sample, or one whose position moved other
 than by its picks, as a speculative step moves it), plus the slot of each of the step's rows. Each
 pick adds one to its slot's position on the device, and the mirror does the same.
@@ -23,8 +23,9 @@ import torch
 from engine.bridge import Upload
 from engine.sampling_params import SamplingParams
 
-# The tables' segment in a step's upload: the written slots' int and float columns.
+# The tables' segments in a step's upload: the written slots' int and float columns, and their bias entries.
 DIFF_INTS, DIFF_FLOATS = "sampling.diff_ints", "sampling.diff_floats"
+BIAS_INTS, BIAS_FLOATS = "sampling.bias_ints", "sampling.bias_floats"
 # Columns of the int64 table, then of the float32 one.
 TOP_K, SEED, POSITION = range(3)
 TEMPERATURE, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE = range(6)
@@ -56,6 +57,7 @@ class TablesPlan:
 
     written: int  # slots rewritten whole
     transient: list[int]
+    bias_entries: int  # (slot, column, token) entries of the written slots' logit bias
 
 
 @dataclass(slots=True)
@@ -64,6 +66,8 @@ class StepValues:
 
     ints: torch.Tensor
     floats: torch.Tensor
+    bias_tokens: torch.Tensor  # [rows, bias width] int64: each row's biased token ids, 0 past its entries
+    bias_values: torch.Tensor  # [rows, bias width] float32: their biases, 0.0 past the entries (adds nothing)
 
 
 class SamplingTables:
@@ -73,6 +77,9 @@ class SamplingTables:
         self.device = device
         self.ints = torch.zeros((0, _INTS), dtype=torch.int64, device=device)
         self.floats = torch.zeros((0, _FLOATS), dtype=torch.float32, device=device)
+        # Logit bias: as wide as the most entries any sample has had (at most MAX_LOGIT_BIAS_ENTRIES).
+        self.bias_tokens = torch.zeros((0, 0), dtype=torch.int64, device=device)
+        self.bias_values = torch.zeros((0, 0), dtype=torch.float32, device=device)
         self._held: list[_Held | None] = []
         self._free: list[int] = []
         self.slot_of: dict[int, int] = {}  # sample key -> slot, for every sample that picked and has not ended
@@ -92,6 +99,7 @@ class SamplingTables:
         transient: list[int] = []
         ints: list[int] = []
         floats: list[float] = []
+        bias: list[tuple[int, int, int, float]] = []  # (slot, column, token, value)
         for row in rows:
             key, p, position = row.sample, row.params, row.position
             slot = self.slot_of.get(key) if key is not None else None
@@ -109,6 +117,8 @@ class SamplingTables:
                 ints += (slot, top_k, seed, position)
                 floats += (p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.frequency_penalty,
                            p.presence_penalty)
+                if held is None or held.params is not p:  # a new sample: its bias too (a freed slot holds none)
+                    _bias_entries(slot, p, None if held is None else held.params, bias)
                 held = self._held[slot] = _Held(p, seed, position)
             held.position = position + 1  # the pick adds its one on the device
             slots.append(slot)
@@ -116,8 +126,12 @@ class SamplingTables:
         if written:
             upload.add(DIFF_INTS, ints, torch.int64, (written, 4))
             upload.add(DIFF_FLOATS, floats, torch.float32, (written, _FLOATS))
+        if bias:
+            self._widen(1 + max(column for _, column, _, _ in bias))
+            upload.add(BIAS_INTS, [v for entry in bias for v in entry[:3]], torch.int64, (len(bias), 3))
+            upload.add(BIAS_FLOATS, [entry[3] for entry in bias], torch.float32)
         self._unpicked = (slots, transient)
-        return slots, TablesPlan(written, transient)
+        return slots, TablesPlan(written, transient, len(bias))
 
     def _forget(self, slots: list[int], transient: list[int]) -> None:
         """The previous pack's picks never ran (its step failed): its slots' device rows may not hold what
@@ -134,7 +148,12 @@ class SamplingTables:
             written = views[DIFF_INTS]
             self.ints.index_copy_(0, written[:, 0], written[:, 1:])
             self.floats.index_copy_(0, written[:, 0], views[DIFF_FLOATS])
-        return StepValues(self.ints.index_select(0, slots), self.floats.index_select(0, slots))
+        if plan.bias_entries:
+            slot, column, token = views[BIAS_INTS].t()
+            self.bias_tokens.index_put_((slot, column), token)
+            self.bias_values.index_put_((slot, column), views[BIAS_FLOATS])
+        return StepValues(self.ints.index_select(0, slots), self.floats.index_select(0, slots),
+                          self.bias_tokens.index_select(0, slots), self.bias_values.index_select(0, slots))
 
     def advance(self, plan: TablesPlan, slots: torch.Tensor, transient: torch.Tensor) -> None:
         """After the step's picks: one more output position for each row's slot; one-step slots zeroed.
@@ -147,6 +166,8 @@ class SamplingTables:
             transient = transient.long()  # index_fill_ takes int64 ids only
             self.ints.index_fill_(0, transient, 0)
             self.floats.index_fill_(0, transient, 0.0)
+            self.bias_tokens.index_fill_(0, transient, 0)
+            self.bias_values.index_fill_(0, transient, 0.0)
             for slot in plan.transient:
                 self._held[slot] = None
             self._free += plan.transient
@@ -160,6 +181,8 @@ class SamplingTables:
     def _zero(self, slot: int) -> None:
         self.ints[slot].zero_()
         self.floats[slot].zero_()
+        self.bias_tokens[slot].zero_()
+        self.bias_values[slot].zero_()
         self._held[slot] = None
         self._free.append(slot)
 
@@ -174,5 +197,27 @@ class SamplingTables:
             new *= 2
         self.ints = torch.cat([self.ints, self.ints.new_zeros((new - old, _INTS))])
         self.floats = torch.cat([self.floats, self.floats.new_zeros((new - old, _FLOATS))])
+        width = self.bias_tokens.shape[1]
+        self.bias_tokens = torch.cat([self.bias_tokens, self.bias_tokens.new_zeros((new - old, width))])
+        self.bias_values = torch.cat([self.bias_values, self.bias_values.new_zeros((new - old, width))])
         self._held += [None] * (new - old)
         self._free += range(new - 1, old - 1, -1)
+
+    @torch.inference_mode(False)
+    def _widen(self, width: int) -> None:
+        """Bias columns for `width` entries; new columns hold nothing (token 0, bias 0.0)."""
+        old = self.bias_tokens.shape[1]
+        if width <= old:
+            return
+        rows = self.bias_tokens.shape[0]
+        self.bias_tokens = torch.cat([self.bias_tokens, self.bias_tokens.new_zeros((rows, width - old))], dim=1)
+        self.bias_values = torch.cat([self.bias_values, self.bias_values.new_zeros((rows, width - old))], dim=1)
+
+
+def _bias_entries(slot: int, params: SamplingParams, before: SamplingParams | None,
+                  entries: list[tuple[int, int, int, float]]) -> None:
+    """A slot's bias entries, and empty ones over what the slot's previous settings held beyond them."""
+    for column, (token, value) in enumerate(params.logit_bias):
+        entries.append((slot, column, token, value))
+    for column in range(len(params.logit_bias), 0 if before is None else len(before.logit_bias)):
+        entries.append((slot, column, 0, 0.0))

@@ -17,9 +17,9 @@ import pytest
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.bridge import CrossingCount
 from engine.cuda_graphs import DecodeGraphs
-from engine.logits_processors import FLOATS as PROCESSOR_FLOATS
+from engine.logits_processors import INTS as PROCESSOR_INTS
 from engine.sampler import SETTINGS as SAMPLER_SETTINGS
-from engine.sampling_tables import DIFF_INTS
+from engine.sampling_tables import BIAS_INTS, DIFF_INTS
 from tests.conftest import REPO_ROOT
 from tests.engine_models import greedy, random_lengths, random_prompts, tiny_model_dir
 
@@ -133,10 +133,13 @@ def test_a_samples_settings_cross_once_and_decode_steps_carry_only_the_row_map(k
     slotted = 0 if kind == "logprobs" else len(prompts) * params[0].n  # greedy without penalties holds no slot
     assert written == slotted
     assert sum(DIFF_INTS in segment for segment in sent) <= (2 if slotted else 0)  # at the start and the admission
-    if kind == "penalized":  # every row draws and is slotted: the row map is its logits row and its slot
+    if kind == "penalized":  # the bias entries too cross once per sample, with its settings
+        assert sum(segment.get(BIAS_INTS, 0) for segment in sent) // (3 * 8) == slotted * len(params[0].logit_bias)
         for segment in sent:
-            rows = segment.get(SAMPLER_SETTINGS, 0) // (2 * 4)  # int32
-            assert segment.get(PROCESSOR_FLOATS, 0) == rows * len(params[0].logit_bias) * 4  # the bias alone
+            if SAMPLER_SETTINGS in segment and DIFF_INTS not in segment:  # a step with no new sample
+                rows = segment[SAMPLER_SETTINGS] // (2 * 4)  # int32: each row's logits row and slot
+                # Which rows are biased, which penalized and their count slots: no value of either.
+                assert segment[PROCESSOR_INTS] == 3 * rows * 8
     assert [len(t) for t in tokens.values()] == [n * params[0].n for n in lengths]
     tables = llm.sampler.tables
     assert tables.held == 0 and not tables.ints.any() and not tables.floats.any()

@@ -12,7 +12,8 @@ from engine.sampling_tables import SamplingTables
 from tests.engine_models import random_prompts, tiny_engine
 
 CPU = torch.device("cpu")
-PARAMS = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1, presence_penalty=0.5, seed=3)
+PARAMS = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1, presence_penalty=0.5, seed=3,
+                        logit_bias=((4, 2.5), (9, -1.0)))
 
 
 def step(bridge: Bridge, tables: SamplingTables, keys, params, seeds, positions, vocab_size=100):
@@ -35,6 +36,7 @@ def test_a_sample_is_written_at_its_first_pick_and_its_position_advances_on_the_
         assert plan.written == (position == 0)
         assert values.ints.tolist() == [[5, 123, position]]
         assert values.floats[0].tolist() == pytest.approx([0.7, 0.9, 0.1, 1.0, 0.0, 0.5])
+        assert values.bias_tokens.tolist() == [[4, 9]] and values.bias_values.tolist() == [[2.5, -1.0]]
 
 
 def test_a_position_moved_otherwise_than_by_one_pick_is_written_again():
@@ -51,14 +53,17 @@ def test_an_ended_samples_slot_is_zeroed_and_the_next_sample_reads_only_its_own_
     tables.release(7)
     assert tables.held == 1
     assert not tables.ints[slot].any() and not tables.floats[slot].any()
+    assert not tables.bias_tokens[slot].any() and not tables.bias_values[slot].any()
     other = SamplingParams(temperature=1.3)
     _, values = step(bridge, tables, [9], [other], [77], [0])  # top-k off: the whole vocabulary
     assert tables.slot_of[9] == slot  # the freed slot serves the next sample
     assert values.ints.tolist() == [[100, 77, 0]]
     assert values.floats[0].tolist() == pytest.approx([1.3, 1.0, 0.0, 1.0, 0.0, 0.0])
+    assert not values.bias_tokens.any() and not values.bias_values.any()  # none of the ended sample's bias
     tables.release(8)
     tables.release(9)
     assert tables.held == 0 and not tables.ints.any() and not tables.floats.any()
+    assert not tables.bias_tokens.any() and not tables.bias_values.any()
 
 
 def test_picks_that_name_no_sample_hold_their_slots_for_their_step_alone():
@@ -72,7 +77,8 @@ def test_picks_that_name_no_sample_hold_their_slots_for_their_step_alone():
 @pytest.mark.parametrize("overlapped", [False, True], ids=["sync", "async"])
 def test_an_engines_sampling_state_is_zeroed_as_each_sample_ends_aborted_or_finished(overlapped):
     llm = tiny_engine(num_blocks=64, block_size=4, async_scheduling=overlapped)
-    params = SamplingParams(max_tokens=12, temperature=0.8, n=2, seed=5, ignore_eos=True, frequency_penalty=0.4)
+    params = SamplingParams(max_tokens=12, temperature=0.8, n=2, seed=5, ignore_eos=True, frequency_penalty=0.4,
+                            logit_bias=((7, 1.5),))
     first, second = (llm.add_request(prompt, params) for prompt in random_prompts(2, 4, 8, seed=9))
     for _ in range(4):
         llm.step()
@@ -81,11 +87,12 @@ def test_an_engines_sampling_state_is_zeroed_as_each_sample_ends_aborted_or_fini
     slots = [tables.slot_of[seq.seq_id] for seq in llm._requests[first].sequences]
     llm.abort(first)
     assert tables.held == 2
-    assert not tables.ints[slots].any() and not tables.floats[slots].any()
+    assert not tables.ints[slots].any() and not tables.floats[slots].any() and not tables.bias_tokens[slots].any()
     while llm.has_unfinished():
         llm.step()
     assert second not in llm._requests
     assert tables.held == 0 and not tables.ints.any() and not tables.floats.any()
+    assert not tables.bias_tokens.any() and not tables.bias_values.any()
 
 
 def test_the_noise_block_is_reused_from_step_to_step_and_grows_only_for_more_rows():
