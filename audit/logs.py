@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 LOG_FORMATS = ("text", "json")
 # The loggers a Veil process writes through: its own, and uvicorn's errors (its access log is off).
@@ -47,7 +48,20 @@ class TextFormatter(logging.Formatter):
 
 
 class _VeilHandler(logging.StreamHandler):
-    """The one handler `configure_logging` installs (told apart from anyone else's)."""
+    """The one handler `configure_logging` installs (told apart from anyone else's).
+
+    It writes to whatever `sys.stderr` is when a record is emitted, not the stream of the moment it
+    was installed: a process that swaps its stderr (a test's capture, a daemon redirecting it) would
+    otherwise log into a closed stream, and logging's own error report is a traceback of the caller.
+    """
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass  # StreamHandler.__init__ and setStream assign it; the live sys.stderr always wins
 
 
 def configure_logging(log_format: str = "text") -> None:

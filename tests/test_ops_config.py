@@ -150,3 +150,24 @@ def test_a_gateway_logs_json_lines_with_time_and_level_and_names_an_unreachable_
     named = [line for line in lines if silent in line["message"]]
     assert len(named) == 1 and named[0]["level"] == "warning" and "does not answer" in named[0]["message"]
     assert any("serving on 127.0.0.1:" in line["message"] for line in lines)
+
+
+def test_veil_logs_go_to_the_stderr_of_the_moment_they_are_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """A process that swaps its stderr after logging was configured (a capture, a daemon's redirect) must
+    not log into the closed old stream: logging's own error report is a traceback of the caller's source."""
+    import io
+    import logging
+
+    from audit.logs import configure_logging
+
+    first = io.StringIO()
+    sys.stderr, saved = first, sys.stderr
+    try:
+        configure_logging("text")
+        first.close()
+        sys.stderr = second = io.StringIO()
+        logging.getLogger("veil.client").warning("veil client: a warning after the swap")
+    finally:
+        sys.stderr = saved
+    assert "a warning after the swap" in second.getvalue()
+    assert "Logging error" not in second.getvalue() + capsys.readouterr().err
