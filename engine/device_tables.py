@@ -40,16 +40,23 @@ class DeviceBlockTables:
     tables: torch.Tensor = field(init=False)  # [rows, max_blocks_per_seq] int32 on the device
     mirror: list[list[int]] = field(default_factory=list)  # what each device row holds (entries up to its length)
     row_of: dict[int, int] = field(default_factory=dict)  # seq id -> row, for the sequences of the latest step
+    seq_ids: list[int] = field(default_factory=list)  # the latest step's sequences, in its order
+    rows: list[int] = field(default_factory=list)  # and their rows
 
     def __post_init__(self) -> None:
         self.tables = torch.full((0, self.max_blocks_per_seq), PAD_BLOCK, dtype=torch.int32, device=self.device)
 
     def pack(self, upload: Upload, seq_ids: list[int], block_tables: list[list[int]]) -> TablePlan:
         """Adds the step's rows and the entries that differ from what the device holds to `upload`."""
-        rows = self._assign(seq_ids)
+        # A steady decode step runs the sequences of the previous one, in the same order: same rows.
+        rows = self.rows if seq_ids == self.seq_ids else self._assign(seq_ids)
+        mirror = self.mirror
+        # Which rows differ, compared in one comprehension: in a decode step few do (a new block every
+        # `block_size` tokens, a copy on write), so the per-row work of `_diff` is for those only.
+        changed = [index for index, (row, table) in enumerate(zip(rows, block_tables)) if mirror[row] != table]
         diffs: list[int] = []
-        for row, table in zip(rows, block_tables):
-            self._diff(row, table, diffs)
+        for index in changed:
+            self._diff(rows[index], block_tables[index], diffs)
         upload.add(ROWS, rows, torch.int32)  # row numbers fit; index_select takes int32 ids
         upload.add(DIFF, diffs, torch.int64, (len(diffs) // 3, 3))
         return TablePlan(max(map(len, block_tables)), len(diffs) // 3)
@@ -63,16 +70,16 @@ class DeviceBlockTables:
 
     def _assign(self, seq_ids: list[int]) -> list[int]:
         """Keeps the rows of sequences that were in the previous step; gives the others the rows left free."""
-        previous, self.row_of = self.row_of, {}
-        kept = {seq_id: previous[seq_id] for seq_id in seq_ids if seq_id in previous}
         if len(seq_ids) > len(self.mirror):
             self._grow(len(seq_ids))
-        taken = set(kept.values())
-        free = [row for row in reversed(range(len(self.mirror))) if row not in taken]
-        for seq_id in seq_ids:
-            row = kept.get(seq_id)
-            self.row_of[seq_id] = free.pop() if row is None else row
-        return [self.row_of[seq_id] for seq_id in seq_ids]
+        previous = self.row_of
+        rows = [previous.get(seq_id, -1) for seq_id in seq_ids]
+        if -1 in rows:
+            free = sorted(set(range(len(self.mirror))).difference(rows), reverse=True)  # lowest rows first
+            rows = [free.pop() if row == -1 else row for row in rows]
+        self.row_of = dict(zip(seq_ids, rows))
+        self.seq_ids, self.rows = list(seq_ids), rows
+        return rows
 
     def _grow(self, rows: int) -> None:
         # Doubling: a step with more sequences than ever before reallocates, a handful of times in all.
@@ -86,9 +93,7 @@ class DeviceBlockTables:
         self.mirror += [[] for _ in range(new - old)]
 
     def _diff(self, row: int, table: list[int], diffs: list[int]) -> None:
-        held = self.mirror[row]
-        if held == table:
-            return
+        held = self.mirror[row]  # differs from table (`pack` diffs only those)
         # Usually the table grew by a block or its last block was replaced: only the tail differs.
         start = 0
         if len(held) <= len(table) and held[:-1] == table[: len(held) - 1]:
