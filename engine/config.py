@@ -285,6 +285,9 @@ class EngineConfig:
     # Speculative steps run synchronously (async scheduling off).
     speculative: str | None = None
     num_speculative_tokens: int = 3  # drafts per sample per step, at most
+    # Whether `LLMEngine` makes text (`engine.output_processor`): False for an engine core, whose loop
+    # runs token steps only (`LLMEngine.step_tokens`) while its client makes the text.
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         self._check_sizes()

@@ -3,7 +3,9 @@
 A node's serving side (gRPC threads, decryption, JSON, streaming) and the step loop used to share one
 interpreter lock, so every handler's Python work stalled the GPU between steps. Here the loop runs
 alone in a child process and talks to its client (`engine.core_client`) over one pipe: requests,
-aborts and queries in; each step's deltas, refusals and zeroing reports out.
+aborts, samples to stop and queries in; each step's token outputs, refusals and zeroing reports out.
+The loop makes no text: its client detokenizes, finds stop strings and holds text back
+(`engine.output_processor`), and asks it to stop a sample whose text met a stop string.
 
 The process is spawned, never forked: a fork would copy the parent's memory, keys included, into a
 process that needs none of it. The pipe is an in-memory socket pair; nothing is written to disk, and
@@ -12,6 +14,7 @@ no message carries more than the request itself and its output.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ from engine.accounting import ZeroingAccount, ZeroingReport
 from engine.config import EngineConfig
 from engine.errors import EngineError, ModelLoadError, UnknownRequestError
 from engine.llm_engine import LLMEngine
-from engine.outputs import StreamDelta
+from engine.outputs import TokenOutput
 from engine.sampling_params import SamplingParams
 
 # How long an idle core waits for a message before it looks at its clocks again.
@@ -43,6 +46,14 @@ class AddRequest:
 @dataclass(frozen=True, slots=True)
 class AbortRequest:
     request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinishSample:
+    """Stop one sample: a stop string ended its text. Its blocks are freed and zeroed at once."""
+
+    request_id: str
+    index: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +93,7 @@ class CoreFailed:
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
-    deltas: list[StreamDelta]
+    outputs: list[TokenOutput]  # tuples: cheap to pickle, one per sample that produced or ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +110,7 @@ class Answer:
     value: object
 
 
-ToCore = AddRequest | AbortRequest | Query | Shutdown
+ToCore = AddRequest | AbortRequest | FinishSample | Query | Shutdown
 
 
 def run_core(model_dir: str, config: EngineConfig, connection: Connection) -> None:
@@ -107,7 +118,7 @@ def run_core(model_dir: str, config: EngineConfig, connection: Connection) -> No
     # Ctrl-C reaches the whole process group; the client stops this process itself (or its pipe closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        engine = LLMEngine(model_dir, config)
+        engine = LLMEngine(model_dir, dataclasses.replace(config, detokenize=False))
     except ModelLoadError as error:
         connection.send(CoreFailed(str(error), model_error=True))
         return
@@ -158,6 +169,9 @@ class EngineCore:
             self._add(message)
         elif isinstance(message, AbortRequest):
             self._abort(message.request_id)
+        elif isinstance(message, FinishSample):
+            if message.request_id in self._live:  # else it ended meanwhile: nothing left to stop
+                self.engine.finish_sample(message.request_id, message.index)
         elif isinstance(message, Query):
             try:
                 value = self._answer(message.name)
@@ -200,17 +214,17 @@ class EngineCore:
 
     def _step(self) -> None:
         try:
-            deltas = self.engine.step()
+            outputs = self.engine.step_tokens()
         except Exception:  # noqa: BLE001 - one broken step must not take the node down silently
             self._fail_all()
             return
         self._steps += 1
-        for delta in deltas:
-            if delta.request_finished and delta.request_id in self._live:
-                self._live.discard(delta.request_id)
+        for output in outputs:
+            if output[5] is not None and output[0] in self._live:  # the request's metrics: it ended
+                self._live.discard(output[0])
                 self._zeroing.request_ended()
-        if deltas:
-            self._send(StepOutput(deltas))
+        if outputs:
+            self._send(StepOutput(outputs))
         self._zeroing.check()
 
     def _fail_all(self) -> None:

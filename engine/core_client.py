@@ -2,8 +2,10 @@
 
 `EngineCoreClient.start` spawns the core (`engine.core`) and waits until its model is loaded. Any
 number of threads may then `submit`; each gets a `RequestHandle` to iterate for its deltas and close
-to abort. One reader thread takes everything the core sends and puts each delta on its request's
-queue, so handlers never touch the pipe's receiving end and the core never waits for a handler.
+to abort. One reader thread takes everything the core sends, makes each step's token outputs into
+deltas (the text stage, `engine.output_processor`: off the core's step loop, as in vLLM V1) and puts
+each on its request's queue, so handlers never touch the pipe's receiving end and the core never
+waits for a handler. A stop string the text stage finds is sent back: the core stops that sample.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from engine.core import (
     Answer,
     CoreFailed,
     CoreReady,
+    FinishSample,
     Query,
     Refused,
     Shutdown,
@@ -32,8 +35,10 @@ from engine.core import (
     run_core,
 )
 from engine.errors import EngineError, ModelLoadError
+from engine.output_processor import OutputProcessor
 from engine.outputs import StreamDelta
 from engine.sampling_params import SamplingParams
+from engine.tokenizer import Tokenizer
 
 # Loading a large model from a slow disk takes minutes; an engine that never answers must still fail.
 START_TIMEOUT_S = 900.0
@@ -117,6 +122,7 @@ class EngineCoreClient:
         self._reader: threading.Thread | None = None
         self._unobserved = ZeroingReport(0, 0, 0, 0)  # the core's reports while nobody observes them
         self._reading = False  # whether the reader still takes the core's messages; guarded by the lock
+        self._text: OutputProcessor | None = None  # the text stage, run on the reader thread
         self.info: CoreReady | None = None
         self.alive = False
 
@@ -124,6 +130,8 @@ class EngineCoreClient:
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> CoreReady:
         """Spawns the core and returns once its model is loaded; raises the engine's error if it cannot be."""
+        # The tokenizer first: a folder without one fails here (ModelLoadError) before a process is spawned.
+        self._text = OutputProcessor(Tokenizer(self.model_dir))
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe(duplex=True)
         self._process = context.Process(
@@ -197,18 +205,21 @@ class EngineCoreClient:
             if not self._reading:  # nobody would ever end it
                 handle.queue.put(Failure(EngineError("the engine is not running")))
                 return handle
-            # Listed before the core can answer, so no delta can arrive for a request nobody holds.
+            # Listed before the core can answer, so no output can arrive for a request nobody holds.
             self._handles[handle.request_id] = handle
+            self._text.add(handle.request_id, params)
         try:
             self._send(AddRequest(handle.request_id, prompt, params))
         except EngineError as error:
             self._handles.pop(handle.request_id, None)
+            self._text.forget(handle.request_id)
             handle.queue.put(Failure(error))
         return handle
 
     def abort(self, request_id: str) -> None:
         if self._handles.pop(request_id, None) is None:
             return
+        self._text.forget(request_id)
         try:
             self._send(AbortRequest(request_id))
         except EngineError:
@@ -268,9 +279,13 @@ class EngineCoreClient:
 
     def _dispatch(self, message: StepOutput | Refused | Answer | ZeroingReport) -> None:
         if isinstance(message, StepOutput):
-            for delta in message.deltas:
+            deltas, stops = self._text.process(message.outputs)
+            for delta in deltas:
                 self._deliver(delta)
+            for request_id, index in stops:
+                self._finish_sample(request_id, index)
         elif isinstance(message, Refused):
+            self._text.forget(message.request_id)
             handle = self._handles.pop(message.request_id, None)
             if handle is not None:
                 handle.queue.put(Failure(message.error))
@@ -288,6 +303,13 @@ class EngineCoreClient:
         with self._lock:
             self._unobserved = self._unobserved.plus(report)
 
+    def _finish_sample(self, request_id: str, index: int) -> None:
+        """Asks the core to stop a sample a stop string ended; its last delta comes once the core has."""
+        try:
+            self._send(FinishSample(request_id, index))
+        except EngineError:
+            pass  # no core: the request ends with the pipe
+
     def _deliver(self, delta: StreamDelta) -> None:
         handle = self._handles.get(delta.request_id)
         if handle is None:
@@ -304,6 +326,7 @@ class EngineCoreClient:
             self._reading = False  # from here on nothing waits: submit and _query refuse at once
             handles, self._handles = list(self._handles.values()), {}
             answers, self._answers = list(self._answers.values()), {}
+            self._text.clear()  # nothing of a request outlives it
         for handle in handles:
             handle.queue.put(None)
         for answer in answers:

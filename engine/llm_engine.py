@@ -20,7 +20,7 @@ from engine.errors import EngineError, RequestRejected, UnknownRequestError
 from engine.logits_processors import LogitsProcessors
 from engine.model_runner import ModelRunner, PickRequest, step_lists
 from engine.output_processor import OutputProcessor
-from engine.outputs import RequestMetrics, RequestOutput, StreamDelta
+from engine.outputs import RequestMetrics, RequestOutput, StreamDelta, TokenOutput
 from engine.overlap import async_scheduling_enabled
 from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.sampling_params import SamplingParams, is_integer
@@ -74,7 +74,9 @@ class LLMEngine:
         self.config = config or EngineConfig()
         self.runner = ModelRunner(str(model_dir), self.config)
         self.tokenizer = Tokenizer(model_dir)
-        self.output = OutputProcessor(self.tokenizer)
+        # The text stage (`engine.output_processor`): `step` runs it after each token step. An engine
+        # core has none: its client runs it (`engine.core_client`).
+        self.output = OutputProcessor(self.tokenizer) if self.config.detokenize else None
         self.model_config = self.runner.model_config
         self.max_model_len = min(self.config.max_model_len or 1 << 62, self.model_config.max_context)
         scrub = _skip_scrub if self.config.unsafe_skip_zeroing else self.runner.zero_blocks
@@ -94,7 +96,10 @@ class LLMEngine:
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
         self._requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
-        self._pending: list[StreamDelta] = []
+        # An abort's or a finish's last outputs, out with the next step: as tokens where the text is made
+        # elsewhere, else as deltas made at once (a request's id may be reused before that step).
+        self._pending: list[TokenOutput] = []
+        self._pending_deltas: list[StreamDelta] = []
         self.num_tokens_computed = 0  # every token run through the model, prompts and outputs
 
     # ----- requests -------------------------------------------------------------------------
@@ -114,6 +119,8 @@ class LLMEngine:
         first.forks_pending = params.n - 1
         self._requests[request_id] = Request(request_id, params, len(prompt_ids), [first], time.monotonic())
         self.scheduler.add(first)
+        if self.output is not None:
+            self.output.add(request_id, params)
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -130,10 +137,41 @@ class LLMEngine:
             if not seq.is_finished:
                 self.scheduler.remove(seq)
                 self._finish(seq, FinishReason.ABORT)
+        self._scrub_now()
+        self._queue(self._token_outputs(request.sequences))
+
+    def finish_sample(self, request_id: str, index: int) -> None:
+        """Stops one sample now, as a stop string in its text does (found by the text stage, which may
+        run in another process): blocks freed and zeroed before this returns, as `abort` does; its
+        siblings go on. Its last output comes with the next step. A sample already ended is left as it is.
+        """
+        seq = self._end_sample(request_id, index)
+        if seq is not None:
+            self._scrub_now()
+            self._queue(self._token_outputs([seq]))
+
+    def _queue(self, outputs: list[TokenOutput]) -> None:
+        if self.output is None:
+            self._pending += outputs
+        else:  # outputs without tokens: no stop string can come of them
+            self._pending_deltas += self.output.process(outputs)[0]
+
+    def _end_sample(self, request_id: str, index: int) -> Sequence | None:
+        """Ends the sample a stop string ended (freeing its blocks); None if it had ended already."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return None
+        seq = next((s for s in request.sequences if s.sample_index == index), None)
+        if seq is None or seq.is_finished:
+            return None
+        self._finish_and_free(seq, FinishReason.STOP)
+        return seq
+
+    def _scrub_now(self) -> None:
+        """Zeroes what was freed now: its zeroing crosses on its own (`ModelRunner.flush`)."""
         self.block_manager.scrub_freed()
         self.runner.flush()
         self._clear_if_idle()
-        self._pending += self._deltas(request.sequences)
 
     def _unforked(self, parent: Sequence) -> list[Sequence]:
         """Samples not forked yet (the prompt is still being prefilled), made without blocks so that an
@@ -150,7 +188,7 @@ class LLMEngine:
         return self.runner.bridge.stats()
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests) or bool(self._pending) or self._in_flight is not None
+        return bool(self._requests or self._pending or self._pending_deltas) or self._in_flight is not None
 
     def _clear_if_idle(self) -> None:
         # With nothing left to run, no token of a finished request may stay in the decode graphs' buffers.
@@ -163,30 +201,54 @@ class LLMEngine:
     # ----- stepping -------------------------------------------------------------------------
 
     def step(self) -> list[StreamDelta]:
-        """Runs one batch and returns what every touched sample produced.
+        """Runs one batch and returns what every touched sample produced, as text.
 
-        With async scheduling the batch is launched before the previous one's picks are read, and the
-        deltas returned are that previous batch's (`engine.overlap`); `has_unfinished` stays true until
-        the last launched batch has been read. If a step raises, the caller aborts every request (the
-        engine core does): what was in flight is dropped.
+        The token step (`step_tokens`) and the text stage (`engine.output_processor`) composed: a stop
+        string the text stage finds ends its sample in this same step. With async scheduling the batch
+        is launched before the previous one's picks are read, and the deltas returned are that previous
+        batch's (`engine.overlap`); `has_unfinished` stays true until the last launched batch has been
+        read. If a step raises, the caller aborts every request (the engine core does): what was in
+        flight is dropped.
         """
-        deltas, self._pending = self._pending, []
+        if self.output is None:
+            raise EngineError("this engine steps tokens only (detokenize=False): its client makes the text")
+        deltas, self._pending_deltas = self._pending_deltas, []
+        new, stops = self.output.process(self._step_tokens())
+        deltas += new
+        if stops:  # ended now, as the core ends them when its client asks (`finish_sample`)
+            ended = [seq for seq in (self._end_sample(*stop) for stop in stops) if seq is not None]
+            deltas += self.output.process(self._token_outputs(ended))[0]
+        self._end_step()
+        return deltas
+
+    def step_tokens(self) -> list[TokenOutput]:
+        """Runs one batch and returns each touched sample's new tokens and end (`engine.outputs.TokenOutput`),
+        with no text: no detokenization, stop strings or holdback. What an engine core's loop runs; stop
+        token ids, EOS, max_tokens and a grammar's completion end samples here, stop strings do not."""
+        outputs = self._step_tokens()
+        self._end_step()
+        return outputs
+
+    def _step_tokens(self) -> list[TokenOutput]:
+        outputs, self._pending = self._pending, []
         self.runner.bridge.begin_step()
         launched = self._launch()
         previous, self._in_flight = self._in_flight, None  # dropped even if reading it fails
         if previous is not None:
-            deltas += self._read(previous)
+            outputs += self._read(previous)
         if isinstance(launched, ForwardOnly):
             launched = self._pick(launched.sampling, launched.logits)
         if launched is not None:
             if self.async_scheduling:
                 self._hold(launched)
             else:
-                deltas += self._read(launched)
+                outputs += self._read(launched)
+        return outputs
+
+    def _end_step(self) -> None:
         # One batched zeroing call per step for everything freed in it.
         self.block_manager.scrub_freed()
         self._clear_if_idle()
-        return deltas
 
     def _launch(self) -> LaunchedStep | ForwardOnly | None:
         """Schedules and queues one batch and its picks; None when nothing ran or nothing samples.
@@ -252,7 +314,7 @@ class LLMEngine:
                 seq.pending_row = row
         self._in_flight = launched
 
-    def _read(self, launched: LaunchedStep) -> list[StreamDelta]:
+    def _read(self, launched: LaunchedStep) -> list[TokenOutput]:
         """Reads a launched batch's picks (waiting for the device) and applies them to their samples."""
         now = time.monotonic()
         results = launched.picked.results()
@@ -260,19 +322,15 @@ class LLMEngine:
         if isinstance(launched.picked, SpeculativePicks):
             self.speculation.add(launched.picked, results)
             return self._read_speculative(launched.samples, results, now)
-        texting = []
         for seq, (token, logprob) in zip(launched.samples, results):
             seq.pending_row = None
             # One that stopped while this batch was in flight: its pick is dropped.
             if not seq.is_finished and self._take_token(seq, token, logprob, now):
-                texting.append(seq)
-        # Their text in one batched decode, then each sample's ends in `_accept`'s order.
-        for seq, stopped in zip(texting, self.output.add_texts(texting)):
-            self._end_if_done(seq, stopped)
-        return self._deltas(launched.samples)
+                self._end_if_done(seq)
+        return self._token_outputs(launched.samples)
 
     def _read_speculative(self, samples: list[Sequence], results: list[list[tuple[int, object]]], now: float
-                          ) -> list[StreamDelta]:
+                          ) -> list[TokenOutput]:
         """Applies a speculative step's tokens: each sample's accepted drafts and the token after them.
 
         The accepted drafts' KV was computed by the step, so they count as computed; the blocks that held
@@ -280,13 +338,13 @@ class LLMEngine:
         """
         for seq, picks in zip(samples, results):
             for token, logprob in picks:
-                if seq.is_finished:  # a stop token or string among them: what follows is dropped
-                    break
+                if seq.is_finished:  # a stop token among them: what follows is dropped (after a stop
+                    break  # string, the text stage drops it)
                 self._accept(seq, token, logprob, now)
             if not seq.is_finished:
                 seq.num_computed_tokens += len(picks) - 1
                 self.block_manager.trim(seq)
-        return self._deltas(samples)
+        return self._token_outputs(samples)
 
     def stream(self) -> Iterator[StreamDelta]:
         """Steps until every queued request has finished, yielding deltas as they come."""
@@ -486,9 +544,9 @@ class LLMEngine:
         return children
 
     def _accept(self, seq: Sequence, token: int, logprob, now: float) -> None:
-        """Applies one token, its text and whatever end they bring (speculative steps: token by token)."""
+        """Applies one token and whatever end it brings (speculative steps: token by token)."""
         if self._take_token(seq, token, logprob, now):
-            self._end_if_done(seq, self.output.add_text(seq))
+            self._end_if_done(seq)
 
     def _take_token(self, seq: Sequence, token: int, logprob, now: float) -> bool:
         """Appends the token unless it ends the sample; True when the sample goes on to its text."""
@@ -509,24 +567,20 @@ class LLMEngine:
             return False
         return True
 
-    def _end_if_done(self, seq: Sequence, stopped: bool) -> None:
-        """Ends the sample whose new text met a stop string (`stopped`), whose grammar is whole, or at its length."""
-        if stopped:
-            return self._finish_and_free(seq, FinishReason.STOP, text_complete=True)
+    def _end_if_done(self, seq: Sequence) -> None:
+        """Ends the sample whose grammar is whole, or at its length (stop strings: the text stage's)."""
         if seq.guide is not None and seq.guide.complete:  # the grammar allows nothing more: the output is whole
             return self._finish_and_free(seq, FinishReason.STOP)
         if len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish_and_free(seq, FinishReason.LENGTH)
 
-    def _finish_and_free(self, seq: Sequence, reason: FinishReason, text_complete: bool = False) -> None:
+    def _finish_and_free(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.remove(seq)
-        self._finish(seq, reason, text_complete)
+        self._finish(seq, reason)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, text_complete: bool = False) -> None:
-        """`text_complete`: the text was cut at a stop string, so the bytes held back are not part of it."""
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.pending_row = None  # a token still in flight is no part of a finished sample
         self._drop_pick_state(seq)
-        self.output.finish_text(seq, cut_at_stop=text_complete)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self._requests[seq.request_id].finished.add(seq.sample_index)
@@ -539,26 +593,27 @@ class LLMEngine:
             self.sampler.processors.slots.release(seq.penalty_slot)
             seq.penalty_slot = None
 
-    def _deltas(self, sequences: list[Sequence]) -> list[StreamDelta]:
-        """What each listed sample produced since its previous delta, for those that have something."""
-        deltas = []
-        requests, take = self._requests, self.output.take
+    def _token_outputs(self, sequences: list[Sequence]) -> list[TokenOutput]:
+        """What each listed sample produced since its previous output, for those that have something."""
+        outputs = []
+        requests = self._requests
         for seq in dict.fromkeys(sequences):  # a sequence can sample and be listed once only
             request = requests.get(seq.request_id)
             # Ids are reused once released: a sample of an ended request still listed in a step in flight
             # finds a newer request under its id, and must not speak for it.
             if request is None or seq.sample_index in request.emitted_final or seq not in request.sequences:
                 continue
-            new = take(seq)
-            if new is None:
+            tokens, sent = seq.output_token_ids, seq.emitted_token_count
+            if sent == len(tokens) and not seq.is_finished:
                 continue
+            logprobs = seq.logprobs[sent:] if seq.logprobs else []
+            seq.emitted_token_count = len(tokens)
             metrics = None
             if seq.is_finished:
                 request.emitted_final.add(seq.sample_index)
                 metrics = self._release_if_done(request)
-            deltas.append(StreamDelta(seq.request_id, seq.sample_index, new.text, new.token_ids, seq.finish_reason,
-                                      new.logprobs, metrics))
-        return deltas
+            outputs.append((seq.request_id, seq.sample_index, tokens[sent:], logprobs, seq.finish_reason, metrics))
+        return outputs
 
     def _release_if_done(self, request: Request) -> RequestMetrics | None:
         """Forgets the request once every sample's last delta is out; that delta carries the metrics."""

@@ -1,35 +1,62 @@
 """From a sample's tokens to the text a reader sees: detokenization, stop strings, holdback, deltas.
 
-The engine core decides which token comes next; this decides what of it can be shown yet. Text is
-held back while it ends in an incomplete character or in what may be the start of a stop string,
-so that nothing streamed ever has to be taken back.
+The engine core decides which token comes next (`LLMEngine.step_tokens`); this stage decides what of
+it can be shown yet. It runs beside the core, not in its step loop: in-process `LLMEngine.step` feeds
+it each token step, and on a node the core client runs it on its reader thread while the core process
+steps on (vLLM V1's split). Text is held back while it ends in an incomplete character or in what may
+be the start of a stop string, so that nothing streamed ever has to be taken back.
+
+A stop string is found here, so a sample it ends is ended here: its text is cut before it, the tokens
+after the one that completed it are dropped, and the core is asked to stop the sample (`process`'s
+second result). The sample's last delta waits for the core's word that it ended, so the request's last
+delta (the one with metrics) still follows every other.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
-from engine.detokenizer import step_batch
-from engine.sequence import Sequence, TokenLogprob
+from engine.detokenizer import IncrementalDetokenizer, step_batch
+from engine.outputs import RequestMetrics, StreamDelta, TokenOutput
+from engine.sampling_params import SamplingParams
+from engine.sequence import FinishReason, TokenLogprob
 from engine.tokenizer import Tokenizer
 
 _INCOMPLETE = "\ufffd"  # what a character whose last bytes have not come yet decodes to
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~3x, once per sample per step
-class NewOutput:
-    """What a sample produced since its previous delta (never changed once made)."""
+@dataclass(eq=False, slots=True)
+class SampleText:
+    """One sample's text and what of it has gone out; only this stage holds it."""
 
-    text: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprob, ...]
+    request_id: str
+    index: int
+    stops: tuple[str, ...]
+    token_ids: list[int] = field(default_factory=list)  # kept: none after a stop string's last token
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    text: str = ""
+    detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer)
+    emitted_text_len: int = 0
+    emitted_token_count: int = 0
+    stopped: bool = False  # a stop string ended it: the core's later tokens are dropped
+    finish_reason: FinishReason | None = None  # set once its last delta is made
 
+
+# A sample a step's outputs spoke of: it, its request's samples, and the core's word on its end.
+_Touched = tuple[SampleText, list[SampleText], FinishReason | None, RequestMetrics | None]
 
 class OutputProcessor:
+    """The text stage: requests are added when submitted and forgotten at their last delta."""
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self._decode = tokenizer.decoder()
         self._singles: list[str] | None = None  # each token's text alone, built at the first batch
+        # request id -> its samples' text. Added and forgotten from other threads than `process`'s:
+        # each is one dict operation, atomic in CPython.
+        self._requests: dict[str, list[SampleText]] = {}
+        self._stopped: list[SampleText] = []  # by a stop string in the call of `process` under way
 
     @property
     def singles(self) -> list[str]:
@@ -37,54 +64,127 @@ class OutputProcessor:
             self._singles = self.tokenizer.token_texts(self.tokenizer.vocab_size)
         return self._singles
 
-    def add_text(self, seq: Sequence) -> bool:
-        """Decodes the sample's newest token; True if a stop string now ends its text (cut before it)."""
-        seq.output_text += seq.detokenizer.step(self.tokenizer, seq.output_token_ids)
-        return self._cut_at_stop(seq)
+    def add(self, request_id: str, params: SamplingParams) -> None:
+        self._requests[request_id] = [SampleText(request_id, index, params.stop) for index in range(params.n)]
 
-    def add_texts(self, seqs: list[Sequence]) -> list[bool]:
-        """`add_text` for a step's samples at once: one decode each (`engine.detokenizer.step_batch`)."""
-        pieces = step_batch(self._decode, self.singles, [seq.detokenizer for seq in seqs],
-                            [seq.output_token_ids for seq in seqs])
-        stopped = [False] * len(seqs)
-        for index, (seq, piece) in enumerate(zip(seqs, pieces)):
+    def forget(self, request_id: str) -> None:
+        """Drops the request's text (aborted or failed): later outputs for it are ignored."""
+        self._requests.pop(request_id, None)
+
+    def clear(self) -> None:
+        self._requests.clear()
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def process(self, outputs: list[TokenOutput]) -> tuple[list[StreamDelta], list[tuple[str, int]]]:
+        """A token step's outputs as deltas, and the samples (request id, index) a stop string ended
+        that the core must now stop."""
+        touched: list[_Touched] = []
+        batch: list[SampleText] = []  # one new token each, decoded together
+        singly: list[tuple[SampleText, int]] = []  # several new tokens and stop strings: token by token
+        requests = self._requests
+        for request_id, index, tokens, logprobs, finish, metrics in outputs:
+            samples = requests.get(request_id)
+            if samples is None:  # forgotten: aborted, or its last delta is out
+                continue
+            sample = samples[index]
+            if tokens and not sample.stopped:  # after a stop string, the core's later tokens are dropped
+                if len(tokens) > 1 and sample.stops:
+                    singly.append((sample, len(sample.token_ids)))
+                else:
+                    batch.append(sample)
+                sample.token_ids += tokens
+                if logprobs:
+                    sample.logprobs += logprobs
+            touched.append((sample, samples, finish, metrics))
+        self._add_texts(batch)
+        for sample, start in singly:
+            self._add_tokenwise(sample, start)
+        deltas = self._deltas(touched)
+        # Asked once, and only of samples the core has not ended on its own meanwhile.
+        stops = [(s.request_id, s.index) for s in self._stopped if s.finish_reason is None]
+        self._stopped = []
+        return deltas, stops
+
+    def _add_texts(self, samples: list[SampleText]) -> None:
+        """Decodes a step's new tokens, one decode per sample (`engine.detokenizer.step_batch`)."""
+        if not samples:
+            return
+        pieces = step_batch(self._decode, self.singles, [s.detokenizer for s in samples],
+                            [s.token_ids for s in samples])
+        for sample, piece in zip(samples, pieces):
             if piece:  # no new text: no new stop string either (the previous check found none)
-                seq.output_text += piece
-                if seq.params.stop:
-                    stopped[index] = self._cut_at_stop(seq)
-        return stopped
+                sample.text += piece
+                if sample.stops and _cut_at_stop(sample):
+                    sample.stopped = True
+                    self._stopped.append(sample)
+
+    def _add_tokenwise(self, sample: SampleText, start: int) -> None:
+        """Several tokens at once (a speculative step) for a sample with stop strings: decoded one by one,
+        so that the tokens after the one that completes a stop string are dropped."""
+        tokens = sample.token_ids
+        for end in range(start + 1, len(tokens) + 1):
+            sample.text += sample.detokenizer.step(self.tokenizer, tokens[:end])
+            if _cut_at_stop(sample):
+                sample.stopped = True
+                self._stopped.append(sample)
+                del tokens[end:], sample.logprobs[end:]
+                return
+
+    def _deltas(self, touched: list[_Touched]) -> list[StreamDelta]:
+        deltas = []
+        take = self._take
+        for sample, samples, finish, metrics in touched:
+            if sample.finish_reason is not None:
+                continue  # its last delta is out
+            if finish is not None:  # the core ended it: a stop string found in the same tokens wins
+                if not sample.stopped:  # text held back by the detokenizer is text too, unless cut at a stop
+                    sample.text += sample.detokenizer.flush(self.tokenizer, sample.token_ids)
+                sample.finish_reason = FinishReason.STOP if sample.stopped else finish
+            elif sample.stopped:
+                continue  # its last delta waits for the core's word that it ended
+            delta = take(sample)
+            if delta is None:
+                continue
+            if metrics is not None:  # the core ended the request: this is its last delta
+                delta.metrics = self._request_metrics(sample.request_id, samples, metrics)
+            deltas.append(delta)
+        return deltas
+
+    def _request_metrics(self, request_id: str, samples: list[SampleText], metrics: RequestMetrics
+                         ) -> RequestMetrics:
+        """The core's metrics, counting only the tokens kept (none after a stop string); forgets the request."""
+        self._requests.pop(request_id, None)
+        kept = sum(len(s.token_ids) for s in samples)
+        return metrics if metrics.output_tokens == kept else dataclasses.replace(metrics, output_tokens=kept)
 
     @staticmethod
-    def _cut_at_stop(seq: Sequence) -> bool:
-        """True if a stop string now ends the sample's text, which is cut before it."""
-        if not seq.params.stop:
-            return False
-        longest = max(len(s) for s in seq.params.stop)
-        search_from = max(seq.emitted_text_len - longest, 0)
-        hits = [i for i in (seq.output_text.find(s, search_from) for s in seq.params.stop) if i >= 0]
-        if hits:
-            seq.output_text = seq.output_text[: min(hits)]
-        return bool(hits)
-
-    def finish_text(self, seq: Sequence, cut_at_stop: bool) -> None:
-        """The sample has ended: what the detokenizer held back is text too, unless a stop string cut it."""
-        if not cut_at_stop:
-            seq.output_text += seq.detokenizer.flush(self.tokenizer, seq.output_token_ids)
-
-    def take(self, seq: Sequence) -> NewOutput | None:
-        """The output since the last call that can be shown now; None when there is none (and not finished)."""
-        finished, stops = seq.is_finished, seq.params.stop
-        visible = seq.output_text
+    def _take(sample: SampleText) -> StreamDelta | None:
+        """The output since the last delta that can be shown now; None when there is none (and not finished)."""
+        finished, stops = sample.finish_reason is not None, sample.stops
+        visible = sample.text
         if not finished:  # without stop strings, only an incomplete character is held back
             visible = holdback(visible, stops) if stops else visible.rstrip(_INCOMPLETE)
-        text = visible[seq.emitted_text_len :]
-        tokens = tuple(seq.output_token_ids[seq.emitted_token_count :])
+        count = sample.emitted_token_count
+        text = visible[sample.emitted_text_len :]
+        tokens = tuple(sample.token_ids[count:])
         if not text and not tokens and not finished:
             return None
-        logprobs = tuple(seq.logprobs[seq.emitted_token_count :]) if seq.logprobs else ()
-        seq.emitted_text_len = len(visible)
-        seq.emitted_token_count = len(seq.output_token_ids)
-        return NewOutput(text, tokens, logprobs)
+        logprobs = tuple(sample.logprobs[count:]) if sample.logprobs else ()
+        sample.emitted_text_len = len(visible)
+        sample.emitted_token_count = len(sample.token_ids)
+        return StreamDelta(sample.request_id, sample.index, text, tokens, sample.finish_reason, logprobs)
+
+
+def _cut_at_stop(sample: SampleText) -> bool:
+    """True if a stop string now ends the sample's text, which is cut before it."""
+    longest = max(len(s) for s in sample.stops)
+    search_from = max(sample.emitted_text_len - longest, 0)
+    hits = [i for i in (sample.text.find(s, search_from) for s in sample.stops) if i >= 0]
+    if hits:
+        sample.text = sample.text[: min(hits)]
+    return bool(hits)
 
 
 def holdback(text: str, stops: tuple[str, ...]) -> str:

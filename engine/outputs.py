@@ -18,6 +18,13 @@ class RequestMetrics:
     finish_time: float
 
 
+# What one sample produced in a token step (`LLMEngine.step_tokens`), before any text: request id,
+# sample index, its new token ids, their logprobs (empty unless asked for), its finish reason if it
+# ended, and the request's metrics on the last sample's last. A tuple: one per sample per step, made
+# in the core's step loop and pickled across the core's pipe.
+TokenOutput = tuple[str, int, list[int], list[TokenLogprob], "FinishReason | None", "RequestMetrics | None"]
+
+
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~4x, paid per sample per step
 class StreamDelta:
     """New output of one sample since the previous step (never changed once made)."""

@@ -6,7 +6,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.detokenizer import IncrementalDetokenizer
 from engine.overlap import placeholder
 from engine.sampling_params import SamplingParams
 
@@ -50,10 +49,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    output_text: str = ""
-    detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer)
-    emitted_text_len: int = 0
-    emitted_token_count: int = 0
+    emitted_token_count: int = 0  # output tokens already in a step's outputs (text: `engine.output_processor`)
     forks_pending: int = 0  # samples still to be forked from this one once its prompt is computed
     # Async scheduling: the row of the in-flight step's picked ids that holds this sample's next token,
     # whose position counts already but whose id the host has not read yet (`engine.overlap`).
