@@ -62,6 +62,16 @@ class BlockManager:
         table = seq.block_table
         return index < len(table) and (position % self.block_size == 0 or self._ref_counts[table[index]] == 1)
 
+    def reserve_decode(self, seq: Sequence) -> bool:
+        """`reserve(seq, 1)` where it takes no preemption: True once `seq`'s next token has its private slot
+        (mostly held already), False, with nothing done, when the free blocks do not allow it."""
+        if self.decode_fits(seq):
+            return True
+        if not self.can_reserve(seq, 1):
+            return False
+        self.reserve(seq, 1)
+        return True
+
     def reserve(self, seq: Sequence, num_new_tokens: int) -> None:
         """Gives `seq` private slots for its next `num_new_tokens` tokens."""
         self._copy_on_write(seq)

@@ -31,6 +31,7 @@ class TablePlan:
 
     width: int  # columns of the step's tables: its widest table
     diffs: int  # (row, column, block) triples
+    unchanged: bool = False  # the previous step's rows, width and entries: its gathered tables serve again
 
 
 @dataclass(slots=True)
@@ -42,6 +43,8 @@ class DeviceBlockTables:
     row_of: dict[int, int] = field(default_factory=dict)  # seq id -> row, for the sequences of the latest step
     seq_ids: list[int] = field(default_factory=list)  # the latest step's sequences, in its order
     rows: list[int] = field(default_factory=list)  # and their rows
+    width: int = 0  # the latest step's widest table
+    gathered: torch.Tensor | None = None  # the latest step's tables, as `step_tables` gathered them
 
     def __post_init__(self) -> None:
         self.tables = torch.full((0, self.max_blocks_per_seq), PAD_BLOCK, dtype=torch.int32, device=self.device)
@@ -49,7 +52,8 @@ class DeviceBlockTables:
     def pack(self, upload: Upload, seq_ids: list[int], block_tables: list[list[int]]) -> TablePlan:
         """Adds the step's rows and the entries that differ from what the device holds to `upload`."""
         # A steady decode step runs the sequences of the previous one, in the same order: same rows.
-        rows = self.rows if seq_ids == self.seq_ids else self._assign(seq_ids)
+        kept = seq_ids == self.seq_ids
+        rows = self.rows if kept else self._assign(seq_ids)
         mirror = self.mirror
         # Which rows differ, compared in one comprehension: in a decode step few do (a new block every
         # `block_size` tokens, a copy on write), so the per-row work of `_diff` is for those only.
@@ -59,14 +63,22 @@ class DeviceBlockTables:
             self._diff(rows[index], block_tables[index], diffs)
         upload.add(ROWS, rows, torch.int32)  # row numbers fit; index_select takes int32 ids
         upload.add(DIFF, diffs, torch.int64, (len(diffs) // 3, 3))
-        return TablePlan(max(map(len, block_tables)), len(diffs) // 3)
+        plan = TablePlan(max(map(len, block_tables)), len(diffs) // 3)
+        plan.unchanged = kept and not diffs and plan.width == self.width
+        if not plan.unchanged:
+            self.gathered, self.width = None, plan.width  # gathered again by `step_tables`
+        return plan
 
     def step_tables(self, plan: TablePlan, views: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Writes the diff into the device rows and returns the step's tables [seqs, width] (a new tensor)."""
+        """Writes the diff into the device rows and returns the step's tables [seqs, width]: a new tensor, or
+        the previous step's when nothing changed (nobody writes into it)."""
+        if plan.unchanged and self.gathered is not None:
+            return self.gathered  # read only, by attention and the graphs' copy
         if plan.diffs:
             rows, columns, blocks = views[DIFF].t()
             self.tables.index_put_((rows, columns), blocks.to(torch.int32))
-        return self.tables.index_select(0, views[ROWS])[:, : plan.width]
+        self.gathered = self.tables.index_select(0, views[ROWS])[:, : plan.width]
+        return self.gathered
 
     def _assign(self, seq_ids: list[int]) -> list[int]:
         """Keeps the rows of sequences that were in the previous step; gives the others the rows left free."""

@@ -46,6 +46,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # Each running sample's decode chunk (one token, no drafts), kept while it runs: chunks are never
+        # changed once made, and a decode step would otherwise make one per sample.
+        self._decode_chunks: dict[Sequence, ScheduledChunk] = {}
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -69,20 +72,16 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         preemptions_before = self.num_preemptions
         index = 0
-        decode_fits = self.block_manager.decode_fits if self.drafter is None else None
         while index < len(self.running) and budget > 0:
+            if self.drafter is None:
+                index, budget = self._steady_decodes(chunks, index, budget)
+                if index == len(self.running) or not budget:
+                    break
             seq = self.running[index]
-            outputs = seq.num_output_tokens  # read once: `can_grow` and `num_uncomputed_tokens` spelled out
-            if outputs >= seq.max_tokens:  # its pending token is its last: it ends when that is read
+            if not seq.can_grow:  # its pending token is its last: it ends when that is read
                 index += 1
                 continue
-            num_tokens = min(len(seq.prompt_token_ids) + outputs - seq.num_computed_tokens, budget)
-            if num_tokens == 1 and decode_fits is not None and decode_fits(seq):
-                # Most sequences of most steps: the next token's slot is reserved already, nothing to do.
-                chunks.append(ScheduledChunk(seq, 1))
-                budget -= 1
-                index += 1
-                continue
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
             if not self._make_room(seq, num_tokens):
                 break  # seq was the latest arrival and had to be preempted itself
             draft = self._draft(seq, num_tokens, budget, later=len(self.running) - index - 1)
@@ -91,6 +90,26 @@ class Scheduler:
             budget -= num_tokens + len(draft)
             index += 1
         return chunks, budget, self.num_preemptions > preemptions_before
+
+    def _steady_decodes(self, chunks: list[ScheduledChunk], index: int, budget: int) -> tuple[int, int]:
+        """Schedules running sequences from `index` on while each decodes one token into a slot it holds
+        already or can take without a preemption (most sequences of most steps). Returns the index
+        of the first one that needs more, for the general loop, and the budget left. Properties are
+        spelled out and a sample's decode chunk is made once: this loop runs for every sample of every step."""
+        reserve, made, running = self.block_manager.reserve_decode, self._decode_chunks, self.running
+        while index < len(running) and budget:
+            seq = running[index]
+            outputs = len(seq.output_token_ids) + (seq.pending_row is not None)  # `num_output_tokens`
+            if outputs < seq.max_tokens:  # else its pending token is its last: it ends when that is read
+                if len(seq.prompt_token_ids) + outputs - seq.num_computed_tokens != 1 or not reserve(seq):
+                    break
+                chunk = made.get(seq)
+                if chunk is None:
+                    chunk = made[seq] = ScheduledChunk(seq, 1)
+                chunks.append(chunk)
+                budget -= 1
+            index += 1
+        return index, budget
 
     def _draft(self, seq: Sequence, num_tokens: int, budget: int, later: int) -> list[int]:
         """Drafts for a decoding sequence, where the budget and free blocks allow.
@@ -133,6 +152,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._decode_chunks.pop(seq, None)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
@@ -141,6 +161,7 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Takes a finished or aborted sequence out and frees its blocks."""
+        self._decode_chunks.pop(seq, None)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

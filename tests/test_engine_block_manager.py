@@ -260,15 +260,24 @@ class BlockManagerMachine(RuleBasedStateMachine):
         fits = self.manager.decode_fits(seq)
         if self.manager.can_reserve(seq, 1):
             table, copies = list(seq.block_table), len(self.recorder.copies)
-            self._allocate(seq, lambda: self._write_one(seq))
+            # The scheduler's steady loop reserves through reserve_decode: the same as reserve(seq, 1).
+            write = self._write_one if data.draw(st.booleans()) else self._write_one_decode
+            self._allocate(seq, lambda: write(seq))
             # The scheduler skips reserve(seq, 1) when this says so: exactly when it would do nothing.
             assert fits == (seq.block_table == table and len(self.recorder.copies) == copies)
         else:
             assert not fits
+            table, free = list(seq.block_table), self.manager.num_free_blocks
+            assert not self.manager.reserve_decode(seq)  # it leaves the preemption to the scheduler
+            assert (seq.block_table, self.manager.num_free_blocks) == (table, free)
             seq.output_token_ids.pop()  # no room this step; a real scheduler would preempt
 
     def _write_one(self, seq: Sequence) -> None:
         self.manager.reserve(seq, 1)
+        seq.num_computed_tokens += 1
+
+    def _write_one_decode(self, seq: Sequence) -> None:
+        assert self.manager.reserve_decode(seq)
         seq.num_computed_tokens += 1
 
     @precondition(lambda self: self.live)
