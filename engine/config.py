@@ -297,6 +297,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise EngineError(f"{name} must be true, false or unset (null: on where the device is CUDA)")
+        if not isinstance(self.detokenize, bool):
+            raise EngineError("detokenize must be true or false")
 
     def _check_sizes(self) -> None:
         """Refuses sizes of zero or below by name: a zero batch or step budget admits requests that never
