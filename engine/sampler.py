@@ -21,7 +21,7 @@ import torch
 from engine.bridge import Bridge, Download, DownloadPlan, Upload
 from engine.errors import EngineError
 from engine.logits_processors import LogitsProcessors, ProcessingPlan, RowSettings
-from engine.sampling_noise import NoiseBuffers, exponential_noise
+from engine.sampling_noise import NoiseBuffers, negated_exponential_noise
 from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
 from engine.sampling_tables import (
     MIN_P, POSITION, SEED, TEMPERATURE, TOP_K, TOP_P, SamplingTables, StepValues, TablesPlan,
@@ -174,11 +174,40 @@ class PickedTokens:
         return [results[row] for row in self.row_of]
 
 
+@dataclass(slots=True)
+class Blocks:
+    """[rows, vocab] float32 blocks for a step's picks, and `_first_index`'s keys (vocab, vocab - 1, ..., 1)."""
+
+    scaled: torch.Tensor
+    probs: torch.Tensor
+    keys: torch.Tensor
+
+
+class PickBuffers:
+    """The picks' blocks, kept from step to step: on a CPU a fresh block of that size costs more than the
+    pass that fills it (the allocator hands it back to the system when freed and faults it in again)."""
+
+    def __init__(self) -> None:
+        self._blocks: Blocks | None = None
+
+    # Normal tensors even when first taken under inference mode, as the noise block's (`NoiseBuffers`).
+    @torch.inference_mode(False)
+    def take(self, rows: int, vocab_size: int, device: torch.device) -> Blocks:
+        held = self._blocks
+        if held is None or held.keys.shape[0] != vocab_size or held.keys.device != device or held.probs.shape[0] < rows:
+            size = max(rows, 2 * (0 if held is None else held.probs.shape[0]))
+            # float32 counts exactly up to 2^24, far beyond any vocabulary.
+            keys = torch.arange(vocab_size, 0, -1, dtype=torch.float32, device=device)
+            held = self._blocks = Blocks(*(torch.empty((size, vocab_size), device=device) for _ in range(2)), keys)
+        return Blocks(held.scaled[:rows], held.probs[:rows], held.keys)
+
+
 class Sampler:
     def __init__(self, processors: LogitsProcessors | None = None, bridge: Bridge | None = None) -> None:
         self.processors = processors  # bias, penalties and grammar masks (`engine.logits_processors`)
         self._bridge = bridge  # the engine's; a sampler used alone makes its own for the logits' device
         self._noise = NoiseBuffers()  # the draw's noise block, reused from step to step
+        self._blocks = PickBuffers()  # the picks' own blocks, reused likewise
         self._tables: SamplingTables | None = None  # each sample's settings on the device, made at the first pack
 
     def release(self, sample: int) -> None:
@@ -238,10 +267,11 @@ class Sampler:
         counting = None
         if self.processors is not None:
             picked, counting = self.processors.apply(raw, plan.processing, views, step.values)
-        tokens = _most_likely(picked)
+        blocks = self._blocks.take(picked.shape[0], picked.shape[-1], picked.device)
+        tokens = _most_likely(picked, blocks)
         if step.drawn:
-            drawn = _draw(picked[: step.drawn], step, tokens[: step.drawn], self._noise)
-            tokens = torch.cat([drawn, tokens[step.drawn :]])
+            fallback = tokens[: step.drawn]
+            torch.where(*_draw(picked[: step.drawn], step, self._noise, blocks), fallback, out=fallback)
         if self.processors is not None:
             self.processors.record(counting, tokens)
         self.tables.advance(step.tables, step.slots, step.transient)
@@ -252,33 +282,50 @@ class Sampler:
         return PickedTokens(tokens, row_of, step)
 
 
-def _draw(logits: torch.Tensor, step: StepSettings, fallback: torch.Tensor, buffers: NoiseBuffers) -> torch.Tensor:
-    """Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
+def _draw(logits: torch.Tensor, step: StepSettings, noise: NoiseBuffers, blocks: Blocks
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Returns (is a distribution, draw) per row.
 
-    Rows whose probabilities are no distribution (NaN wins argmax) take `fallback`, their `_most_likely`.
+    A row whose probabilities are no distribution (NaN wins argmax) takes its `_most_likely` pick instead.
     """
+    rows = logits.shape[0]
     # Rows under the floor are greedy and never get here; the clamp keeps every division finite regardless.
-    probs = torch.softmax(logits.div(step.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1)), dim=-1)
-    # Softmax gives values in [0, 1] or NaN (from an infinite or NaN logit): a row is a distribution when
-    # its sum is finite, one reduction where checking each value took two passes and two.
-    is_distribution = torch.isfinite(probs.sum(dim=-1))
+    scaled = torch.div(logits, step.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1), out=blocks.scaled[:rows])
+    probs = torch.softmax(scaled, dim=-1, out=blocks.probs[:rows])
+    positive = None
     if step.filtered:  # each filter is a few passes over the block: none runs when no row filters
         probs = filter_batch(probs, step.filters)
-        is_distribution &= probs.sum(dim=-1) > 0
-    noise = exponential_noise(step.seeds, step.positions, probs.shape[-1], buffers)
-    # The scores are >= +0 or NaN, whose int32 bit patterns order as the floats do (NaN above all, as
-    # argmax ranks it): the integer argmax picks the same token at a fraction of the float one's cost.
-    drawn = probs.div_(noise).view(torch.int32).argmax(dim=-1)
-    return torch.where(is_distribution, drawn, fallback)
+        positive = probs.sum(dim=-1) > 0
+    # p / -E = -(p / E) exactly, so the least of these scores is the race's winner (one pass fewer than
+    # negating the noise). They are <= 0, or NaN in every token of a row that is no distribution.
+    scores = probs.div_(negated_exponential_noise(step.seeds, step.positions, probs.shape[-1], noise))
+    best = scores.amin(dim=-1, keepdim=True)
+    # Softmax gives values in [0, 1] or NaN (from an infinite or NaN logit), so a row is a distribution
+    # when it holds no NaN, which its least score (NaN if any is) tells.
+    is_distribution = best.squeeze(-1).isfinite()
+    if positive is not None:
+        is_distribution &= positive
+    return is_distribution, _first_index(torch.le(scores, best, out=scores), blocks.keys)
 
 
-def _most_likely(logits: torch.Tensor) -> torch.Tensor:
+def _most_likely(logits: torch.Tensor, blocks: Blocks) -> torch.Tensor:
     """[rows] the greedy pick, NaN logits ranked last: what a distribution collapsed onto one token means.
 
     A drawn row falls back to it where scaled logits overflow, when one token holds all the mass;
     failing the request instead would cut off a stream its caller has partly received, for no better answer.
     """
-    return torch.nan_to_num(logits, nan=-torch.inf).argmax(dim=-1)
+    ranked = torch.nan_to_num(logits, nan=-torch.inf, out=blocks.probs[: logits.shape[0]])
+    return _first_index(torch.ge(ranked, ranked.amax(dim=-1, keepdim=True), out=ranked), blocks.keys)
+
+
+def _first_index(marks: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """[rows] int64: the first column of each row of `marks` (1.0 there, 0.0 elsewhere; consumed) that is 1.0.
+
+    Given the marks of each row's best value, that is what argmax picks (the first of tied values): on a
+    CPU a max reduction and three elementwise passes cost less than half of one argmax, which is not
+    vectorized. `keys` is vocab, vocab - 1, ..., 1: the largest marked key is the first marked column.
+    """
+    return keys.shape[0] - marks.mul_(keys).amax(dim=-1).long()
 
 
 def filter_batch(probs: torch.Tensor, filters: Filters) -> torch.Tensor:

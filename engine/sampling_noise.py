@@ -149,13 +149,20 @@ def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: 
 
     With `buffers`, a view of them (valid until their next use); without, a tensor of its own.
     """
+    return negated_exponential_noise(seeds, positions, vocab_size, buffers).neg_()
+
+
+def negated_exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int,
+                              buffers: NoiseBuffers | None = None) -> torch.Tensor:
+    """-E for `exponential_noise`'s E, bit for bit (negation is exact), one pass fewer: a race may divide
+    by it and take the least score, argmin(p / -E) being argmax(p / E)."""
     buffers = buffers or NoiseBuffers()
     keys = row_keys(seeds, positions)
     bits, scratch, noise, steps = buffers.take(keys.shape[0], vocab_size, keys.device)
     negated = _negated_uniform(_hash_(bits, steps, keys, scratch), noise)
     # -log(1 - u) rather than -log(u): small noise, which decides races, comes from small u, where
     # float32 is finely spaced.
-    return negated.log1p_().neg_()
+    return negated.log1p_()
 
 
 def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

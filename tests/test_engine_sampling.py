@@ -17,7 +17,8 @@ from engine.bridge import Bridge
 from engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
 from engine.errors import EngineError
 from engine.sampler import Filters, SampleRequest, Sampler, filter_batch, filter_probs
-from engine.sampling_noise import exponential_noise, row_keys, token_bits, uniform_from_bits
+from engine.logits_processors import LogitsProcessors, Penalties, penalize
+from engine.sampling_noise import exponential_noise, negated_exponential_noise, row_keys, token_bits, uniform_from_bits
 from engine.sampling_params import MIN_TEMPERATURE
 from tests.engine_models import (  # noqa: F401 (fixtures)
     greedy,
@@ -483,6 +484,108 @@ def test_non_finite_rows_fall_back_to_the_best_finite_logit_and_leave_other_rows
     batch = [healthy[0], SampleRequest(1, params, noise_seed(1)), SampleRequest(2, params, noise_seed(2)), healthy[1]]
     tokens = [token for token, _ in Sampler()(logits, batch)]
     assert tokens == [alone[0], 26, 3, alone[1]]
+
+
+def awkward_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Rows with ties, NaN, infinities, signed zeros and logits that overflow once scaled, among plain ones."""
+    logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3).round()  # many ties
+    logits[1, 7] = logits[2] = math.nan
+    logits[3, 5] = logits[3, 9] = math.inf
+    logits[4] = -math.inf
+    logits[5, 3], logits[5, 4] = 3e38, 3.2e38  # both overflow at a low temperature: only the second is best
+    logits[6, 11], logits[6, 12] = math.nan, math.inf
+    logits[7], logits[7, 5] = 0.0, -0.0  # tied zeros of both signs
+    logits[8], logits[8, 20] = -0.0, 0.0
+    return logits
+
+
+def test_the_greedy_pick_is_argmax_with_nan_ranked_last_on_awkward_rows():
+    logits = awkward_logits(12, 300, seed=5)
+    blocks = sampler_module.PickBuffers().take(12, 300, logits.device)
+    expected = torch.nan_to_num(logits, nan=-math.inf).argmax(dim=-1)
+    assert sampler_module._most_likely(logits, blocks).tolist() == expected.tolist()
+    assert expected[2:9].tolist() == [0, 5, 0, 4, 12, 0, 0]  # the awkward rows, worked out by hand
+
+
+def test_the_first_marked_column_is_what_argmax_picks():
+    marks = (torch.rand(64, 500, generator=torch.Generator().manual_seed(1)) < 0.01).float()
+    marks[0], marks[1, -1] = 1.0, 1.0  # every column marked; only the last column marked
+    keys = sampler_module.PickBuffers().take(64, 500, marks.device).keys
+    assert sampler_module._first_index(marks.clone(), keys).tolist() == marks.argmax(dim=-1).tolist()
+
+
+def reference_pick(logits: torch.Tensor, request: SampleRequest) -> int:
+    """One row's pick the plain way: argmax(p / E) over the filtered softmax, greedy where p is no distribution."""
+    greedy_pick = int(torch.nan_to_num(logits, nan=-math.inf).argmax())
+    if request.params.greedy:
+        return greedy_pick
+    probs = filter_probs(torch.softmax(logits / request.params.temperature, dim=-1), request.params)
+    if not (torch.isfinite(probs.sum()) and probs.sum() > 0):
+        return greedy_pick
+    noise = exponential_noise(torch.tensor([request.seed]), torch.tensor([request.position]), len(logits))[0]
+    return int((probs / noise).argmax())
+
+
+@pytest.mark.parametrize("in_order", [True, False], ids=["a-pick-a-row", "shuffled-repeats"])
+def test_a_mixed_batch_picks_what_the_plain_way_picks_row_by_row(in_order):
+    logits = torch.cat([awkward_logits(12, 300, seed=7), mixed_logits(20, vocab=300, seed=8)])
+    rng = random.Random(9)
+    settings = NEIGHBOUR_SETTINGS + [SamplingParams(temperature=1e-2), SamplingParams(temperature=0.9, top_k=4)]
+    rows = list(range(len(logits))) * 3
+    if not in_order:
+        rng.shuffle(rows)
+    batch = [SampleRequest(row, rng.choice(settings), noise_seed(k), rng.randrange(100)) for k, row in enumerate(rows)]
+    if in_order:
+        batch = batch[: len(logits)]  # one pick for each logits row, in row order
+    tokens = [token for token, _ in Sampler()(logits, batch)]
+    assert tokens == [reference_pick(logits[r.row], r) for r in batch]
+    assert any(not r.params.greedy and 1 <= r.row <= 6 for r in batch)  # drawn rows that fall back are among them
+
+
+def test_a_penalized_batch_picks_what_penalizing_then_picking_each_row_picks():
+    vocab = 300
+    logits = mixed_logits(6, vocab=vocab, seed=4)
+    prompt = logits.argmax(dim=-1).tolist()  # each row's best token is penalized
+    processors = LogitsProcessors(vocab, logits.device)
+    settings = [SamplingParams(temperature=0.8, repetition_penalty=1.5, presence_penalty=0.4),
+                SamplingParams(temperature=0.0, repetition_penalty=2.0), SamplingParams(temperature=1.1)]
+    batch = []
+    for row in range(6):
+        params = settings[row % 3]
+        slot = processors.slots.take(prompt) if params.penalized else None
+        batch.append(SampleRequest(row, params, noise_seed(row), 0, slot=slot))
+    tokens = [token for token, _ in Sampler(processors)(logits, batch)]
+    in_prompt = torch.zeros(1, vocab, dtype=torch.bool)
+    in_prompt[0, prompt] = True
+    expected = []
+    for request in batch:
+        params, row = request.params, logits[request.row : request.row + 1]
+        penalties = Penalties(*(torch.tensor([value]) for value in (
+            params.repetition_penalty, params.frequency_penalty, params.presence_penalty)))
+        penalized = penalize(row, torch.zeros(1, vocab, dtype=torch.int32), in_prompt, penalties)
+        expected.append(reference_pick(penalized[0], request))
+    assert tokens == expected
+    assert expected != [reference_pick(logits[r.row], r) for r in batch]  # the penalties changed a pick
+
+
+def test_the_negated_noise_is_the_noise_negated_bit_for_bit():
+    seeds, positions = torch.tensor([5, 5, 2**62 - 1]), torch.tensor([0, 1, 7])
+    negated = negated_exponential_noise(seeds, positions, 5000)
+    assert torch.equal((-negated).view(torch.int32), exponential_noise(seeds, positions, 5000).view(torch.int32))
+
+
+def test_the_picks_blocks_are_reused_from_step_to_step_and_grow_only_for_more_rows():
+    sampler = Sampler()
+    logits = mixed_logits(6, vocab=40, seed=2)
+    params = SamplingParams(temperature=0.7)
+    sampler(logits, [SampleRequest(row, params, noise_seed(row), 0) for row in range(6)])
+    first = sampler._blocks.take(6, 40, logits.device)
+    for position in range(1, 4):
+        sampler(logits, [SampleRequest(row, params, noise_seed(row), position) for row in range(6)])
+        again = sampler._blocks.take(6, 40, logits.device)
+        assert (again.scaled.data_ptr(), again.probs.data_ptr()) == (first.scaled.data_ptr(), first.probs.data_ptr())
+    sampler(logits, [SampleRequest(row % 6, params, noise_seed(row), 0) for row in range(20)])
+    assert sampler._blocks.take(20, 40, logits.device).probs.shape == (20, 40)
 
 
 def test_logprobs_of_a_mixed_batch_are_each_rows_own():
