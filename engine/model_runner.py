@@ -29,7 +29,7 @@ from engine.cuda_graphs import (
 from engine.errors import EngineError
 from engine.loader import load_model
 from engine.models.layers import AttentionMetadata
-from engine.overlap import async_scheduling_enabled, fill_placeholders
+from engine.overlap import async_scheduling_enabled, fill_placeholders, placeholder
 from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.scheduler import ScheduledChunk
 from engine.speculative import SpeculativeBatch, SpeculativeSampler
@@ -309,23 +309,28 @@ def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:
     sample_rows: list[int] = []
     tables: list[list[int]] = []
     seq_ids: list[int] = []
-    total = widest = 0
+    total = 0
+    widest = 1 if chunks else 0  # every chunk has a token
     for chunk in chunks:
         seq, count, draft = chunk.seq, chunk.num_tokens, chunk.draft
         start = seq.num_computed_tokens
         table = seq.block_table
         tables.append(table)
         seq_ids.append(seq.seq_id)
-        if count == 1 and not draft:  # decode: most chunks of most steps, so no range or comprehension
-            input_ids.append(seq.token_at(start))  # one already read, or the pending one
+        if count == 1 and not draft:  # decode: most chunks of most steps, so no range, comprehension or call
+            prompt, outputs = seq.prompt_token_ids, seq.output_token_ids
+            known = len(prompt) + len(outputs)
+            if start < known:  # `Sequence.token_at` spelled out: one already read, or the pending one
+                input_ids.append(prompt[start] if start < len(prompt) else outputs[start - len(prompt)])
+            else:
+                input_ids.append(placeholder(seq.pending_row))
             positions.append(start)
             slots.append(table[start // block_size] * block_size + start % block_size)
             total += 1
             cu_seqlens.append(total)
             context_lens.append(start + 1)
-            if start + 1 == seq.num_tokens:  # its sequence's last token: its row samples
+            if start + 1 == known + (seq.pending_row is not None):  # `num_tokens`: its row samples
                 sample_rows.append(total - 1)
-            widest = widest or 1
             continue
         end = start + count
         input_ids += seq.tokens_between(start, end)
