@@ -596,7 +596,7 @@ class LLMEngine:
     def _token_outputs(self, sequences: list[Sequence]) -> list[TokenOutput]:
         """What each listed sample produced since its previous output, for those that have something."""
         outputs = []
-        requests = self._requests
+        requests, finished = self._requests, SequenceStatus.FINISHED
         for seq in dict.fromkeys(sequences):  # a sequence can sample and be listed once only
             request = requests.get(seq.request_id)
             # Ids are reused once released: a sample of an ended request still listed in a step in flight
@@ -604,15 +604,16 @@ class LLMEngine:
             if request is None or seq.sample_index in request.emitted_final or seq not in request.sequences:
                 continue
             tokens, sent = seq.output_token_ids, seq.emitted_token_count
-            if sent == len(tokens) and not seq.is_finished:
+            if seq.status is not finished:
+                if sent < len(tokens):
+                    seq.emitted_token_count = len(tokens)
+                    outputs.append((seq.request_id, seq.sample_index, tokens[sent:],
+                                    seq.logprobs[sent:] if seq.logprobs else (), None, None))
                 continue
-            logprobs = seq.logprobs[sent:] if seq.logprobs else []
             seq.emitted_token_count = len(tokens)
-            metrics = None
-            if seq.is_finished:
-                request.emitted_final.add(seq.sample_index)
-                metrics = self._release_if_done(request)
-            outputs.append((seq.request_id, seq.sample_index, tokens[sent:], logprobs, seq.finish_reason, metrics))
+            request.emitted_final.add(seq.sample_index)
+            outputs.append((seq.request_id, seq.sample_index, tokens[sent:], seq.logprobs[sent:],
+                            seq.finish_reason, self._release_if_done(request)))
         return outputs
 
     def _release_if_done(self, request: Request) -> RequestMetrics | None:

@@ -22,7 +22,8 @@ class RequestMetrics:
 # sample index, its new token ids, their logprobs (empty unless asked for), its finish reason if it
 # ended, and the request's metrics on the last sample's last. A tuple: one per sample per step, made
 # in the core's step loop and pickled across the core's pipe.
-TokenOutput = tuple[str, int, list[int], list[TokenLogprob], "FinishReason | None", "RequestMetrics | None"]
+TokenOutput = tuple[str, int, list[int], "list[TokenLogprob] | tuple[()]", "FinishReason | None",
+                    "RequestMetrics | None"]
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~4x, paid per sample per step
