@@ -186,6 +186,18 @@ def test_finish_sample_frees_and_zeroes_one_sample_and_its_sibling_goes_on(oracl
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks and llm.residue_check() == []
 
 
+def test_an_aborted_or_refused_requests_text_is_forgotten_at_once(core) -> None:
+    handle = core.submit(PROMPT, SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True, stop=("zz",)))
+    next(handle.deltas())
+    assert len(core._text) == 1
+    handle.close()
+    assert len(core._text) == 0
+    refused = core.submit([10**9], SamplingParams(max_tokens=4))  # no such token: the core refuses it
+    with pytest.raises(EngineError):
+        list(refused.deltas())
+    assert len(core._text) == 0
+
+
 # ----- the token step makes no text ---------------------------------------------------------------
 
 
