@@ -11,11 +11,17 @@ A row belongs to a sequence for as long as the sequence is in consecutive steps;
 was not in a step is free for the next one, which rewrites whatever of it differs (stale entries past
 the new table are reset to -1). Entries past a table's end are never read for attention (the kernels
 dereference only a context's blocks); resetting them keeps every row equal to its mirror.
+
+A steady decode step (the previous step's sequences, in its order) keeps every row without a lookup,
+finds the few rows that differ in one pass in C, and, when none does, uploads nothing for its tables:
+the tables gathered for the previous step serve again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import ne
 
 import torch
 
@@ -31,7 +37,7 @@ class TablePlan:
 
     width: int  # columns of the step's tables: its widest table
     diffs: int  # (row, column, block) triples
-    unchanged: bool = False  # the previous step's rows, width and entries: its gathered tables serve again
+    unchanged: bool = False  # the previous step's rows, width and entries: nothing uploaded, its tables serve again
 
 
 @dataclass(slots=True)
@@ -43,55 +49,70 @@ class DeviceBlockTables:
     row_of: dict[int, int] = field(default_factory=dict)  # seq id -> row, for the sequences of the latest step
     seq_ids: list[int] = field(default_factory=list)  # the latest step's sequences, in its order
     rows: list[int] = field(default_factory=list)  # and their rows
+    held: list[list[int]] = field(default_factory=list)  # the mirror's lists of those rows, in step order
     width: int = 0  # the latest step's widest table
     gathered: torch.Tensor | None = None  # the latest step's tables, as `step_tables` gathered them
+    unapplied: list[int] = field(default_factory=list)  # rows whose diff is packed but not yet written
+    unknown: list[int] = field(init=False)  # a mirror entry for a row of unknown content: every column differs
 
     def __post_init__(self) -> None:
         self.tables = torch.full((0, self.max_blocks_per_seq), PAD_BLOCK, dtype=torch.int32, device=self.device)
+        self.unknown = [PAD_BLOCK - 1] * self.max_blocks_per_seq  # no block id
 
     def pack(self, upload: Upload, seq_ids: list[int], block_tables: list[list[int]]) -> TablePlan:
         """Adds the step's rows and the entries that differ from what the device holds to `upload`."""
+        self._forget_unapplied()
         # A steady decode step runs the sequences of the previous one, in the same order: same rows.
         kept = seq_ids == self.seq_ids
-        rows = self.rows if kept else self._assign(seq_ids)
-        mirror = self.mirror
-        # Which rows differ, compared in one comprehension: in a decode step few do (a new block every
+        if not kept:
+            self._assign(seq_ids)
+        rows = self.rows
+        # Which rows differ, compared in C (map, compress): in a decode step few do (a new block every
         # `block_size` tokens, a copy on write), so the per-row work of `_diff` is for those only.
-        changed = [index for index, (row, table) in enumerate(zip(rows, block_tables)) if mirror[row] != table]
+        changed = list(compress(range(len(rows)), map(ne, self.held, block_tables)))
         diffs: list[int] = []
         for index in changed:
             self._diff(rows[index], block_tables[index], diffs)
+        width = max(map(len, block_tables))
+        if kept and not diffs and width == self.width and self.gathered is not None:
+            return TablePlan(width, 0, unchanged=True)  # the device has nothing to write or gather
+        self.gathered, self.width = None, width
+        self.unapplied = [rows[index] for index in changed]
         upload.add(ROWS, rows, torch.int32)  # row numbers fit; index_select takes int32 ids
         upload.add(DIFF, diffs, torch.int64, (len(diffs) // 3, 3))
-        plan = TablePlan(max(map(len, block_tables)), len(diffs) // 3)
-        plan.unchanged = kept and not diffs and plan.width == self.width
-        if not plan.unchanged:
-            self.gathered, self.width = None, plan.width  # gathered again by `step_tables`
-        return plan
+        return TablePlan(width, len(diffs) // 3)
 
     def step_tables(self, plan: TablePlan, views: dict[str, torch.Tensor]) -> torch.Tensor:
         """Writes the diff into the device rows and returns the step's tables [seqs, width]: a new tensor, or
         the previous step's when nothing changed (nobody writes into it)."""
-        if plan.unchanged and self.gathered is not None:
+        if plan.unchanged:
             return self.gathered  # read only, by attention and the graphs' copy
         if plan.diffs:
             rows, columns, blocks = views[DIFF].t()
             self.tables.index_put_((rows, columns), blocks.to(torch.int32))
+        self.unapplied = []
         self.gathered = self.tables.index_select(0, views[ROWS])[:, : plan.width]
         return self.gathered
 
-    def _assign(self, seq_ids: list[int]) -> list[int]:
+    def _forget_unapplied(self) -> None:
+        """A step packed but never run (it failed before its tables were gathered) left its diff unwritten:
+        what those rows hold is no longer known, so they are rewritten whole when next used."""
+        for row in self.unapplied:
+            self.mirror[row][:] = self.unknown
+        self.unapplied = []
+
+    def _assign(self, seq_ids: list[int]) -> None:
         """Keeps the rows of sequences that were in the previous step; gives the others the rows left free."""
         if len(seq_ids) > len(self.mirror):
             self._grow(len(seq_ids))
         previous = self.row_of
         rows = [previous.get(seq_id, -1) for seq_id in seq_ids]
-        if -1 in rows:
+        if -1 in rows:  # -1: a sequence not in the previous step
             free = sorted(set(range(len(self.mirror))).difference(rows), reverse=True)  # lowest rows first
             rows = [free.pop() if row == -1 else row for row in rows]
         self.row_of = dict(zip(seq_ids, rows))
         self.seq_ids, self.rows = list(seq_ids), rows
-        return rows
+        self.held = [self.mirror[row] for row in rows]  # the very lists `_diff` updates in place
 
     def _grow(self, rows: int) -> None:
         # Doubling: a step with more sequences than ever before reallocates, a handful of times in all.
@@ -114,4 +135,4 @@ class DeviceBlockTables:
             block = table[column] if column < len(table) else PAD_BLOCK
             if column >= len(held) or held[column] != block:
                 diffs += (row, column, block)
-        self.mirror[row] = list(table)
+        held[:] = table  # in place: `held` lists it too

@@ -139,3 +139,14 @@ def test_a_steady_decode_step_reuses_the_gathered_tables_only_while_nothing_chan
     # Prompts of 5 with blocks of 4: a new block at positions 8 and 12; other decode steps change nothing.
     assert [plan.unchanged for plan in plans[1:]] == [position % 4 != 0 for position in range(5, 16)]
     assert checked[0] == len(plans) == 12
+
+
+def test_a_step_packed_but_never_run_leaves_no_row_the_mirror_misjudges():
+    bridge, tables = Bridge(CPU), DeviceBlockTables(CPU, 6)
+    assert step(bridge, tables, {1: [4, 5]})[1] == 2
+    failed = bridge.upload()  # a step that fails after packing: its diff never reaches the device rows
+    tables.pack(failed, [1, 2], [[4, 5, 6], [7]])
+    assert tables.unapplied == [0, 1]
+    seqs = {1: [4, 5, 6], 2: [7]}
+    assert step(bridge, tables, seqs)[0] == padded(seqs)
+    assert step(bridge, tables, seqs)[1] == 0 and tables.unapplied == []
