@@ -501,18 +501,21 @@ class LLMEngine:
 
         A sample that ended while this step waited (`ForwardOnly`) gets a plain pick, dropped when read.
         """
-        request = SampleRequest(row, sample.params, sample.seed, sample.num_output_tokens)
-        if sample.is_finished:  # its settings were zeroed at its end: this pick's last a step (`engine.sampling_tables`)
-            return request
-        request.sample = sample.seq_id  # its settings stay on the device under its id until it ends
-        if sample.params.penalized:
-            if sample.penalty_slot is None:  # its first pick: nothing output yet, so the counts start at zero
-                sample.penalty_slot = self.sampler.processors.slots.take(sample.prompt_token_ids)
-            request.slot = sample.penalty_slot
+        params = sample.params
+        # `num_output_tokens` and `is_finished` spelled out: read for every sample of every step.
+        position = len(sample.output_token_ids) + (sample.pending_row is not None)
+        if sample.status is SequenceStatus.FINISHED:
+            # Its settings were zeroed at its end: this pick's last a step (`engine.sampling_tables`).
+            return SampleRequest(row, params, sample.seed, position)
+        slot = sample.penalty_slot  # taken only for a penalized sample
+        if slot is None and params.penalized:  # its first pick: nothing output yet, so the counts start at zero
+            slot = sample.penalty_slot = self.sampler.processors.slots.take(sample.prompt_token_ids)
+        mask_row = None
         if sample.guide is not None:
-            request.mask_row = len(masks)
-            masks.append(MaskRequest(sample.guide, sample.params.stop_token_ids))
-        return request
+            mask_row = len(masks)
+            masks.append(MaskRequest(sample.guide, params.stop_token_ids))
+        # Its settings stay on the device under its id until it ends.
+        return SampleRequest(row, params, sample.seed, position, slot, mask_row, sample.seq_id)
 
     def _compile(self, params: SamplingParams) -> Guide | None:
         """A fresh matcher for this request's constraint (never one from a cache); None when it has none."""

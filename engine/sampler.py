@@ -69,6 +69,8 @@ class SettingsPlan:
     filtered: bool  # a drawn row sets top-k, top-p or min-p
     tables: TablesPlan
     in_place: bool  # row k of the picks is row k of the logits: no gather needed when they have as many
+    ordered: bool  # `order` is the request order: each request's row is its own index
+    processed: bool  # a row is biased, penalized or constrained: the logits processors have work
 
 
 @dataclass(slots=True)
@@ -100,6 +102,7 @@ class StepSettings:
     logprob_counts: list[int]  # alternatives each of those asked for
     filtered: bool  # a drawn row sets top-k, top-p or min-p: `filters` must run
     tables: TablesPlan
+    ordered: bool  # rows are in request order
 
     @property
     def seeds(self) -> torch.Tensor:
@@ -120,11 +123,17 @@ class StepSettings:
         drawing: list[int] = []
         penalized: list[int] = []
         plain: list[int] = []
-        sorts = filtered = False
+        sorts = filtered = reports = processed = False
+        # One pass, every row's settings read once: it runs for every row of every step.
         for i, request in enumerate(requests):
             params = request.params
-            if not params.greedy:
-                _with_seed(request)
+            if params.logprobs is not None:
+                reports = True
+            if params.logit_bias or request.slot is not None or request.mask_row is not None:
+                processed = True
+            if params.temperature >= MIN_TEMPERATURE:  # `not params.greedy`, spelled out
+                if request.seed is None:
+                    _with_seed(request)
                 drawing.append(i)
                 sorts = sorts or 0 < params.top_k < vocab_size or params.top_p < 1.0
                 filtered = filtered or params.min_p > 0.0
@@ -132,17 +141,20 @@ class StepSettings:
                 penalized.append(i)
             else:
                 plain.append(i)
-        order = drawing + penalized + plain
         slotted = len(drawing) + len(penalized)
-        slots, tables_plan = tables.pack(upload, [requests[i] for i in order[:slotted]], vocab_size)
-        wanted = [k for k, i in enumerate(order) if requests[i].params.logprobs is not None]
-        rows = [requests[i].row for i in order]
+        # Rows of one kind keep the request order, and then nothing needs looking up through the order.
+        ordered = len(drawing) == len(requests) or len(plain) == len(requests)
+        order = list(range(len(requests))) if ordered else drawing + penalized + plain
+        chosen = requests if ordered else [requests[i] for i in order]
+        slots, tables_plan = tables.pack(upload, chosen[:slotted], vocab_size)
+        wanted = [k for k, request in enumerate(chosen) if request.params.logprobs is not None] if reports else []
+        rows = [request.row for request in chosen]
         # int32: row and slot numbers fit, and every index op takes them (half the bytes of int64).
         upload.add(SETTINGS, rows + slots + wanted + tables_plan.transient, torch.int32)
-        counts = [requests[order[k]].params.logprobs for k in wanted]
-        in_place = rows == list(range(len(rows)))  # each pick reads its own logits row, in order
+        counts = [chosen[k].params.logprobs for k in wanted]
+        in_place = rows == order if ordered else rows == list(range(len(rows)))  # each pick reads its own row, in order
         return SettingsPlan(order, len(drawing), slotted, wanted, counts, sorts, sorts or filtered, tables_plan,
-                            in_place)
+                            in_place, ordered, processed)
 
     @classmethod
     def bind(cls, plan: SettingsPlan, views: dict[str, torch.Tensor], tables: SamplingTables) -> StepSettings:
@@ -153,7 +165,7 @@ class StepSettings:
         ints, floats = values.ints[: plan.drawn], values.floats[: plan.drawn]
         filters = Filters(ints[:, TOP_K], floats[:, TOP_P], floats[:, MIN_P], plan.sorts)
         return cls(plan.order, plan.drawn, rows, slots, transient, values, filters, logprob_rows, plan.wanted,
-                   plan.logprob_counts, plan.filtered, plan.tables)
+                   plan.logprob_counts, plan.filtered, plan.tables, plan.ordered)
 
 
 @dataclass(slots=True)
@@ -171,7 +183,7 @@ class PickedTokens:
     def results(self) -> list[tuple[int, TokenLogprob | None]]:
         """The token (and logprob, if asked) of each request, in request order; waits for the copy."""
         results = _unpack(_to_host(self.copy), self.step)
-        return [results[row] for row in self.row_of]
+        return results if self.step.ordered else [results[row] for row in self.row_of]
 
 
 @dataclass(slots=True)
@@ -249,7 +261,8 @@ class Sampler:
         """Adds everything the picks need to the step's upload: settings, and what the logits processors use."""
         settings = StepSettings.pack(upload, requests, vocab_size, self.tables)
         processing = None
-        if self.processors is not None:
+        # New penalty slots' prompts are marked at the slot's first step, which has a penalized row too.
+        if self.processors is not None and (settings.processed or self.processors.slots.unmarked):
             rows = [RowSettings(requests[i].params, requests[i].slot, requests[i].mask_row) for i in settings.order]
             processing = self.processors.pack(upload, rows, masks)
         return SamplerPlan(settings, processing)
@@ -275,9 +288,9 @@ class Sampler:
         if self.processors is not None:
             self.processors.record(counting, tokens)
         self.tables.advance(step.tables, step.slots, step.transient)
-        row_of = [0] * len(step.order)
-        for row, index in enumerate(step.order):
-            row_of[index] = row
+        # The inverse of the order (request i is at row row_of[i]); the request order is its own inverse.
+        order = step.order
+        row_of = order if plan.settings.ordered else sorted(range(len(order)), key=order.__getitem__)
         download.add(PICKS, _pack(raw, tokens, step))
         return PickedTokens(tokens, row_of, step)
 
@@ -384,6 +397,8 @@ def _pack(logits: torch.Tensor, tokens: torch.Tensor, step: StepSettings) -> tor
 
 def _unpack(values: list, step: StepSettings) -> list[tuple[int, TokenLogprob | None]]:
     """Splits `_pack`'s values back into (token, logprob or None) per reordered row."""
+    if not step.wanted:  # the ids alone, as int64: host ints already
+        return list(zip(values, [None] * len(values)))
     tokens = [int(v) for v in values[: len(step.order)]]
     logprobs: list[TokenLogprob | None] = [None] * len(tokens)
     wanted = step.wanted

@@ -100,17 +100,18 @@ class SamplingTables:
         ints: list[int] = []
         floats: list[float] = []
         bias: list[tuple[int, int, int, float]] = []  # (slot, column, token, value)
+        slot_of, held_by_slot = self.slot_of, self._held  # read for every row of every step
         for row in rows:
             key, p, position = row.sample, row.params, row.position
-            slot = self.slot_of.get(key) if key is not None else None
+            slot = slot_of.get(key)  # None for a key of None too: no sample is keyed so
             if slot is None:
                 slot = self._free.pop()
                 if key is None:
                     transient.append(slot)
                 else:
-                    self.slot_of[key] = slot
+                    slot_of[key] = slot
             seed = row.seed or 0  # greedy rows draw nothing
-            held = self._held[slot]
+            held = held_by_slot[slot]
             if held is None or held.params is not p or held.seed != seed or held.position != position:
                 # top-k as a count to keep: the whole vocabulary when off (0) or not smaller than it.
                 top_k = p.top_k if 0 < p.top_k < vocab_size else vocab_size
