@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -86,8 +87,10 @@ class BridgeStats:
     total: CrossingCount
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
+class Segment(NamedTuple):
+    """Where a named segment lies in a crossing's buffer. A tuple: made, hashed and compared in C, as a
+    step makes a dozen and looks each up among the views its buffer keeps."""
+
     offset: int  # bytes into the buffer
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -163,14 +166,14 @@ class Upload:
         if _numel(shape) != count:
             raise EngineError(f"segment {name!r} holds {count} values, not the {shape} it is to be viewed as")
         segment = Segment(_aligned(self.nbytes), dtype, shape)
-        self._staging.reserve(segment.offset + segment.nbytes)
-        self._write(segment, values)
+        end = segment.offset + count * dtype.itemsize
+        self._staging.reserve(end)
+        if count:
+            self._write(segment, end, values)
         self.segments[name] = segment
-        self.nbytes = segment.offset + segment.nbytes
+        self.nbytes = end
 
-    def _write(self, segment: Segment, values: Sequence | torch.Tensor) -> None:
-        if not segment.nbytes:
-            return
+    def _write(self, segment: Segment, end: int, values: Sequence | torch.Tensor) -> None:
         if isinstance(values, torch.Tensor):
             self._staging.view(segment).copy_(values.reshape(segment.shape))
             return
@@ -179,8 +182,7 @@ class Upload:
             struct.pack_into(f"{len(values)}{_STRUCT[segment.dtype]}", self._staging.array, segment.offset, *values)
         except (struct.error, OverflowError, TypeError):
             # What struct refuses (a float past float32's range, say): numpy's conversion, exactly as before.
-            raw = self._staging.array[segment.offset : segment.offset + segment.nbytes]
-            raw.view(_NUMPY[segment.dtype])[:] = values
+            self._staging.array[segment.offset : end].view(_NUMPY[segment.dtype])[:] = values
 
     def __contains__(self, name: str) -> bool:
         return name in self.segments
@@ -406,7 +408,9 @@ class _Drain:
         if self.slot.done is not None:
             self.slot.done.synchronize()
         self.toll.pay()
-        return {name: self.slot.staging.view(segment).reshape(-1).tolist() for name, segment in self.segments.items()}
+        staging = self.slot.staging
+        return {name: (staging.view(segment) if len(segment.shape) == 1 else staging.view(segment).reshape(-1)).tolist()
+                for name, segment in self.segments.items()}
 
 
 def _layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Segment], int]:
