@@ -197,7 +197,11 @@ class Blocks:
 
 class PickBuffers:
     """The picks' blocks, kept from step to step: on a CPU a fresh block of that size costs more than the
-    pass that fills it (the allocator hands it back to the system when freed and faults it in again)."""
+    pass that fills it (the allocator hands it back to the system when freed and faults it in again).
+
+    They hold a step's scaled logits and probabilities while it picks, and are zeroed once its picks are
+    made (queued after them on the device), so between steps they hold nothing of any request.
+    """
 
     def __init__(self) -> None:
         self._blocks: Blocks | None = None
@@ -210,7 +214,7 @@ class PickBuffers:
             size = max(rows, 2 * (0 if held is None else held.probs.shape[0]))
             # float32 counts exactly up to 2^24, far beyond any vocabulary.
             keys = torch.arange(vocab_size, 0, -1, dtype=torch.float32, device=device)
-            held = self._blocks = Blocks(*(torch.empty((size, vocab_size), device=device) for _ in range(2)), keys)
+            held = self._blocks = Blocks(*(torch.zeros((size, vocab_size), device=device) for _ in range(2)), keys)
         return Blocks(held.scaled[:rows], held.probs[:rows], held.keys)
 
 
@@ -285,6 +289,8 @@ class Sampler:
         if step.drawn:
             fallback = tokens[: step.drawn]
             torch.where(*_draw(picked[: step.drawn], step, self._noise, blocks), fallback, out=fallback)
+            blocks.scaled[: step.drawn].zero_()
+        blocks.probs.zero_()  # the blocks held this step's logits and picks: none of it outlives the step
         if self.processors is not None:
             self.processors.record(counting, tokens)
         self.tables.advance(step.tables, step.slots, step.transient)

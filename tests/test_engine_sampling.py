@@ -574,7 +574,7 @@ def test_the_negated_noise_is_the_noise_negated_bit_for_bit():
     assert torch.equal((-negated).view(torch.int32), exponential_noise(seeds, positions, 5000).view(torch.int32))
 
 
-def test_the_picks_blocks_are_reused_from_step_to_step_and_grow_only_for_more_rows():
+def test_the_picks_blocks_are_reused_from_step_to_step_grow_only_for_more_rows_and_are_zeroed_after_each():
     sampler = Sampler()
     logits = mixed_logits(6, vocab=40, seed=2)
     params = SamplingParams(temperature=0.7)
@@ -584,8 +584,13 @@ def test_the_picks_blocks_are_reused_from_step_to_step_and_grow_only_for_more_ro
         sampler(logits, [SampleRequest(row, params, noise_seed(row), position) for row in range(6)])
         again = sampler._blocks.take(6, 40, logits.device)
         assert (again.scaled.data_ptr(), again.probs.data_ptr()) == (first.scaled.data_ptr(), first.probs.data_ptr())
-    sampler(logits, [SampleRequest(row % 6, params, noise_seed(row), 0) for row in range(20)])
-    assert sampler._blocks.take(20, 40, logits.device).probs.shape == (20, 40)
+    batch = [SampleRequest(row % 6, NEIGHBOUR_SETTINGS[row % len(NEIGHBOUR_SETTINGS)], noise_seed(row), 0)
+             for row in range(20)]
+    sampler(logits, batch)
+    grown = sampler._blocks.take(20, 40, logits.device)
+    assert grown.probs.shape == (20, 40)
+    # Between steps they hold nothing of the requests: no logits, probabilities or picks.
+    assert not grown.scaled.any() and not grown.probs.any()
 
 
 def test_logprobs_of_a_mixed_batch_are_each_rows_own():
