@@ -65,7 +65,10 @@ class BlockManager:
     def reserve_decode(self, seq: Sequence) -> bool:
         """`reserve(seq, 1)` where it takes no preemption: True once `seq`'s next token has its private slot
         (mostly held already), False, with nothing done, when the free blocks do not allow it."""
-        if self.decode_fits(seq):
+        position = seq.num_computed_tokens  # `decode_fits` spelled out: this runs for every sample of every step
+        index = position // self.block_size
+        table = seq.block_table
+        if index < len(table) and (position % self.block_size == 0 or self._ref_counts[table[index]] == 1):
             return True
         if not self.can_reserve(seq, 1):
             return False

@@ -96,9 +96,10 @@ class Scheduler:
         already or can take without a preemption (most sequences of most steps). Returns the index
         of the first one that needs more, for the general loop, and the budget left. Properties are
         spelled out and a sample's decode chunk is made once: this loop runs for every sample of every step."""
-        reserve, made, running = self.block_manager.reserve_decode, self._decode_chunks, self.running
-        while index < len(running) and budget:
-            seq = running[index]
+        reserve, made = self.block_manager.reserve_decode, self._decode_chunks
+        for seq in self.running[index:] if index else self.running:
+            if not budget:
+                break
             outputs = len(seq.output_token_ids) + (seq.pending_row is not None)  # `num_output_tokens`
             if outputs < seq.max_tokens:  # else its pending token is its last: it ends when that is read
                 if len(seq.prompt_token_ids) + outputs - seq.num_computed_tokens != 1 or not reserve(seq):
