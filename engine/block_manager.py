@@ -65,14 +65,22 @@ class BlockManager:
     def reserve_decode(self, seq: Sequence) -> bool:
         """`reserve(seq, 1)` where it takes no preemption: True once `seq`'s next token has its private slot
         (mostly held already), False, with nothing done, when the free blocks do not allow it."""
-        position = seq.num_computed_tokens  # `decode_fits` spelled out: this runs for every sample of every step
+        # `can_reserve(seq, 1)` and `reserve(seq, 1)` spelled out: this runs for every sample of every step.
+        position = seq.num_computed_tokens
         index = position // self.block_size
         table = seq.block_table
-        if index < len(table) and (position % self.block_size == 0 or self._ref_counts[table[index]] == 1):
+        if index < len(table):
+            if position % self.block_size == 0 or self._ref_counts[table[index]] == 1:
+                return True  # `decode_fits`
+            if not self.num_free_blocks:
+                return False
+            self._copy_on_write(seq)  # the partial block is shared: a private copy of it
             return True
-        if not self.can_reserve(seq, 1):
+        needed = index + 1 - len(table)  # one, unless a trim left the table short
+        if needed > self.num_free_blocks:
             return False
-        self.reserve(seq, 1)
+        for _ in range(needed):
+            table.append(self._take())
         return True
 
     def reserve(self, seq: Sequence, num_new_tokens: int) -> None:
