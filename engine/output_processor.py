@@ -43,8 +43,20 @@ class SampleText:
     finish_reason: FinishReason | None = None  # set once its last delta is made
 
 
-# A sample a step's outputs spoke of: it, its request's samples, and the core's word on its end.
-_Touched = tuple[SampleText, list[SampleText], FinishReason | None, RequestMetrics | None]
+@dataclass(eq=False, slots=True)
+class _RequestText:
+    stops: tuple[str, ...]
+    # Made as the core's outputs name them: `n` is the client's word until the core has accepted it.
+    samples: list[SampleText] = field(default_factory=list)
+
+    def sample(self, request_id: str, index: int) -> SampleText:
+        while len(self.samples) <= index:
+            self.samples.append(SampleText(request_id, len(self.samples), self.stops))
+        return self.samples[index]
+
+
+# A sample a step's outputs spoke of: it, its request, and the core's word on its end.
+_Touched = tuple[SampleText, _RequestText, FinishReason | None, RequestMetrics | None]
 
 class OutputProcessor:
     """The text stage: requests are added when submitted and forgotten at their last delta."""
@@ -55,7 +67,7 @@ class OutputProcessor:
         self._singles: list[str] | None = None  # each token's text alone, built at the first batch
         # request id -> its samples' text. Added and forgotten from other threads than `process`'s:
         # each is one dict operation, atomic in CPython.
-        self._requests: dict[str, list[SampleText]] = {}
+        self._requests: dict[str, _RequestText] = {}
         self._stopped: list[SampleText] = []  # by a stop string in the call of `process` under way
 
     @property
@@ -65,7 +77,7 @@ class OutputProcessor:
         return self._singles
 
     def add(self, request_id: str, params: SamplingParams) -> None:
-        self._requests[request_id] = [SampleText(request_id, index, params.stop) for index in range(params.n)]
+        self._requests[request_id] = _RequestText(params.stop)
 
     def forget(self, request_id: str) -> None:
         """Drops the request's text (aborted or failed): later outputs for it are ignored."""
@@ -85,10 +97,11 @@ class OutputProcessor:
         singly: list[tuple[SampleText, int]] = []  # several new tokens and stop strings: token by token
         requests = self._requests
         for request_id, index, tokens, logprobs, finish, metrics in outputs:
-            samples = requests.get(request_id)
-            if samples is None:  # forgotten: aborted, or its last delta is out
+            request = requests.get(request_id)
+            if request is None:  # forgotten: aborted, or its last delta is out
                 continue
-            sample = samples[index]
+            samples = request.samples
+            sample = samples[index] if index < len(samples) else request.sample(request_id, index)
             if tokens and not sample.stopped:  # after a stop string, the core's later tokens are dropped
                 if len(tokens) > 1 and sample.stops:
                     singly.append((sample, len(sample.token_ids)))
@@ -97,7 +110,7 @@ class OutputProcessor:
                 sample.token_ids += tokens
                 if logprobs:
                     sample.logprobs += logprobs
-            touched.append((sample, samples, finish, metrics))
+            touched.append((sample, request, finish, metrics))
         self._add_texts(batch)
         for sample, start in singly:
             self._add_tokenwise(sample, start)
@@ -135,7 +148,7 @@ class OutputProcessor:
     def _deltas(self, touched: list[_Touched]) -> list[StreamDelta]:
         deltas = []
         take = self._take
-        for sample, samples, finish, metrics in touched:
+        for sample, request, finish, metrics in touched:
             if sample.finish_reason is not None:
                 continue  # its last delta is out
             if finish is not None:  # the core ended it: a stop string found in the same tokens wins
@@ -148,15 +161,14 @@ class OutputProcessor:
             if delta is None:
                 continue
             if metrics is not None:  # the core ended the request: this is its last delta
-                delta.metrics = self._request_metrics(sample.request_id, samples, metrics)
+                delta.metrics = self._request_metrics(sample.request_id, request, metrics)
             deltas.append(delta)
         return deltas
 
-    def _request_metrics(self, request_id: str, samples: list[SampleText], metrics: RequestMetrics
-                         ) -> RequestMetrics:
+    def _request_metrics(self, request_id: str, request: _RequestText, metrics: RequestMetrics) -> RequestMetrics:
         """The core's metrics, counting only the tokens kept (none after a stop string); forgets the request."""
         self._requests.pop(request_id, None)
-        kept = sum(len(s.token_ids) for s in samples)
+        kept = sum(len(s.token_ids) for s in request.samples)
         return metrics if metrics.output_tokens == kept else dataclasses.replace(metrics, output_tokens=kept)
 
     @staticmethod

@@ -196,6 +196,12 @@ def test_an_aborted_or_refused_requests_text_is_forgotten_at_once(core) -> None:
     with pytest.raises(EngineError):
         list(refused.deltas())
     assert len(core._text) == 0
+    # Nothing is made per sample before the core has accepted the request's `n` (here it refuses it).
+    absurd = core.submit(PROMPT, SamplingParams(max_tokens=4, n=10**9))
+    assert all(not request.samples for request in list(core._text._requests.values()))  # or refused already
+    with pytest.raises(EngineError):
+        list(absurd.deltas())
+    assert len(core._text) == 0
 
 
 # ----- the token step makes no text ---------------------------------------------------------------
