@@ -30,6 +30,37 @@ def test_an_upload_of_many_segments_is_one_crossing_and_each_segment_reads_back_
     assert views["table"].tolist() == [[1, 2, 3], [4, 5, 6]]
 
 
+def test_values_the_fast_writer_refuses_are_written_as_numpy_converts_them() -> None:
+    bridge = Bridge(CPU)
+    upload = bridge.upload()
+    upload.add("wide", [1e39, -1e39, 0.5], torch.float32)  # past float32's range: numpy makes them infinite
+    upload.add("ids", (5, 6), torch.int64)  # a tuple, not a list
+    views = bridge.send(upload)
+    assert views["wide"].tolist() == [float("inf"), float("-inf"), 0.5]
+    assert views["ids"].tolist() == [5, 6]
+    overflowing = bridge.upload()
+    with pytest.raises(OverflowError):  # numpy's refusal, as before: no value wraps around
+        overflowing.add("ids", [1 << 40], torch.int32)
+
+
+def test_a_repeated_layout_reads_each_step_s_values_through_views_kept_until_the_buffer_grows() -> None:
+    bridge = Bridge(CPU)
+    seen = []
+    for step in range(4):
+        upload = bridge.upload()
+        upload.add("ids", [step, step + 1], torch.int64)
+        views = bridge.send(upload)
+        assert views["ids"].tolist() == [step, step + 1]
+        seen.append(views["ids"])
+    assert all(view is seen[0] for view in seen)  # the same layout: the view made once serves again
+    upload = bridge.upload()
+    upload.add("ids", [9, 8], torch.int64)
+    upload.add("big", list(range(20_000)), torch.int64)  # the device buffer grows: views of it are new
+    views = bridge.send(upload)
+    assert views["ids"] is not seen[0] and views["ids"].tolist() == [9, 8]
+    assert views["big"][-1].item() == 19_999
+
+
 def test_the_staging_buffer_is_reused_across_steps_and_grows_only_when_a_step_needs_more() -> None:
     bridge = Bridge(CPU)
     for _ in range(3):  # one staging buffer per turn
