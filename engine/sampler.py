@@ -186,45 +186,22 @@ class PickedTokens:
         return results if self.step.ordered else [results[row] for row in self.row_of]
 
 
-@dataclass(slots=True)
-class Blocks:
-    """[rows, vocab] float32 blocks for a step's picks, and `_first_index`'s keys (vocab, vocab - 1, ..., 1)."""
-
-    scaled: torch.Tensor
-    probs: torch.Tensor
-    keys: torch.Tensor
-
-
-class PickBuffers:
-    """The picks' blocks, kept from step to step: on a CPU a fresh block of that size costs more than the
-    pass that fills it (the allocator hands it back to the system when freed and faults it in again).
-
-    They hold a step's scaled logits and probabilities while it picks, and are zeroed once its picks are
-    made (queued after them on the device), so between steps they hold nothing of any request.
-    """
-
-    def __init__(self) -> None:
-        self._blocks: Blocks | None = None
-
-    # Normal tensors even when first taken under inference mode, as the noise block's (`NoiseBuffers`).
-    @torch.inference_mode(False)
-    def take(self, rows: int, vocab_size: int, device: torch.device) -> Blocks:
-        held = self._blocks
-        if held is None or held.keys.shape[0] != vocab_size or held.keys.device != device or held.probs.shape[0] < rows:
-            size = max(rows, 2 * (0 if held is None else held.probs.shape[0]))
-            # float32 counts exactly up to 2^24, far beyond any vocabulary.
-            keys = torch.arange(vocab_size, 0, -1, dtype=torch.float32, device=device)
-            held = self._blocks = Blocks(*(torch.zeros((size, vocab_size), device=device) for _ in range(2)), keys)
-        return Blocks(held.scaled[:rows], held.probs[:rows], held.keys)
-
-
 class Sampler:
     def __init__(self, processors: LogitsProcessors | None = None, bridge: Bridge | None = None) -> None:
         self.processors = processors  # bias, penalties and grammar masks (`engine.logits_processors`)
         self._bridge = bridge  # the engine's; a sampler used alone makes its own for the logits' device
         self._noise = NoiseBuffers()  # the draw's noise block, reused from step to step
-        self._blocks = PickBuffers()  # the picks' own blocks, reused likewise
+        self._keys: torch.Tensor | None = None  # `_first_index`'s keys for the vocabulary on the logits' device
         self._tables: SamplingTables | None = None  # each sample's settings on the device, made at the first pack
+
+    # A normal tensor even when first made under inference mode, like the noise block's.
+    @torch.inference_mode(False)
+    def _first_index_keys(self, logits: torch.Tensor) -> torch.Tensor:
+        vocab_size = logits.shape[-1]
+        if self._keys is None or self._keys.shape[0] != vocab_size or self._keys.device != logits.device:
+            # float32 counts exactly up to 2^24, far beyond any vocabulary.
+            self._keys = torch.arange(vocab_size, 0, -1, dtype=torch.float32, device=logits.device)
+        return self._keys
 
     def release(self, sample: int) -> None:
         """Zeroes an ended sample's settings on the device and frees their slot (`engine.sampling_tables`)."""
@@ -284,13 +261,11 @@ class Sampler:
         counting = None
         if self.processors is not None:
             picked, counting = self.processors.apply(raw, plan.processing, views, step.values)
-        blocks = self._blocks.take(picked.shape[0], picked.shape[-1], picked.device)
-        tokens = _most_likely(picked, blocks)
+        keys = self._first_index_keys(picked)
+        tokens = _most_likely(picked, keys)
         if step.drawn:
             fallback = tokens[: step.drawn]
-            torch.where(*_draw(picked[: step.drawn], step, self._noise, blocks), fallback, out=fallback)
-            blocks.scaled[: step.drawn].zero_()
-        blocks.probs.zero_()  # the blocks held this step's logits and picks: none of it outlives the step
+            torch.where(*_draw(picked[: step.drawn], step, self._noise, keys), fallback, out=fallback)
         if self.processors is not None:
             self.processors.record(counting, tokens)
         self.tables.advance(step.tables, step.slots, step.transient)
@@ -301,16 +276,14 @@ class Sampler:
         return PickedTokens(tokens, row_of, step)
 
 
-def _draw(logits: torch.Tensor, step: StepSettings, noise: NoiseBuffers, blocks: Blocks
+def _draw(logits: torch.Tensor, step: StepSettings, noise: NoiseBuffers, keys: torch.Tensor
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Returns (is a distribution, draw) per row.
 
     A row whose probabilities are no distribution (NaN wins argmax) takes its `_most_likely` pick instead.
     """
-    rows = logits.shape[0]
     # Rows under the floor are greedy and never get here; the clamp keeps every division finite regardless.
-    scaled = torch.div(logits, step.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1), out=blocks.scaled[:rows])
-    probs = torch.softmax(scaled, dim=-1, out=blocks.probs[:rows])
+    probs = torch.softmax(logits.div(step.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1)), dim=-1)
     positive = None
     if step.filtered:  # each filter is a few passes over the block: none runs when no row filters
         probs = filter_batch(probs, step.filters)
@@ -324,17 +297,17 @@ def _draw(logits: torch.Tensor, step: StepSettings, noise: NoiseBuffers, blocks:
     is_distribution = best.squeeze(-1).isfinite()
     if positive is not None:
         is_distribution &= positive
-    return is_distribution, _first_index(torch.le(scores, best, out=scores), blocks.keys)
+    return is_distribution, _first_index(torch.le(scores, best, out=scores), keys)
 
 
-def _most_likely(logits: torch.Tensor, blocks: Blocks) -> torch.Tensor:
+def _most_likely(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """[rows] the greedy pick, NaN logits ranked last: what a distribution collapsed onto one token means.
 
     A drawn row falls back to it where scaled logits overflow, when one token holds all the mass;
     failing the request instead would cut off a stream its caller has partly received, for no better answer.
     """
-    ranked = torch.nan_to_num(logits, nan=-torch.inf, out=blocks.probs[: logits.shape[0]])
-    return _first_index(torch.ge(ranked, ranked.amax(dim=-1, keepdim=True), out=ranked), blocks.keys)
+    ranked = torch.nan_to_num(logits, nan=-torch.inf)  # a new tensor, which the marks then overwrite
+    return _first_index(torch.ge(ranked, ranked.amax(dim=-1, keepdim=True), out=ranked), keys)
 
 
 def _first_index(marks: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -501,16 +501,16 @@ def awkward_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
 
 def test_the_greedy_pick_is_argmax_with_nan_ranked_last_on_awkward_rows():
     logits = awkward_logits(12, 300, seed=5)
-    blocks = sampler_module.PickBuffers().take(12, 300, logits.device)
+    keys = Sampler()._first_index_keys(logits)
     expected = torch.nan_to_num(logits, nan=-math.inf).argmax(dim=-1)
-    assert sampler_module._most_likely(logits, blocks).tolist() == expected.tolist()
+    assert sampler_module._most_likely(logits, keys).tolist() == expected.tolist()
     assert expected[2:9].tolist() == [0, 5, 0, 4, 12, 0, 0]  # the awkward rows, worked out by hand
 
 
 def test_the_first_marked_column_is_what_argmax_picks():
     marks = (torch.rand(64, 500, generator=torch.Generator().manual_seed(1)) < 0.01).float()
     marks[0], marks[1, -1] = 1.0, 1.0  # every column marked; only the last column marked
-    keys = sampler_module.PickBuffers().take(64, 500, marks.device).keys
+    keys = Sampler()._first_index_keys(marks)
     assert sampler_module._first_index(marks.clone(), keys).tolist() == marks.argmax(dim=-1).tolist()
 
 
@@ -572,25 +572,6 @@ def test_the_negated_noise_is_the_noise_negated_bit_for_bit():
     seeds, positions = torch.tensor([5, 5, 2**62 - 1]), torch.tensor([0, 1, 7])
     negated = negated_exponential_noise(seeds, positions, 5000)
     assert torch.equal((-negated).view(torch.int32), exponential_noise(seeds, positions, 5000).view(torch.int32))
-
-
-def test_the_picks_blocks_are_reused_from_step_to_step_grow_only_for_more_rows_and_are_zeroed_after_each():
-    sampler = Sampler()
-    logits = mixed_logits(6, vocab=40, seed=2)
-    params = SamplingParams(temperature=0.7)
-    sampler(logits, [SampleRequest(row, params, noise_seed(row), 0) for row in range(6)])
-    first = sampler._blocks.take(6, 40, logits.device)
-    for position in range(1, 4):
-        sampler(logits, [SampleRequest(row, params, noise_seed(row), position) for row in range(6)])
-        again = sampler._blocks.take(6, 40, logits.device)
-        assert (again.scaled.data_ptr(), again.probs.data_ptr()) == (first.scaled.data_ptr(), first.probs.data_ptr())
-    batch = [SampleRequest(row % 6, NEIGHBOUR_SETTINGS[row % len(NEIGHBOUR_SETTINGS)], noise_seed(row), 0)
-             for row in range(20)]
-    sampler(logits, batch)
-    grown = sampler._blocks.take(20, 40, logits.device)
-    assert grown.probs.shape == (20, 40)
-    # Between steps they hold nothing of the requests: no logits, probabilities or picks.
-    assert not grown.scaled.any() and not grown.probs.any()
 
 
 def test_logprobs_of_a_mixed_batch_are_each_rows_own():
