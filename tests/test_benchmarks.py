@@ -83,12 +83,16 @@ def test_the_end_to_end_benchmark_compares_the_encrypted_path_with_both_baseline
 
 def test_the_host_time_benchmark_splits_each_step_into_forward_and_host() -> None:
     out = run_benchmark("engine_host.py", "--batches", "2", "8", "--steps", "3", "--repeats", "1")
-    rows = re.findall(rf"^\s+(\d+)\s+(greedy|sampled) \|\s+({NUMBER})\s+({NUMBER})\s+({NUMBER})\s+(\d+)% \|"
-                      rf"\s+({NUMBER})\s+({NUMBER})\s+(\d+)\s+(\d+)$", out, re.M)
+    rows = re.findall(rf"^\s+(\d+)\s+(greedy|sampled) \|\s+({NUMBER})\s+({NUMBER})\s+({NUMBER})\s+(\d+)%"
+                      rf"\s+({NUMBER})\s+({NUMBER}) \|\s+({NUMBER}) \|\s+({NUMBER})\s+({NUMBER})\s+(\d+)\s+(\d+)$",
+                      out, re.M)
     assert [(batch, mode) for batch, mode, *_ in rows] == [("2", "greedy"), ("2", "sampled"), ("8", "greedy"),
                                                           ("8", "sampled")]
-    for _, _, step, forward, host, _, uploads, downloads, up_bytes, down_bytes in rows:
+    for _, _, step, forward, host, _, head, host_less_head, text, uploads, downloads, up_bytes, down_bytes in rows:
         assert float(forward) > 0 and abs(float(step) - float(forward) - float(host)) < 0.02
+        # The LM head ran inside the step and is split out of its host time; the text stage ran beside it.
+        assert float(head) > 0 and abs(float(host) - float(head) - float(host_less_head)) < 0.02
+        assert float(text) > 0
         # A decode step crosses the bridge once each way, and each crossing carries something.
         assert float(uploads) == float(downloads) == 1.0 and int(up_bytes) > 0 and int(down_bytes) > 0
     assert "8 ms at 256" in out
