@@ -266,8 +266,9 @@ class LLMEngine:
         sampling, waiting_mask = [], False
         for chunk in chunks:  # one pass: the chunks count as computed, and those that reach their end sample
             seq = chunk.seq
-            seq.num_computed_tokens += chunk.num_tokens
-            if seq.num_computed_tokens == seq.num_tokens:
+            computed = seq.num_computed_tokens = seq.num_computed_tokens + chunk.num_tokens
+            # `num_tokens` spelled out: this runs for every chunk of every step.
+            if computed == len(seq.prompt_token_ids) + len(seq.output_token_ids) + (seq.pending_row is not None):
                 sampling.append(seq)
                 waiting_mask = waiting_mask or (seq.guide is not None and seq.pending_row is not None)
         if waiting_mask:
@@ -301,7 +302,10 @@ class LLMEngine:
 
     def _in_flight_ids(self, chunks: list[ScheduledChunk]) -> torch.Tensor | None:
         """The in-flight step's picked ids when a chunk's input is a pending token of it, else None."""
-        if all(chunk.seq.pending_row is None for chunk in chunks):
+        for chunk in chunks:  # a plain loop: all() over a generator costs twice as much, every step
+            if chunk.seq.pending_row is not None:
+                break
+        else:
             return None
         if self._in_flight is None:  # only after a step failed and its requests were not aborted
             raise EngineError("a sample waits for a token no step in flight will supply; abort its request")
@@ -322,10 +326,11 @@ class LLMEngine:
         if isinstance(launched.picked, SpeculativePicks):
             self.speculation.add(launched.picked, results)
             return self._read_speculative(launched.samples, results, now)
+        finished = SequenceStatus.FINISHED  # `is_finished` spelled out: read for every sample of every step
         for seq, (token, logprob) in zip(launched.samples, results):
             seq.pending_row = None
             # One that stopped while this batch was in flight: its pick is dropped.
-            if not seq.is_finished and self._take_token(seq, token, logprob, now):
+            if seq.status is not finished and self._take_token(seq, token, logprob, now):
                 self._end_if_done(seq)
         return self._token_outputs(launched.samples)
 
@@ -553,7 +558,8 @@ class LLMEngine:
 
     def _take_token(self, seq: Sequence, token: int, logprob, now: float) -> bool:
         """Appends the token unless it ends the sample; True when the sample goes on to its text."""
-        if not seq.output_token_ids:  # a sample with output tokens has had its request's first token time set
+        outputs = seq.output_token_ids
+        if not outputs:  # a sample with output tokens has had its request's first token time set
             request = self._requests[seq.request_id]
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -561,7 +567,7 @@ class LLMEngine:
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             self._finish_and_free(seq, FinishReason.STOP)
             return False
-        seq.append_token(token)
+        outputs.append(token)  # `Sequence.append_token` spelled out: once per sample per step
         if logprob is not None:
             seq.logprobs.append(logprob)
         if seq.guide is not None and not seq.guide.advance(token):
@@ -574,7 +580,10 @@ class LLMEngine:
         """Ends the sample whose grammar is whole, or at its length (stop strings: the text stage's)."""
         if seq.guide is not None and seq.guide.complete:  # the grammar allows nothing more: the output is whole
             return self._finish_and_free(seq, FinishReason.STOP)
-        if len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+        # `num_tokens` spelled out (checked for every sample of every step).
+        outputs = len(seq.output_token_ids)
+        if outputs >= seq.max_tokens or (len(seq.prompt_token_ids) + outputs + (seq.pending_row is not None)
+                                         >= self.max_model_len):
             self._finish_and_free(seq, FinishReason.LENGTH)
 
     def _finish_and_free(self, seq: Sequence, reason: FinishReason) -> None:
