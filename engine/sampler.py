@@ -194,14 +194,13 @@ class Sampler:
         self._keys: torch.Tensor | None = None  # `_first_index`'s keys for the vocabulary on the logits' device
         self._tables: SamplingTables | None = None  # each sample's settings on the device, made at the first pack
 
-    # A normal tensor even when first made under inference mode, like the noise block's.
-    @torch.inference_mode(False)
     def _first_index_keys(self, logits: torch.Tensor) -> torch.Tensor:
-        vocab_size = logits.shape[-1]
-        if self._keys is None or self._keys.shape[0] != vocab_size or self._keys.device != logits.device:
-            # float32 counts exactly up to 2^24, far beyond any vocabulary.
-            self._keys = torch.arange(vocab_size, 0, -1, dtype=torch.float32, device=logits.device)
-        return self._keys
+        # Only making the keys leaves inference mode: entering a mode costs tens of microseconds inside a
+        # step (measured), and the kept keys are read every step.
+        keys, vocab_size = self._keys, logits.shape[-1]
+        if keys is None or keys.shape[0] != vocab_size or keys.device != logits.device:
+            keys = self._keys = _descending_keys(vocab_size, logits.device)
+        return keys
 
     def release(self, sample: int) -> None:
         """Zeroes an ended sample's settings on the device and frees their slot (`engine.sampling_tables`)."""
@@ -274,6 +273,13 @@ class Sampler:
         row_of = order if plan.settings.ordered else sorted(range(len(order)), key=order.__getitem__)
         download.add(PICKS, _pack(raw, tokens, step))
         return PickedTokens(tokens, row_of, step)
+
+
+# A normal tensor even when first made under inference mode, like the noise block's.
+@torch.inference_mode(False)
+def _descending_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """`_first_index`'s keys: vocab_size down to 1 (float32 counts exactly up to 2^24, far beyond any vocabulary)."""
+    return torch.arange(vocab_size, 0, -1, dtype=torch.float32, device=device)
 
 
 def _draw(logits: torch.Tensor, step: StepSettings, noise: NoiseBuffers, keys: torch.Tensor
