@@ -307,8 +307,8 @@ class Bridge:
         self._device_out.reserve(nbytes)
         slot.staging.reserve(nbytes)
         for name, tensor in plan.tensors.items():
-            if tensor.numel():
-                self._device_out.view(segments[name]).copy_(tensor.reshape(segments[name].shape))
+            if tensor.numel():  # a segment has its tensor's own shape (`_layout`): copied as it is
+                self._device_out.view(segments[name]).copy_(tensor)
         if nbytes:
             slot.staging.tensor[:nbytes].copy_(self._device_out.tensor[:nbytes], non_blocking=True)
         slot.done = _recorded_event(self.device)
