@@ -313,8 +313,9 @@ class LLMEngine:
 
     def _hold(self, launched: LaunchedStep) -> None:
         """Keeps the launched batch in flight: its samples' next tokens are pending until it is read."""
+        finished = SequenceStatus.FINISHED  # `is_finished` spelled out, as in `_read`
         for seq, row in zip(launched.samples, launched.picked.row_of):
-            if not seq.is_finished:
+            if seq.status is not finished:
                 seq.pending_row = row
         self._in_flight = launched
 
