@@ -285,3 +285,16 @@ def only_the_read_may_wait(monkeypatch) -> Iterator[list]:
         yield reads
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@contextmanager
+def running_core(model_dir: Path, config: EngineConfig) -> Iterator["EngineCoreClient"]:
+    """An engine core process on `model_dir`, started, and stopped when the block ends."""
+    from engine.core_client import EngineCoreClient
+
+    client = EngineCoreClient(model_dir, config)
+    client.start()
+    try:
+        yield client
+    finally:
+        client.stop()

@@ -14,7 +14,7 @@ import pytest
 from engine import EngineConfig, EngineError, LLMEngine, RequestRejected, SamplingParams, StreamDelta
 from engine.core_client import EngineCoreClient, Failure, RequestHandle
 from engine.outputs import RequestMetrics
-from tests.engine_models import SMALL_VOCAB, small_vocab_model_dir
+from tests.engine_models import SMALL_VOCAB, running_core, small_vocab_model_dir
 from tests.engine_models import tiny_model_dir as tiny_dir
 
 LONG = SamplingParams(max_tokens=300, temperature=1.0, seed=3, ignore_eos=True)
@@ -23,10 +23,8 @@ CONFIG = EngineConfig(kv_cache_gib=0.05, device="cpu")
 
 @pytest.fixture(scope="module")
 def core() -> Iterator[EngineCoreClient]:
-    client = EngineCoreClient(tiny_dir(), CONFIG)
-    client.start()
-    yield client
-    client.stop()
+    with running_core(tiny_dir(), CONFIG) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

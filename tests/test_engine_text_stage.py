@@ -18,7 +18,7 @@ from engine.output_processor import OutputProcessor
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.sequence import FinishReason
 from engine.tokenizer import Tokenizer
-from tests.engine_models import tiny_model_dir
+from tests.engine_models import running_core, tiny_model_dir
 
 CONFIG = EngineConfig(kv_cache_gib=0.05, device="cpu")
 PROMPT = "tell me a story"
@@ -27,10 +27,8 @@ NEVER = "\u2603"  # the tiny model's vocabulary cannot write it
 
 @pytest.fixture(scope="module")
 def core() -> Iterator[EngineCoreClient]:
-    client = EngineCoreClient(tiny_model_dir(), CONFIG)
-    client.start()
-    yield client
-    client.stop()
+    with running_core(tiny_model_dir(), CONFIG) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
