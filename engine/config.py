@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import EngineError, ModelLoadError
+from engine.sampling_draw import DRAWS, INVERSE, RACE
 from engine.sampling_params import is_integer
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -285,6 +286,11 @@ class EngineConfig:
     # Speculative steps run synchronously (async scheduling off).
     speculative: str | None = None
     num_speculative_tokens: int = 3  # drafts per sample per step, at most
+    # How samples draw (`engine.sampling_draw`): "inverse" (inverse transform, one uniform per row: the
+    # cheapest) or "race" (exponential race, a noise per token: the coupling that makes a draft model's
+    # sampled drafts agree with the target's draws). None: "race" with a draft model, else "inverse".
+    # Seeded tokens are reproducible under one kind; the two kinds draw different tokens.
+    sampling_draw: str | None = None
     # Whether `LLMEngine` makes text (`engine.output_processor`): False for an engine core, whose loop
     # runs token steps only (`LLMEngine.step_tokens`) while its client makes the text.
     detokenize: bool = True
@@ -313,12 +319,27 @@ class EngineConfig:
 
 
     def _check_speculation(self) -> None:
-        draft = isinstance(self.speculative, str) and self.speculative.startswith("draft:")
+        draft = draft_speculation(self.speculative)
         if self.speculative not in (None, "ngram") and not (draft and len(self.speculative) > len("draft:")):
             raise EngineError("speculative must be \"ngram\", \"draft:DIR\" (a draft model's folder) or unset "
                               "(null: no speculation)")
         if not _is_count(self.num_speculative_tokens):
             raise EngineError("num_speculative_tokens must be an integer >= 1")
+        if self.sampling_draw is not None and self.sampling_draw not in DRAWS:
+            raise EngineError(f"sampling_draw must be one of {', '.join(map(repr, DRAWS))} or unset "
+                              "(null: \"race\" with a draft model, else \"inverse\")")
+
+    @property
+    def draw_kind(self) -> str:
+        """How samples draw: `sampling_draw`, or its default for this engine's speculation."""
+        if self.sampling_draw is not None:
+            return self.sampling_draw
+        return RACE if draft_speculation(self.speculative) else INVERSE
+
+
+def draft_speculation(speculative: object) -> bool:
+    """Whether `EngineConfig.speculative` names a draft model ("draft:DIR")."""
+    return isinstance(speculative, str) and speculative.startswith("draft:")
 
 
 def _is_count(value: object) -> bool:

@@ -12,7 +12,8 @@ placeholders of the target's verifying forward and of the verification's drafts 
 All of it rides in the step's one upload; nothing of it is read back.
 
 The draft picks as the target would: argmax for greedy samples, and for drawing ones the sampler's
-exponential race over the draft's filtered distribution, with the target's counter-based noise at the
+draw (`engine.sampling_draw`, of the engine's kind: a draft-model engine races by default, the coupling
+that makes drafts agree) over the draft's filtered distribution, with the target's randomness at the
 same (seed, output position). A draft is then accepted where both models' draws agree, every emitted
 token is the target's own draw (`verify_deterministic`), and the target as its own draft is always
 accepted.
@@ -32,7 +33,7 @@ from engine.loader import load_model
 from engine.models.layers import AttentionMetadata
 from engine.overlap import fill_placeholders, placeholder
 from engine.sampler import Filters, filter_batch
-from engine.sampling_noise import exponential_noise
+from engine.sampling_draw import RACE, draw
 from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
 from engine.speculative import SPEC_INTS
 
@@ -85,6 +86,7 @@ class DraftPlan:
     forwards: list[int]  # samples in each one-token forward
     sorts: bool
     draws: bool
+    draw_kind: str  # the engine's (`engine.sampling_draw`)
 
 
 def assign_placeholders(drafts: list[list[int]]) -> int:
@@ -100,8 +102,9 @@ def assign_placeholders(drafts: list[list[int]]) -> int:
 
 class DraftModel:
     def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device, bridge: Bridge,
-                 target: ModelConfig, target_folder: Path, max_model_len: int) -> None:
+                 target: ModelConfig, target_folder: Path, max_model_len: int, draw_kind: str = RACE) -> None:
         _check_pair(folder, target, target_folder, max_model_len)
+        self.draw_kind = draw_kind  # the target's: its drafts agree with the target's draws only then
         self.model = load_model(folder, dtype, device, bridge)
         self.config = self.model.config
         self.dtype = dtype
@@ -147,7 +150,7 @@ class DraftModel:
                    + [d.params.top_p for d in drafted] + [d.params.min_p for d in drafted], torch.float32)
         sorts = any(k < self.config.vocab_size for k in top_ks) or any(d.params.top_p < 1.0 for d in drafted)
         return DraftPlan(len(request.input_ids), len(request.context_lens), request.max_seqlen_q, len(drafted),
-                         width, forwards, sorts, any(draws))
+                         width, forwards, sorts, any(draws), self.draw_kind)
 
     def propose(self, plan: DraftPlan, views: dict[str, torch.Tensor], tables: torch.Tensor) -> torch.Tensor | None:
         """Runs the draft's forwards and returns its picks [rows * width] (int64, on the device); None if
@@ -204,11 +207,9 @@ class _PickSettings:
         filters = Filters(self.top_k.index_select(0, rows), self.top_p.index_select(0, rows),
                           self.min_p.index_select(0, rows), plan.sorts)
         probs = filter_batch(torch.softmax(scaled, dim=-1), filters)
-        sums = probs.sum(dim=-1)
-        noise = exponential_noise(self.seeds.index_select(0, rows), self.positions.index_select(0, rows) + column,
-                                  probs.shape[-1])
-        drawn = probs.div_(noise).argmax(dim=-1)
-        return torch.where((temperatures > 0) & torch.isfinite(sums) & (sums > 0), drawn, best)
+        is_distribution, drawn = draw(plan.draw_kind, probs, self.seeds.index_select(0, rows),
+                                      self.positions.index_select(0, rows) + column)
+        return torch.where((temperatures > 0) & is_distribution, drawn, best)
 
 
 class _Reader:

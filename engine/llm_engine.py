@@ -85,7 +85,8 @@ class LLMEngine:
         )
         drafting = Drafting(self.config, self.max_model_len) if self.config.speculative else None
         self.scheduler = Scheduler(self.config, self.block_manager, drafting)
-        self.sampler = Sampler(LogitsProcessors(self.model_config.vocab_size, self.runner.device), self.runner.bridge)
+        self.sampler = Sampler(LogitsProcessors(self.model_config.vocab_size, self.runner.device), self.runner.bridge,
+                               config.draw_kind)
         self.speculative_sampler = SpeculativeSampler(self.sampler)
         self.speculation = SpeculationStats()
         self._grammars: GrammarCompiler | None = None  # built at the first constrained request: the vocabulary only
@@ -451,11 +452,11 @@ class LLMEngine:
 
     @staticmethod
     def _seed(params: SamplingParams, index: int) -> int | None:
-        """The seed of sample `index`'s noise; greedy samples draw nothing and need none."""
+        """The seed of sample `index`'s draws; greedy samples draw nothing and need none."""
         if params.greedy:
             return None
         seed = params.seed if params.seed is not None else secrets.randbits(62)
-        # Distinct, reproducible noise for the samples of one seeded request.
+        # Distinct, reproducible draws for the samples of one seeded request.
         return (seed * 1_000_003 + index) % (1 << 63)
 
     @torch.inference_mode()  # as the forward was: the bridge's buffers are inference tensors

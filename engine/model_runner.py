@@ -104,7 +104,8 @@ class ModelRunner:
         folder = draft_folder(config.speculative)
         # Draft-model speculation: the draft's K and V live in the target's blocks (`engine.draft_model`).
         self.draft = None if folder is None else DraftModel(folder, self.dtype, self.device, self.bridge,
-                                                            self.model_config, Path(model_dir), max_model_len)
+                                                            self.model_config, Path(model_dir), max_model_len,
+                                                            config.draw_kind)
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
         # Decode steps of up to this many sequences replay a CUDA graph (none: every step runs eagerly).
         most_seqs = min(config.max_num_seqs, config.max_num_batched_tokens)

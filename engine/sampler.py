@@ -7,9 +7,9 @@ its first pick; a step's upload carries the row map, each pick's logits row and 
 requested logprobs packed beside them, leave in one segment of the step's one download. The download is started with the picks (`launch`) and waited for
 only when the values are read (`_to_host`), so an engine that schedules asynchronously launches the
 next step in between; the picked ids stay on the device for that step's inputs.
-Draws race counter-based noise (`engine.sampling_noise`) that is a pure function of the sample's seed,
-its output position and the token id, so a seeded request picks the same tokens whatever else shares
-its batch, on CPU and CUDA alike.
+Draws are the engine's kind (`engine.sampling_draw`: inverse transform, or an exponential race) over
+counter-based randomness (`engine.sampling_noise`), a pure function of the sample's seed and its output
+position, so a seeded request picks the same tokens whatever else shares its batch.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 from engine.bridge import Bridge, Download, DownloadPlan, Upload
 from engine.errors import EngineError
 from engine.logits_processors import LogitsProcessors, ProcessingPlan, RowSettings
-from engine.sampling_noise import NoiseBuffers, negated_exponential_noise
+from engine.sampling_draw import DRAWS, INVERSE, draw
+from engine.sampling_noise import NoiseBuffers
 from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
 from engine.sampling_tables import (
     MIN_P, POSITION, SEED, TEMPERATURE, TOP_K, TOP_P, SamplingTables, StepValues, TablesPlan,
@@ -40,7 +41,7 @@ class SampleRequest:
     row: int
     params: SamplingParams
     seed: int | None  # needed unless params.greedy
-    position: int = 0  # tokens the sample has output so far: selects its noise
+    position: int = 0  # tokens the sample has output so far: selects its uniform
     slot: int | None = None  # its row of token counts when it is penalized (`engine.logits_processors`)
     mask_row: int | None = None  # its row of the step's grammar masks when its output is constrained
     sample: int | None = None  # the sample's key (its sequence id): its settings stay on the device under it
@@ -187,10 +188,14 @@ class PickedTokens:
 
 
 class Sampler:
-    def __init__(self, processors: LogitsProcessors | None = None, bridge: Bridge | None = None) -> None:
+    def __init__(self, processors: LogitsProcessors | None = None, bridge: Bridge | None = None,
+                 draw_kind: str = INVERSE) -> None:
+        if draw_kind not in DRAWS:
+            raise EngineError(f"a sampler draws by one of {', '.join(DRAWS)}")
         self.processors = processors  # bias, penalties and grammar masks (`engine.logits_processors`)
         self._bridge = bridge  # the engine's; a sampler used alone makes its own for the logits' device
-        self._noise = NoiseBuffers()  # the draw's noise block, reused from step to step
+        self.draw_kind = draw_kind  # `engine.sampling_draw`'s kind: the engine's, for its verification too
+        self._noise = NoiseBuffers()  # the race's noise block, reused from step to step (empty until it races)
         self._keys: torch.Tensor | None = None  # `_first_index`'s keys for the vocabulary on the logits' device
         self._tables: SamplingTables | None = None  # each sample's settings on the device, made at the first pack
 
@@ -264,7 +269,7 @@ class Sampler:
         tokens = _most_likely(picked, keys)
         if step.drawn:
             fallback = tokens[: step.drawn]
-            torch.where(*_draw(picked[: step.drawn], step, self._noise, keys), fallback, out=fallback)
+            torch.where(*_draw(picked[: step.drawn], step, self.draw_kind, self._noise), fallback, out=fallback)
         if self.processors is not None:
             self.processors.record(counting, tokens)
         self.tables.advance(step.tables, step.slots, step.transient)
@@ -275,35 +280,24 @@ class Sampler:
         return PickedTokens(tokens, row_of, step)
 
 
-# A normal tensor even when first made under inference mode, like the noise block's.
+# A normal tensor even when first made under inference mode: a sampler used outside it reads it too.
 @torch.inference_mode(False)
 def _descending_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
     """`_first_index`'s keys: vocab_size down to 1 (float32 counts exactly up to 2^24, far beyond any vocabulary)."""
     return torch.arange(vocab_size, 0, -1, dtype=torch.float32, device=device)
 
 
-def _draw(logits: torch.Tensor, step: StepSettings, noise: NoiseBuffers, keys: torch.Tensor
+def _draw(logits: torch.Tensor, step: StepSettings, kind: str, noise: NoiseBuffers
           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Returns (is a distribution, draw) per row.
+    """Each drawn row's token from its filtered softmax (`engine.sampling_draw`). Returns (is a distribution, draw).
 
-    A row whose probabilities are no distribution (NaN wins argmax) takes its `_most_likely` pick instead.
+    A row whose probabilities are no distribution (NaN, or nothing left) takes its `_most_likely` pick instead.
     """
     # Rows under the floor are greedy and never get here; the clamp keeps every division finite regardless.
     probs = torch.softmax(logits.div(step.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1)), dim=-1)
-    positive = None
     if step.filtered:  # each filter is a few passes over the block: none runs when no row filters
         probs = filter_batch(probs, step.filters)
-        positive = probs.sum(dim=-1) > 0
-    # p / -E = -(p / E) exactly, so the least of these scores is the race's winner (one pass fewer than
-    # negating the noise). They are <= 0, or NaN in every token of a row that is no distribution.
-    scores = probs.div_(negated_exponential_noise(step.seeds, step.positions, probs.shape[-1], noise))
-    best = scores.amin(dim=-1, keepdim=True)
-    # Softmax gives values in [0, 1] or NaN (from an infinite or NaN logit), so a row is a distribution
-    # when it holds no NaN, which its least score (NaN if any is) tells.
-    is_distribution = best.squeeze(-1).isfinite()
-    if positive is not None:
-        is_distribution &= positive
-    return is_distribution, _first_index(torch.le(scores, best, out=scores), keys)
+    return draw(kind, probs, step.seeds, step.positions, noise)
 
 
 def _most_likely(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -1,23 +1,25 @@
-"""Counter-based noise for the sampler's exponential race: a pure function of (seed, position, token).
+"""Counter-based randomness for sampling: pure functions of (seed, output position[, token]).
 
-No generator holds state between steps: the noise of one sample at one output position is computed
-from its 62-bit seed, that position and each token id, so it is the same whatever else shares the
-batch, in whatever order, and the same on CPU and CUDA.
+No generator holds state between steps: what a sample draws at one output position is computed from
+its 62-bit seed and that position, so it is the same whatever else shares the batch, in whatever
+order, and the same on CPU and CUDA. The two draws (`engine.sampling_draw`) use it differently:
+- the inverse-transform draw inverts one uniform per row, the row key's own top bits (`draw_uniforms`);
+- the exponential race races noise per token (`exponential_noise`): 32 bits per (row key, token id).
+The acceptance test of drafts (`engine.spec_rejection`) hashes the key with a counter no token uses.
 
-Two levels, because the per-token level runs over a whole [rows, vocab] block every step and the
-per-row level over a handful of values:
 - a row key per (seed, position): splitmix64's finaliser over `seed + (position + 1)·γ`, in int64
   torch ops whose wrap-around on overflow is the same on both devices;
-- 32 bits per token: the key's low half plus `(token + 1)·γ32` through Wellons' lowbias32 (two
-  multiplies, three xor-shifts), with the key's high half xored in between the multiplies, so the
-  whole 64-bit key selects the row's noise (no two rows' noise is a shifted copy of each other unless
-  their keys agree in all 64 bits). int32 ops cost half of int64 ones on a CPU and a fraction on GPUs
-  without 64-bit multipliers; every op works in place in preallocated buffers (`NoiseBuffers`).
+- 32 bits per counter (a token's is its id + 1): the key's low half plus `counter·γ32` through Wellons'
+  lowbias32 (two multiplies, three xor-shifts), with the key's high half xored in between the
+  multiplies, so the whole 64-bit key selects the bits (no two rows' noise is a shifted copy of each
+  other unless their keys agree in all 64 bits). int32 ops cost half of int64 ones on a CPU and a
+  fraction on GPUs without 64-bit multipliers; the race's block works in place in preallocated
+  buffers (`NoiseBuffers`).
 
-The uniform takes 31 of the 32 bits: u = (k + 1/2)·2^-31, in float32, clamped under 1. The noise is
--log1p(-u): small noise, which decides races, comes from small u, where float32 is finely spaced and u
-is exact down to 2^-32. What the 2^-31 grid changes in a race is far below float32's own rounding of
-the probabilities being raced (2^-24 relative).
+A uniform takes 31 of the 32 bits: u = (k + 1/2)·2^-31, never 0 and never 1 (float32 clamps it under
+1). The race's noise is -log1p(-u): small noise, which decides races, comes from small u, where float32
+is finely spaced and u is exact down to 2^-32. What the 2^-31 grid changes in a race is far below
+float32's own rounding of the probabilities being raced (2^-24 relative).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ _LOWBIAS_1 = _as_int32(0x7FEB352D)  # lowbias32's multipliers
 _LOWBIAS_2 = _as_int32(0x846CA68B)
 _UNIFORM_BITS = 31
 _BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 under 1: a uniform of 1 would make the noise infinite
+ACCEPTANCE_COUNTER = 0  # the counter the acceptance uniform hashes a row key with: token index -1's
 
 
 def mix64(values: torch.Tensor) -> torch.Tensor:
@@ -165,10 +168,26 @@ def negated_exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, voca
     return negated.log1p_()
 
 
-def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """[rows] float32 in (0, 1): one uniform per (seed, position), from the counter of token index -1,
-    which no token's noise uses, so it is independent of the race at the same position."""
+def row_bits(seeds: torch.Tensor, positions: torch.Tensor, counter: int) -> torch.Tensor:
+    """[rows, 1] int32: 32 random bits per (seed, position) from one counter of the row's key."""
     keys = row_keys(seeds, positions)
     bits = torch.empty((keys.shape[0], 1), dtype=torch.int32, device=keys.device)
-    _hash_(bits, token_steps(1, keys.device, first=0), keys, torch.empty_like(bits))
-    return uniform_from_bits(bits).squeeze(-1)
+    return _hash_(bits, token_steps(1, keys.device, first=counter), keys, torch.empty_like(bits))
+
+
+def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[rows] float32 in (0, 1): the acceptance test's uniform at each (seed, position) (`engine.spec_rejection`)."""
+    return uniform_from_bits(row_bits(seeds, positions, ACCEPTANCE_COUNTER)).squeeze(-1)
+
+
+def draw_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[rows] float64 in (0, 1): the uniform a draw at each (seed, position) inverts (`engine.sampling_draw`).
+
+    The key's top 31 bits k, as (k + 1/2)·2^-31, exact in float64: the draw's resolution is 2^-31 of a
+    row's mass. No counter is hashed: a draw runs every step for every drawing row, and the key's own
+    bits are splitmix64's output already. The acceptance uniform at the same position is independent of
+    them: for any fixed high half of a key, its bits are a bijection of the key's low half.
+    """
+    bits = torch.bitwise_right_shift(row_keys(seeds, positions), 64 - _UNIFORM_BITS).bitwise_and_(
+        (1 << _UNIFORM_BITS) - 1)
+    return bits.to(torch.float64).mul_(2.0**-_UNIFORM_BITS).add_(2.0 ** -(_UNIFORM_BITS + 1))

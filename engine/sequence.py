@@ -41,7 +41,7 @@ class Sequence:
     sample_index: int
     prompt_token_ids: list[int]
     params: SamplingParams
-    seed: int | None  # of the sample's sampling noise; None when greedy
+    seed: int | None  # of the sample's draws; None when greedy
     max_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING

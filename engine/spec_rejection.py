@@ -10,22 +10,24 @@ it is the target's argmax, so they emit the tokens plain greedy decoding does; d
 deterministic drafts accept one exactly when it is the target's own draw, which is the same rule and
 emits the tokens plain sampling does (`verify_deterministic`).
 
-The randomness is the sampler's counter-based noise (`engine.sampling_noise`), a pure function of
-(seed, output position, token), so a seeded row's result never depends on what shares its batch.
+The randomness is the sampler's counter-based randomness (`engine.sampling_noise`), drawn by the engine's
+kind (`engine.sampling_draw`), a pure function of (seed, output position), so a seeded row's result never
+depends on what shares its batch.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.sampling_noise import exponential_noise, row_uniforms
+from engine.sampling_draw import INVERSE, draw
+from engine.sampling_noise import row_uniforms
 
 
 def acceptance_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """[rows] float32 in (0, 1): the acceptance test's uniform at each (seed, output position).
 
-    It is the hash at token index -1, a counter no token's noise uses, so it is independent of the
-    race that draws a replacement at the same position (`engine.sampling_noise.row_uniforms`).
+    It hashes a counter of its own, so it is independent of the draw of a replacement at the same
+    position (`engine.sampling_noise.row_uniforms`).
     """
     return row_uniforms(seeds, positions)
 
@@ -49,33 +51,33 @@ def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor, lengths: torch.Ten
 
 
 def verify_deterministic(probs: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor, seeds: torch.Tensor,
-                         positions: torch.Tensor, fallback: torch.Tensor | None = None
+                         positions: torch.Tensor, fallback: torch.Tensor | None = None, kind: str = INVERSE
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drawing rows whose drafts are deterministic (q one-hot, as n-gram drafts are): the rule above,
     with the target's own draws as its randomness.
 
-    Each position draws the token plain sampling would draw there (the sampler's exponential race over
-    the same noise), and a draft is accepted exactly when it is that token. Its chance is p(d), which is
+    Each position draws the token plain sampling would draw there (the sampler's draw, of the engine's
+    `kind`, over the same randomness), and a draft is accepted exactly when it is that token. Its chance is p(d), which is
     min(1, p(d)/q(d)) for a one-hot q, and a rejected position's draw is p conditioned on not being d,
     which is normalize(max(0, p - q)): the rule's distribution, with every emitted token the one plain
     sampling emits for that seed and position. So a seeded sample's tokens do not depend on its drafts
     (nor on the budget and pool that sized them), as they do not depend on its batch.
 
-    probs: [rows, k+1, vocab] filtered, unnormalized, as the sampler races them; fallback: [rows, k+1]
+    probs: [rows, k+1, vocab] filtered, unnormalized, as the sampler draws from them; fallback: [rows, k+1]
     the token of each position whose probabilities are no distribution (the sampler's greedy fallback).
     """
     rows, width, vocab = probs.shape
     steps = torch.arange(width, device=probs.device)
-    noise = exponential_noise(seeds.repeat_interleave(width), (positions.unsqueeze(-1) + steps).reshape(-1), vocab)
-    drawn = probs.reshape(rows * width, vocab).div(noise).argmax(dim=-1).view(rows, width)
+    is_distribution, drawn = draw(kind, probs.reshape(rows * width, vocab), seeds.repeat_interleave(width),
+                                  (positions.unsqueeze(-1) + steps).reshape(-1))
+    drawn = drawn.view(rows, width)
     if fallback is not None:
-        sums = probs.sum(dim=-1)
-        drawn = torch.where(torch.isfinite(sums) & (sums > 0), drawn, fallback)
+        drawn = torch.where(is_distribution.view(rows, width), drawn, fallback)
     return drawn, accepted_counts(drafts == drawn[:, :-1], lengths) + 1
 
 
 def verify_sampled(probs: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor, seeds: torch.Tensor,
-                   positions: torch.Tensor, draft_probs: torch.Tensor | None = None
+                   positions: torch.Tensor, draft_probs: torch.Tensor | None = None, kind: str = INVERSE
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drawing rows whose drafts were drawn from distributions (a draft model's): ([rows, k+1] tokens,
     [rows] how many of them are emitted).
@@ -85,7 +87,7 @@ def verify_sampled(probs: torch.Tensor, drafts: torch.Tensor, lengths: torch.Ten
     seeds, positions: [rows] each row's seed and the output position of its first token;
     draft_probs: [rows, k, vocab] the draft's distributions, or None when every draft is deterministic.
     """
-    rows, width, vocab = probs.shape
+    rows, width, _ = probs.shape
     k = width - 1
     probs = probs / probs.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(probs.dtype).tiny)
     steps = torch.arange(width, device=probs.device)
@@ -96,8 +98,7 @@ def verify_sampled(probs: torch.Tensor, drafts: torch.Tensor, lengths: torch.Ten
     # u < p/q without dividing: a q of 0 (a draft its distribution could not give) then accepts where p > 0.
     accepted = accepted_counts(uniforms * q_draft < p_draft, lengths)
     picked = _replacement(probs, drafts, draft_probs, accepted, lengths)
-    noise = exponential_noise(seeds, positions + accepted, vocab)
-    token = picked.div_(noise).argmax(dim=-1)
+    _, token = draw(kind, picked, seeds, positions + accepted)
     tokens = torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, accepted.unsqueeze(-1), token.unsqueeze(-1))
     return tokens, accepted + 1
 

@@ -167,7 +167,7 @@ class SpeculativeSampler:
     def pick(self, logits: torch.Tensor, plan: SpeculativePlan, views: dict[str, torch.Tensor],
              download: DownloadPlan) -> SpeculativePicks:
         plain = None if plan.plain is None else self.sampler.pick(logits, plan.plain, views, download)
-        picks, logprobs = _verify(logits, plan.verify, views)
+        picks, logprobs = _verify(logits, plan.verify, views, self.sampler.draw_kind)
         download.add(SPEC_PICKS, picks)
         if logprobs is not None:
             download.add(SPEC_LOGPROBS, logprobs)
@@ -201,7 +201,7 @@ def _pack(upload: Upload, requests: list[VerifyRequest], vocab_size: int) -> Ver
     return VerifyPlan(order, len(draws), width, sorts, [len(r.draft) for r in requests], wanted, counts)
 
 
-def _verify(logits: torch.Tensor, plan: VerifyPlan, views: dict[str, torch.Tensor]
+def _verify(logits: torch.Tensor, plan: VerifyPlan, views: dict[str, torch.Tensor], kind: str
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[rows * width + rows] int64: each reordered row's tokens (padded to width), then how many it emits;
     and the logprobs asked for (`_logprobs`), or None."""
@@ -215,12 +215,12 @@ def _verify(logits: torch.Tensor, plan: VerifyPlan, views: dict[str, torch.Tenso
         temperatures, top_p, min_p = views[SPEC_FLOATS].split([drawn] * 3)
         filters = Filters(top_k.repeat_interleave(width), top_p.repeat_interleave(width),
                           min_p.repeat_interleave(width), plan.sorts)
-        # The sampler's own steps: scale, softmax, filter; then each position races the same noise.
+        # The sampler's own steps: scale, softmax, filter; then each position draws with the same uniform.
         scaled = table[:drawn] / temperatures.clamp_min(MIN_TEMPERATURE).view(drawn, 1, 1)
         probs = filter_batch(torch.softmax(scaled, dim=-1).flatten(0, 1), filters).view(drawn, width, -1)
         # n-gram drafts are deterministic; a position with no distribution falls back to its argmax.
         tokens[:drawn], emitted[:drawn] = verify_deterministic(probs, drafts[:drawn], lengths[:drawn], seeds,
-                                                               positions, fallback=tokens[:drawn])
+                                                               positions, fallback=tokens[:drawn], kind=kind)
     logprobs = _logprobs(table, tokens, logprob_rows, plan) if plan.wanted else None
     return torch.cat([tokens.flatten(), emitted]), logprobs
 

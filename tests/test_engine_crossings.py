@@ -199,7 +199,9 @@ def test_a_toll_on_every_crossing_changes_no_token():
 def test_a_speculative_step_crosses_once_each_way(kind, graphs, drafts):
     """Drafts, their settings and the plain rows' go up in the step's one upload (a draft model's inputs for
     all its forwards too, its picks staying on the device); emitted tokens come back in one download."""
-    prompts = random_prompts(5, 3, 14, seed=33)
+    # Each prompt twice over: prompt lookup finds its last tokens in the first copy and drafts from the
+    # first decode step on, whatever the samples then draw.
+    prompts = [prompt + prompt for prompt in random_prompts(5, 3, 14, seed=33)]
     lengths = random_lengths(5, 8, 24, seed=34)
     params = [SETTINGS[kind](n) for n in lengths]
     speculative = "ngram" if drafts == "ngram" else f"draft:{tiny_model_dir()}"

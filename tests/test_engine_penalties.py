@@ -2,7 +2,7 @@
 
 Every pick is held to a reference computed apart: `transformers`' logits for the same prefix, the
 bias and penalties applied here in float64 numpy from the sample's own prompt and output, then the
-greedy argmax or the same counter-based draw the sampler races (`engine.sampling_noise`). Greedy and
+greedy argmax or the draw from the same counter-based uniform (`tests/sampling_support.py`). Greedy and
 sampled, n > 1, async scheduling, preemption by recompute; and the per-sample counts are zero once
 their samples end, so nothing of one request reaches the next.
 """
@@ -18,7 +18,6 @@ import torch
 
 from engine import EngineConfig, LLMEngine, RequestRejected, SamplingParams, StructuredOutput
 from engine.logits_processors import Penalties, apply_bitmask, penalize
-from engine.sampling_noise import exponential_noise
 from tests.engine_models import (  # noqa: F401 (fixtures)
     hf_logits,
     one_torch_thread,
@@ -26,6 +25,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     reference_model,
     tiny_model_dir,
 )
+from tests.sampling_support import reference_draw
 
 PENALIZED = {"presence_penalty": 1.5, "frequency_penalty": 0.7, "repetition_penalty": 1.8}
 # 12 blocks of 4 tokens and 16 tokens a step: three requests of ~20 tokens cannot all stay resident.
@@ -50,8 +50,7 @@ def reference_pick(logits: np.ndarray, params: SamplingParams, seed: int | None,
     scaled = logits / params.temperature
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
-    noise = exponential_noise(torch.tensor([seed]), torch.tensor([position]), len(logits))[0].double().numpy()
-    return int(np.argmax(probs / noise))
+    return reference_draw(probs, seed, position)
 
 
 def reference_tokens(model, prompt: list[int], params: SamplingParams, sample: int = 0) -> list[int]:

@@ -18,7 +18,12 @@ from engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
 from engine.errors import EngineError
 from engine.sampler import Filters, SampleRequest, Sampler, filter_batch, filter_probs
 from engine.logits_processors import LogitsProcessors, Penalties, penalize
-from engine.sampling_noise import exponential_noise, negated_exponential_noise, row_keys, token_bits, uniform_from_bits
+from engine.sampling_draw import DRAWS as DRAW_KINDS
+from engine.sampling_draw import INVERSE, RACE, block_width, inverse_draw
+from engine.sampling_noise import (
+    ACCEPTANCE_COUNTER, draw_uniforms, exponential_noise, negated_exponential_noise, row_bits, row_keys, row_uniforms,
+    token_bits, uniform_from_bits,
+)
 from engine.sampling_params import MIN_TEMPERATURE
 from tests.engine_models import (  # noqa: F401 (fixtures)
     greedy,
@@ -29,6 +34,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     tiny_engine,
     tiny_model_dir,
 )
+from tests.sampling_support import reference_draw
 
 PROMPTS = random_prompts(6, 4, 24, seed=21)
 SEEDED = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=42, ignore_eos=True)
@@ -330,10 +336,10 @@ def noise_seed(k: int) -> int:
     return (k * 0x9E3779B97F4A7C15 + 12345) % (1 << 62)
 
 
-def draw_counts(params: SamplingParams, draws: int = DRAWS) -> torch.Tensor:
+def draw_counts(params: SamplingParams, kind: str = INVERSE, draws: int = DRAWS) -> torch.Tensor:
     logits = FIVE.log().float().unsqueeze(0)
     requests = [SampleRequest(0, params, noise_seed(k), position=k % 13) for k in range(draws)]
-    tokens = torch.tensor([token for token, _ in Sampler()(logits, requests)])
+    tokens = torch.tensor([token for token, _ in Sampler(draw_kind=kind)(logits, requests)])
     return torch.bincount(tokens, minlength=len(FIVE)).double()
 
 
@@ -350,8 +356,9 @@ def draw_counts(params: SamplingParams, draws: int = DRAWS) -> torch.Tensor:
     ],
     ids=["t=1", "t=0.5", "top_k=3", "top_p=0.5", "min_p=0.3", "all"],
 )
-def test_draw_frequencies_match_the_filtered_distribution(settings, expected):
-    counts = draw_counts(SamplingParams(**settings))
+@pytest.mark.parametrize("kind", DRAW_KINDS)
+def test_draw_frequencies_match_the_filtered_distribution(settings, expected, kind):
+    counts = draw_counts(SamplingParams(**settings), kind)
     kept = expected > 0
     assert counts[~kept].sum() == 0, "a token the filters exclude was drawn"
     expected_counts = expected[kept] / expected[kept].sum() * DRAWS
@@ -361,46 +368,135 @@ def test_draw_frequencies_match_the_filtered_distribution(settings, expected):
     assert p_value > 1e-4, f"chi-square {float(chi_square):.1f} on {degrees} degrees of freedom"
 
 
-def reference_noise_bits(seed: int, position: int, token: int) -> int:
-    """The noise bits, in Python's unbounded integers: splitmix64's finaliser over the row's counter mod
-    2**64, then lowbias32 over its low half plus the token's counter mod 2**32, its high half xored in."""
-    mask64, mask32, gamma = (1 << 64) - 1, (1 << 32) - 1, 0x9E3779B97F4A7C15
+def reference_key(seed: int, position: int) -> int:
+    """A row's key, in Python's unbounded integers: splitmix64's finaliser over its counter mod 2**64."""
+    mask64, gamma = (1 << 64) - 1, 0x9E3779B97F4A7C15
+    z = (seed + (position + 1) * gamma) & mask64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask64
+    return z ^ (z >> 31)
 
-    def mix(z: int) -> int:
-        z &= mask64
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask64
-        return z ^ (z >> 31)
 
-    key = mix(seed + (position + 1) * gamma)
-    x = (key + (token + 1) * (gamma >> 32)) & mask32
+def reference_noise_bits(seed: int, position: int, counter: int) -> int:
+    """The bits of one counter: lowbias32 over the key's low half plus the counter's step mod 2**32, its
+    high half xored in between the multiplies."""
+    mask32, key = (1 << 32) - 1, reference_key(seed, position)
+    x = (key + counter * 0x9E3779B9) & mask32
     x = ((x ^ (x >> 16)) * 0x7FEB352D) & mask32
     x = (((x ^ (x >> 15)) ^ (key >> 32)) * 0x846CA68B) & mask32
     return x ^ (x >> 16)
 
 
-def test_noise_bits_are_splitmix64_then_lowbias32_with_wrapping_integer_arithmetic():
-    seeds = [0, 1, 2**62 - 1, 2**63 - 1, noise_seed(7)]
-    positions = [0, 5, 2**40, 3, 1_000_000]
-    bits = token_bits(row_keys(torch.tensor(seeds), torch.tensor(positions)), 300)
-    for row, (seed, position) in enumerate(zip(seeds, positions)):
-        assert [b % (1 << 32) for b in bits[row].tolist()] == [reference_noise_bits(seed, position, t) for t in range(300)]
+SEEDS = [0, 1, 2**62 - 1, 2**63 - 1, noise_seed(7)]
+POSITIONS = [0, 5, 2**40, 3, 1_000_000]
+
+
+@pytest.mark.parametrize("counter", [ACCEPTANCE_COUNTER, 1, 7])
+def test_row_bits_are_splitmix64_then_lowbias32_with_wrapping_integer_arithmetic(counter):
+    bits = row_bits(torch.tensor(SEEDS), torch.tensor(POSITIONS), counter).squeeze(-1)
+    expected = [reference_noise_bits(seed, position, counter) for seed, position in zip(SEEDS, POSITIONS)]
+    assert [b % (1 << 32) for b in bits.tolist()] == expected
 
 
 def test_the_uniform_takes_31_bits_and_stays_inside_the_open_interval():
     bits = torch.tensor([0, 1, -1, 2**31 - 1, -(2**31)], dtype=torch.int32)
     uniform = uniform_from_bits(bits.clone()).double()
-    assert uniform.tolist()[:2] == [0.5 * 2**-31, 1.5 * 2**-31]  # exact near 0, where races are decided
+    assert uniform.tolist()[:2] == [0.5 * 2**-31, 1.5 * 2**-31]
     assert (uniform < 1).all() and (uniform > 0).all()
     assert uniform[2] == uniform[3]  # the sign bit is not used
 
 
-def test_noise_is_exponential_positive_finite_and_differs_by_seed_and_position():
+def test_the_draws_uniform_is_the_keys_top_31_bits_exactly_in_float64():
+    uniforms = draw_uniforms(torch.tensor(SEEDS), torch.tensor(POSITIONS))
+    assert uniforms.dtype == torch.float64
+    expected = [((reference_key(seed, position) >> 33) + 0.5) * 2**-31 for seed, position in zip(SEEDS, POSITIONS)]
+    assert uniforms.tolist() == expected
+
+
+def test_draw_uniforms_are_uniform_and_independent_of_the_acceptance_uniforms():
+    seeds = torch.tensor([noise_seed(k) for k in range(50_000)])
+    positions = torch.arange(50_000) % 97
+    draws, accepts = draw_uniforms(seeds, positions), row_uniforms(seeds, positions).double()
+    assert ((draws > 0) & (draws < 1)).all()
+    assert abs(float(draws.mean()) - 0.5) < 0.005 and abs(float(draws.var()) - 1 / 12) < 0.002
+    assert abs(float(torch.corrcoef(torch.stack([draws, accepts]))[0, 1])) < 0.02
+    assert torch.equal(draw_uniforms(seeds[3:4], positions[3:4]), draws[3:4])  # a pure function of its row
+
+
+def test_the_races_noise_bits_are_each_tokens_counter_of_the_row_key():
+    bits = token_bits(row_keys(torch.tensor(SEEDS), torch.tensor(POSITIONS)), 300)
+    for row, (seed, position) in enumerate(zip(SEEDS, POSITIONS)):
+        assert [b % (1 << 32) for b in bits[row].tolist()] == [reference_noise_bits(seed, position, t + 1)
+                                                              for t in range(300)]
+
+
+def test_the_races_noise_is_exponential_positive_finite_and_differs_by_seed_and_position():
     noise = exponential_noise(torch.tensor([5, 5, 6]), torch.tensor([0, 1, 0]), 50_000)
     assert torch.isfinite(noise).all() and (noise > 0).all()
     assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
     assert abs(float(noise.mean()) - 1.0) < 0.01 and abs(float(noise.var()) - 1.0) < 0.03
     assert torch.equal(exponential_noise(torch.tensor([5]), torch.tensor([1]), 50_000)[0], noise[1])
+
+
+def test_the_negated_noise_is_the_noise_negated_bit_for_bit():
+    seeds, positions = torch.tensor([5, 5, 2**62 - 1]), torch.tensor([0, 1, 7])
+    negated = negated_exponential_noise(seeds, positions, 5000)
+    assert torch.equal((-negated).view(torch.int32), exponential_noise(seeds, positions, 5000).view(torch.int32))
+
+
+def test_a_sampler_draws_by_a_kind_it_knows():
+    with pytest.raises(EngineError, match="inverse, race"):
+        Sampler(draw_kind="gumbel")
+
+
+# ----- the two-level draw ------------------------------------------------------------------
+
+
+def flat_draw(probs: torch.Tensor, uniform: float) -> int:
+    """The draw in one level: the first token whose float64 running sum reaches u·total."""
+    running = probs.double().cumsum(dim=-1)
+    return int(torch.searchsorted(running, torch.tensor([uniform * float(running[-1])], dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 5, 50, 64, 525, 1000, 1024, 4099])
+def test_the_two_level_draw_picks_what_one_cumulative_sum_picks(vocab):
+    generator = torch.Generator().manual_seed(vocab)
+    probs = torch.softmax(torch.randn(64, vocab, generator=generator) * 3, dim=-1)
+    probs[::3] *= torch.rand(probs[::3].shape, generator=generator) > 0.6  # filtered rows: zeros between tokens
+    probs[::3, 0] = probs[::3, 0] + 0.01  # ... and never none left
+    uniforms = torch.rand(64, generator=generator, dtype=torch.float64)
+    is_distribution, picks = inverse_draw(probs, uniforms)
+    assert is_distribution.all()
+    assert picks.tolist() == [flat_draw(row, float(u)) for row, u in zip(probs, uniforms)]
+
+
+@pytest.mark.parametrize("vocab", [4099, 1000], ids=["a-short-last-block", "whole-blocks"])  # 4099: a prime
+def test_a_zero_probability_token_is_never_drawn_at_the_edges_of_blocks_and_uniforms(vocab):
+    width = block_width(vocab)
+    probs = torch.zeros(8, vocab)
+    probs[0, width - 1] = 1.0  # the last token of the first block
+    probs[1, width] = 1.0  # the first of the second
+    probs[2, vocab - 1] = 1.0  # the very last token
+    probs[2, vocab - vocab % width - 1] = 1e-3  # and the last of the whole blocks
+    probs[3, [0, vocab - 1]] = torch.tensor([1e-30, 1.0])  # a mass too small to move a float64 total
+    probs[4, ::width] = 2.0**-20  # the first token of every block
+    probs[5, : 3 * width] = torch.rand(3 * width) * 1e-3  # all mass in the first blocks, nothing after
+    probs[6, 7] = 3.0  # unnormalized
+    probs[7, [1, width + 1]] = torch.tensor([1e-38, 1e-38])  # subnormal-sized mass only
+    for uniform in (0.5 * 2**-31, 1e-9, 0.25, 0.5, 0.999, 1 - 0.5 * 2**-31):
+        is_distribution, picks = inverse_draw(probs, torch.full((8,), uniform, dtype=torch.float64))
+        assert is_distribution.all()
+        assert (probs.gather(-1, picks.unsqueeze(-1)) > 0).all(), f"u={uniform}: {picks.tolist()}"
+
+
+def test_rows_that_are_no_distribution_are_flagged_and_still_draw_in_range():
+    probs = torch.rand(5, 300)
+    probs[0, 3] = float("nan")
+    probs[1] = 0.0
+    probs[2] = float("nan")
+    is_distribution, picks = inverse_draw(probs, torch.full((5,), 0.7, dtype=torch.float64))
+    assert is_distribution.tolist() == [False, False, False, True, True]
+    assert ((picks >= 0) & (picks < 300)).all()
 
 
 def test_positions_give_different_draws():
@@ -514,20 +610,23 @@ def test_the_first_marked_column_is_what_argmax_picks():
     assert sampler_module._first_index(marks.clone(), keys).tolist() == marks.argmax(dim=-1).tolist()
 
 
-def reference_pick(logits: torch.Tensor, request: SampleRequest) -> int:
-    """One row's pick the plain way: argmax(p / E) over the filtered softmax, greedy where p is no distribution."""
+def reference_pick(logits: torch.Tensor, request: SampleRequest, kind: str = INVERSE) -> int:
+    """One row's pick the plain way: the draw from the filtered softmax, greedy where p is no distribution."""
     greedy_pick = int(torch.nan_to_num(logits, nan=-math.inf).argmax())
     if request.params.greedy:
         return greedy_pick
     probs = filter_probs(torch.softmax(logits / request.params.temperature, dim=-1), request.params)
     if not (torch.isfinite(probs.sum()) and probs.sum() > 0):
         return greedy_pick
-    noise = exponential_noise(torch.tensor([request.seed]), torch.tensor([request.position]), len(logits))[0]
-    return int((probs / noise).argmax())
+    if kind == RACE:  # argmax(p / E), E the token's exponential noise
+        noise = exponential_noise(torch.tensor([request.seed]), torch.tensor([request.position]), len(logits))[0]
+        return int((probs / noise).argmax())
+    return reference_draw(probs, request.seed, request.position)
 
 
+@pytest.mark.parametrize("kind", DRAW_KINDS)
 @pytest.mark.parametrize("in_order", [True, False], ids=["a-pick-a-row", "shuffled-repeats"])
-def test_a_mixed_batch_picks_what_the_plain_way_picks_row_by_row(in_order):
+def test_a_mixed_batch_picks_what_the_plain_way_picks_row_by_row(in_order, kind):
     logits = torch.cat([awkward_logits(12, 300, seed=7), mixed_logits(20, vocab=300, seed=8)])
     rng = random.Random(9)
     settings = NEIGHBOUR_SETTINGS + [SamplingParams(temperature=1e-2), SamplingParams(temperature=0.9, top_k=4)]
@@ -537,8 +636,8 @@ def test_a_mixed_batch_picks_what_the_plain_way_picks_row_by_row(in_order):
     batch = [SampleRequest(row, rng.choice(settings), noise_seed(k), rng.randrange(100)) for k, row in enumerate(rows)]
     if in_order:
         batch = batch[: len(logits)]  # one pick for each logits row, in row order
-    tokens = [token for token, _ in Sampler()(logits, batch)]
-    assert tokens == [reference_pick(logits[r.row], r) for r in batch]
+    tokens = [token for token, _ in Sampler(draw_kind=kind)(logits, batch)]
+    assert tokens == [reference_pick(logits[r.row], r, kind) for r in batch]
     assert any(not r.params.greedy and 1 <= r.row <= 6 for r in batch)  # drawn rows that fall back are among them
 
 
@@ -566,12 +665,6 @@ def test_a_penalized_batch_picks_what_penalizing_then_picking_each_row_picks():
         expected.append(reference_pick(penalized[0], request))
     assert tokens == expected
     assert expected != [reference_pick(logits[r.row], r) for r in batch]  # the penalties changed a pick
-
-
-def test_the_negated_noise_is_the_noise_negated_bit_for_bit():
-    seeds, positions = torch.tensor([5, 5, 2**62 - 1]), torch.tensor([0, 1, 7])
-    negated = negated_exponential_noise(seeds, positions, 5000)
-    assert torch.equal((-negated).view(torch.int32), exponential_noise(seeds, positions, 5000).view(torch.int32))
 
 
 def test_logprobs_of_a_mixed_batch_are_each_rows_own():
@@ -661,9 +754,8 @@ def test_cuda_picks_the_cpu_tokens_for_the_same_seeds_with_one_sync(monkeypatch)
         for i in range(64)
     ]
     seeds, positions = torch.tensor([r.seed for r in batch]), torch.tensor([r.position for r in batch])
-    cpu_bits = token_bits(row_keys(seeds, positions), vocab)
-    assert torch.equal(token_bits(row_keys(seeds.cuda(), positions.cuda()), vocab).cpu(), cpu_bits)
-    assert torch.equal(uniform_from_bits(cpu_bits.cuda()).cpu(), uniform_from_bits(cpu_bits.clone()))
+    assert torch.equal(draw_uniforms(seeds.cuda(), positions.cuda()).cpu(), draw_uniforms(seeds, positions))
+    assert torch.equal(row_uniforms(seeds.cuda(), positions.cuda()).cpu(), row_uniforms(seeds, positions))
 
     on_cpu = Sampler()(logits, batch)
     on_device = logits.cuda()  # copied before the check: a pageable copy to the device waits for it

@@ -95,8 +95,8 @@ def test_an_engines_sampling_state_is_zeroed_as_each_sample_ends_aborted_or_fini
     assert not tables.bias_tokens.any() and not tables.bias_values.any()
 
 
-def test_the_noise_block_is_reused_from_step_to_step_and_grows_only_for_more_rows():
-    sampler = Sampler()
+def test_the_races_noise_block_is_reused_from_step_to_step_and_grows_only_for_more_rows():
+    sampler = Sampler(draw_kind="race")
     logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(2))
     sampler(logits, [SampleRequest(row, PARAMS, seed=row, position=0) for row in range(6)])
     buffers = sampler._noise

@@ -419,20 +419,39 @@ def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.parametrize("kind", ["race", "inverse"])
 @pytest.mark.parametrize("own", [True, False], ids=["target-as-draft", "other-draft"])
-def test_sampled_draft_speculation_emits_what_plain_sampling_draws(own, other_draft):
+def test_sampled_draft_speculation_emits_what_plain_sampling_draws(own, kind, other_draft):
+    """Under either kind of draw (a draft-model engine races unless told otherwise)."""
     prompts = random_prompts(4, 4, 20, seed=35)
     params = [SamplingParams(max_tokens=24, temperature=0.8, top_k=40, seed=s, ignore_eos=True) for s in (1, 2)] + [
         greedy(20), SamplingParams(max_tokens=16, temperature=1.1, top_p=0.9, n=3, seed=4, ignore_eos=True)]
-    plain = tiny_engine(num_blocks=96, block_size=4).generate(prompts, params)
+    plain = tiny_engine(num_blocks=96, block_size=4, sampling_draw=kind).generate(prompts, params)
+    chosen = {} if kind == "race" else {"sampling_draw": kind}
     engine = draft_engine(tiny_model_dir() if own else other_draft, num_blocks=16, block_size=4,
-                          max_num_batched_tokens=12)
+                          max_num_batched_tokens=12, **chosen)
+    assert engine.sampler.draw_kind == kind
     speculative = engine.generate(prompts, params)
     assert engine.scheduler.num_preemptions > 0
     for got, want in zip(speculative, plain):
         assert [o.token_ids for o in got.outputs] == [o.token_ids for o in want.outputs]
     stats = engine.speculation
     assert stats.accepted == stats.drafted > 0 if own else 0 < stats.accepted < stats.drafted
+
+
+def test_a_draft_model_engine_races_because_racing_drafts_agree_more_often(other_draft):
+    """The race couples the draft's draw with the target's; inverse transform, through cumulative sums in
+    token order, much less: the same sampled requests accept more drafts racing."""
+    prompts = random_prompts(8, 4, 20, seed=36)
+    params = [SamplingParams(max_tokens=32, temperature=0.8, seed=s, ignore_eos=True) for s in range(8)]
+    rates = {}
+    for kind in ("race", "inverse"):
+        engine = draft_engine(other_draft, sampling_draw=kind)
+        engine.generate(prompts, params)
+        rates[kind] = engine.speculation.accepted / engine.speculation.drafted
+    assert rates["race"] > 2 * rates["inverse"], rates
+    assert EngineConfig(speculative="draft:/models/small").draw_kind == "race"
+    assert EngineConfig(speculative="ngram").draw_kind == EngineConfig().draw_kind == "inverse"
 
 
 def test_the_drafts_kv_lives_in_the_targets_blocks_and_is_zeroed_with_them(other_draft):

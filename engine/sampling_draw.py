@@ -1,0 +1,117 @@
+"""Drawing one token from each row's probabilities: by inverse transform (the default) or by an
+exponential race (engines that speculate with a draft model).
+
+**Inverse transform** (`inverse_draw`): a row's draw is the first token whose cumulative probability
+reaches u·total, with u the row's one uniform at its (seed, output position)
+(`engine.sampling_noise.draw_uniforms`). One random number per row: the race hashes, takes a log of and
+divides the whole [rows, vocab] block every step, which was most of a sampled step's host time on a CPU
+(and as many passes over the block on a GPU). The cumulative sum runs in two levels so that only one
+pass reads the whole block: the vocabulary is cut into blocks of `block_width` tokens, whose sums are
+summed cumulatively (float64, [rows, blocks]) to find the block the draw falls in; the same search then
+runs inside that block's own probabilities ([rows, width]). A token of zero probability is never
+drawn, whatever the rounding: the block found has a cumulative sum above the one before it, so a
+positive sum, and inside it the search stops at the first token whose running sum reaches a positive
+remainder, which is a token that added to it. A remainder past the block's own running total (the two
+sums round differently) is clamped to that total, which lands on the block's last positive token.
+
+**Exponential race** (`race_draw`): argmax(p / E) with E ~ Exp(1) per token, from counter-based noise
+per (seed, position, token). It costs a pass per op over the block, but it couples two distributions
+drawn with the same noise almost as well as any coupling can (they agree with probability near
+1 - TV(p, q)), while inverse transform couples them through their cumulative sums in token order,
+which tokens of similar probability scattered across the vocabulary pull apart. A draft model's
+sampled drafts are accepted exactly when they agree with the target's draw (`engine.spec_rejection`),
+so a draft-model engine races: with a perturbed copy of the tiny model as draft, 0.49 of its drafts
+were accepted racing and 0.07 inverting.
+
+Every step of either is per row, so a row's draw does not depend on what shares its batch; an engine
+draws with one kind everywhere (`EngineConfig.sampling_draw`): its sampler, its draft model and its
+verification of drafts pick the same token for the same probabilities, seed and position.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from engine.sampling_noise import NoiseBuffers, draw_uniforms, negated_exponential_noise
+
+INVERSE, RACE = "inverse", "race"
+DRAWS = (INVERSE, RACE)
+
+
+def draw(kind: str, probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+         noise: NoiseBuffers | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([rows] whether a row is a distribution, [rows] int64 its draw) by `kind` (`DRAWS`).
+
+    `probs` [rows, vocab] are non-negative, need not sum to one (filtered rows don't), and may hold NaN:
+    a row is a distribution when its total is finite and positive. Other rows get some token in range,
+    for the caller to replace (the sampler's greedy fallback). `noise`: the race's buffers, kept by a
+    caller that races every step.
+    """
+    if kind == RACE:
+        return race_draw(probs, seeds, positions, noise)
+    return inverse_draw(probs, draw_uniforms(seeds, positions))
+
+
+def race_draw(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+              noise: NoiseBuffers | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exponential race: argmax(p / E), the first of ties. See `draw`."""
+    # p / -E = -(p / E) exactly, so the least of these scores is the race's winner (one pass fewer than
+    # negating the noise). Rows holding NaN, or no mass, are no distribution whatever wins.
+    scores = probs.div(negated_exponential_noise(seeds, positions, probs.shape[-1], noise))
+    total = probs.sum(dim=-1)
+    return torch.isfinite(total).logical_and_(total > 0), scores.argmin(dim=-1)
+
+
+@functools.cache
+def block_width(vocab_size: int) -> int:
+    """Tokens per block: about sqrt(vocab), so both levels search about as many values.
+
+    A divisor of the vocabulary when one is within a factor of 4 of its square root (most vocabularies
+    have one: 32000, 128256, 151936), so no block is short and the draw skips the masking a short last
+    block needs; else the power of two nearest the root.
+    """
+    root = math.isqrt(vocab_size)
+    divisors = [d for d in range(1, root + 1) if vocab_size % d == 0]
+    best = min(divisors + [vocab_size // d for d in divisors], key=lambda d: abs(math.log(d / max(root, 1))))
+    if root <= 4 * best and best <= 4 * max(root, 1):
+        return best
+    return 1 << max(0, round(vocab_size.bit_length() / 2))
+
+
+def inverse_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse-transform draw of each row of `probs` at its uniform ([rows], in (0, 1)). See `draw`."""
+    rows, vocab = probs.shape
+    width = block_width(vocab)
+    blocks = -(-vocab // width)
+    ends = _block_sums(probs, width).cumsum_(dim=-1)  # float64: the mass up to each block's end
+    total = ends[:, -1]
+    is_distribution = torch.isfinite(total).logical_and_(total > 0)
+    # u < 1, so u·total <= total: a distribution's draw falls in some block. The clamp keeps other rows in range.
+    target = (uniforms if uniforms.dtype == torch.float64 else uniforms.double()).mul(total).unsqueeze_(-1)
+    block = torch.searchsorted(ends, target).clamp_(max=blocks - 1)
+    columns = torch.add(torch.arange(width, device=probs.device), block, alpha=width)
+    short = vocab % width != 0  # the last block is short: its columns past the vocabulary hold no mass
+    if short:
+        inside = probs.gather(-1, columns.clamp(max=vocab - 1)).double().mul_(columns < vocab)
+    else:
+        inside = probs.gather(-1, columns).double()
+    running = inside.cumsum_(dim=-1)
+    before = torch.nn.functional.pad(ends, (1, 0)).gather(-1, block)  # the mass before the block: 0 for the first
+    remainder = torch.minimum(target.sub_(before), running[:, -1:])
+    offset = torch.searchsorted(running, remainder).clamp_(max=width - 1)
+    picks = torch.add(offset, block, alpha=width).squeeze_(-1)
+    return is_distribution, picks.clamp_(max=vocab - 1) if short else picks
+
+
+def _block_sums(probs: torch.Tensor, width: int) -> torch.Tensor:
+    """[rows, blocks] float64: each block's sum, the last block holding what is left when width does not divide."""
+    rows, vocab = probs.shape
+    full = vocab - vocab % width
+    # A view: the slice's rows keep their stride, and splitting its contiguous last dimension needs no copy.
+    sums = probs[:, :full].reshape(rows, full // width, width).sum(dim=-1)
+    if full < vocab:
+        sums = torch.cat([sums, probs[:, full:].sum(dim=-1, keepdim=True)], dim=-1)
+    return sums.double()
