@@ -6,9 +6,9 @@ reaches u·total, with u the row's one uniform at its (seed, output position)
 (`engine.sampling_noise.draw_uniforms`). One random number per row: the race hashes, takes a log of and
 divides the whole [rows, vocab] block every step, which was most of a sampled step's host time on a CPU
 (and as many passes over the block on a GPU). The cumulative sum runs in two levels so that only one
-pass reads the whole block: the vocabulary is cut into blocks of `block_width` tokens, whose sums are
-summed cumulatively (float64, [rows, blocks]) to find the block the draw falls in; the same search then
-runs inside that block's own probabilities ([rows, width]). A token of zero probability is never
+pass reads the whole block: the vocabulary is cut into blocks of `block_width` tokens (strided:
+`draw_order`), whose sums are summed cumulatively (float64, [rows, blocks]) to find the block the draw
+falls in; the same search then runs inside that block's own probabilities ([rows, width]). A token of zero probability is never
 drawn, whatever the rounding: the block found has a cumulative sum above the one before it, so a
 positive sum, and inside it the search stops at the first token whose running sum reaches a positive
 remainder, which is a token that added to it. A remainder past the block's own running total (the two
@@ -70,8 +70,8 @@ def block_width(vocab_size: int) -> int:
     """Tokens per block: about sqrt(vocab), so both levels search about as many values.
 
     A divisor of the vocabulary when one is within a factor of 4 of its square root (most vocabularies
-    have one: 32000, 128256, 151936), so no block is short and the draw skips the masking a short last
-    block needs; else the power of two nearest the root.
+    have one: 32000, 128256, 151936), so every block is whole and the draw pads nothing; else the power
+    of two nearest the root.
     """
     root = math.isqrt(vocab_size)
     divisors = [d for d in range(1, root + 1) if vocab_size % d == 0]
@@ -82,36 +82,48 @@ def block_width(vocab_size: int) -> int:
 
 
 def inverse_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The inverse-transform draw of each row of `probs` at its uniform ([rows], in (0, 1)). See `draw`."""
+    """The inverse-transform draw of each row of `probs` at its uniform ([rows] float64, in (0, 1)). See `draw`.
+
+    Block j holds tokens j, j + blocks, j + 2·blocks, ... (`draw_order`): summing a strided block is a
+    sum across the block's columns, which vectorizes, where a contiguous block's sum would run along
+    rows of a few dozen values. Each tensor op here costs more than the data it touches, so there are
+    few of them: about twenty, whatever the batch and vocabulary.
+    """
     rows, vocab = probs.shape
     width = block_width(vocab)
     blocks = -(-vocab // width)
-    ends = _block_sums(probs, width).cumsum_(dim=-1)  # float64: the mass up to each block's end
-    total = ends[:, -1]
-    is_distribution = torch.isfinite(total).logical_and_(total > 0)
+    if vocab % width:  # the short last row of blocks: zeros, never drawn, keep every block as wide
+        probs = torch.nn.functional.pad(probs, (0, width * blocks - vocab))
+    # float64 [rows, blocks]: the mass up to each block's end.
+    ends = probs.view(rows, width, blocks).sum(dim=1, dtype=torch.float64).cumsum_(dim=-1)
+    total = ends[:, -1:]
+    # Probabilities are at most 1 each (softmax's), so a total is finite unless it is NaN, which is not > 0.
+    is_distribution = (total > 0).squeeze_(-1)
     # u < 1, so u·total <= total: a distribution's draw falls in some block. The clamp keeps other rows in range.
-    target = (uniforms if uniforms.dtype == torch.float64 else uniforms.double()).mul(total).unsqueeze_(-1)
+    target = uniforms.unsqueeze(-1) * total
     block = torch.searchsorted(ends, target).clamp_(max=blocks - 1)
-    columns = torch.add(torch.arange(width, device=probs.device), block, alpha=width)
-    short = vocab % width != 0  # the last block is short: its columns past the vocabulary hold no mass
-    if short:
-        inside = probs.gather(-1, columns.clamp(max=vocab - 1)).double().mul_(columns < vocab)
-    else:
-        inside = probs.gather(-1, columns).double()
-    running = inside.cumsum_(dim=-1)
+    columns = torch.add(_block_columns(width, blocks, probs.device), block)
+    running = probs.gather(-1, columns).cumsum(dim=-1, dtype=torch.float64)
     before = torch.nn.functional.pad(ends, (1, 0)).gather(-1, block)  # the mass before the block: 0 for the first
     remainder = torch.minimum(target.sub_(before), running[:, -1:])
     offset = torch.searchsorted(running, remainder).clamp_(max=width - 1)
-    picks = torch.add(offset, block, alpha=width).squeeze_(-1)
-    return is_distribution, picks.clamp_(max=vocab - 1) if short else picks
+    picks = torch.add(block, offset, alpha=blocks).squeeze_(-1)
+    return is_distribution, picks.clamp_(max=vocab - 1) if vocab % width else picks
 
 
-def _block_sums(probs: torch.Tensor, width: int) -> torch.Tensor:
-    """[rows, blocks] float64: each block's sum, the last block holding what is left when width does not divide."""
-    rows, vocab = probs.shape
-    full = vocab - vocab % width
-    # A view: the slice's rows keep their stride, and splitting its contiguous last dimension needs no copy.
-    sums = probs[:, :full].reshape(rows, full // width, width).sum(dim=-1)
-    if full < vocab:
-        sums = torch.cat([sums, probs[:, full:].sum(dim=-1, keepdim=True)], dim=-1)
-    return sums.double()
+def draw_order(vocab_size: int) -> list[int]:
+    """The token order whose cumulative sums the inverse-transform draw inverts: block by block, each
+    block's tokens in id order. A draw picks the first token, in this order, whose running sum reaches
+    u·total: what a reference computes to check it."""
+    width = block_width(vocab_size)
+    blocks = -(-vocab_size // width)
+    return [j + blocks * i for j in range(blocks) for i in range(width) if j + blocks * i < vocab_size]
+
+
+# Kept from step to step (not request data: 0, blocks, 2·blocks, ...); a normal tensor even when first
+# made under inference mode, so that a draw outside it reads it too.
+@functools.cache
+@torch.inference_mode(False)
+def _block_columns(width: int, blocks: int, device: torch.device) -> torch.Tensor:
+    """[width] int64: a block's columns, less the block's own index."""
+    return torch.arange(0, width * blocks, blocks, device=device)

@@ -1,11 +1,13 @@
 """The draw held to in sampling tests, computed apart from `engine.sampling_draw`: one flat float64
-cumulative sum per row (no blocks), and the first token whose running sum reaches u·total."""
+cumulative sum per row (no blocks) in the draw's token order, and the first token whose running sum
+reaches u·total."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from engine.sampling_draw import draw_order
 from engine.sampling_noise import draw_uniforms
 
 
@@ -16,5 +18,11 @@ def uniform_at(seed: int, position: int) -> float:
 
 def reference_draw(probs, seed: int, position: int) -> int:
     """The token a draw from `probs` (one row, non-negative, a positive finite total) picks at (seed, position)."""
-    running = np.cumsum(np.asarray(probs, dtype=np.float64))
-    return int(np.searchsorted(running, uniform_at(seed, position) * running[-1], side="left"))
+    return flat_draw(probs, uniform_at(seed, position))
+
+
+def flat_draw(probs, uniform: float) -> int:
+    """The token whose running sum, in the draw's token order, first reaches u·total."""
+    order = draw_order(len(probs))
+    running = np.cumsum(np.asarray(probs, dtype=np.float64)[order])
+    return order[int(np.searchsorted(running, uniform * running[-1], side="left"))]

@@ -19,7 +19,7 @@ from engine.errors import EngineError
 from engine.sampler import Filters, SampleRequest, Sampler, filter_batch, filter_probs
 from engine.logits_processors import LogitsProcessors, Penalties, penalize
 from engine.sampling_draw import DRAWS as DRAW_KINDS
-from engine.sampling_draw import INVERSE, RACE, block_width, inverse_draw
+from engine.sampling_draw import INVERSE, RACE, block_width, draw_order, inverse_draw
 from engine.sampling_noise import (
     ACCEPTANCE_COUNTER, draw_uniforms, exponential_noise, negated_exponential_noise, row_bits, row_keys, row_uniforms,
     token_bits, uniform_from_bits,
@@ -34,7 +34,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     tiny_engine,
     tiny_model_dir,
 )
-from tests.sampling_support import reference_draw
+from tests.sampling_support import flat_draw, reference_draw
 
 PROMPTS = random_prompts(6, 4, 24, seed=21)
 SEEDED = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=42, ignore_eos=True)
@@ -452,12 +452,6 @@ def test_a_sampler_draws_by_a_kind_it_knows():
 # ----- the two-level draw ------------------------------------------------------------------
 
 
-def flat_draw(probs: torch.Tensor, uniform: float) -> int:
-    """The draw in one level: the first token whose float64 running sum reaches u·total."""
-    running = probs.double().cumsum(dim=-1)
-    return int(torch.searchsorted(running, torch.tensor([uniform * float(running[-1])], dtype=torch.float64)))
-
-
 @pytest.mark.parametrize("vocab", [1, 2, 5, 50, 64, 525, 1000, 1024, 4099])
 def test_the_two_level_draw_picks_what_one_cumulative_sum_picks(vocab):
     generator = torch.Generator().manual_seed(vocab)
@@ -470,23 +464,30 @@ def test_the_two_level_draw_picks_what_one_cumulative_sum_picks(vocab):
     assert picks.tolist() == [flat_draw(row, float(u)) for row, u in zip(probs, uniforms)]
 
 
-@pytest.mark.parametrize("vocab", [4099, 1000], ids=["a-short-last-block", "whole-blocks"])  # 4099: a prime
+@pytest.mark.parametrize("vocab", [4099, 1000], ids=["a-short-last-row-of-blocks", "whole-blocks"])  # 4099: a prime
 def test_a_zero_probability_token_is_never_drawn_at_the_edges_of_blocks_and_uniforms(vocab):
-    width = block_width(vocab)
+    width, order = block_width(vocab), draw_order(vocab)
     probs = torch.zeros(8, vocab)
-    probs[0, width - 1] = 1.0  # the last token of the first block
-    probs[1, width] = 1.0  # the first of the second
-    probs[2, vocab - 1] = 1.0  # the very last token
-    probs[2, vocab - vocab % width - 1] = 1e-3  # and the last of the whole blocks
-    probs[3, [0, vocab - 1]] = torch.tensor([1e-30, 1.0])  # a mass too small to move a float64 total
-    probs[4, ::width] = 2.0**-20  # the first token of every block
-    probs[5, : 3 * width] = torch.rand(3 * width) * 1e-3  # all mass in the first blocks, nothing after
+    probs[0, order[width - 1]] = 1.0  # the last token of the first block
+    probs[1, order[width]] = 1.0  # the first of the second
+    probs[2, order[-1]] = 1.0  # the very last token in the draw's order
+    probs[2, order[-width - 1]] = 1e-3  # and the last of the block before
+    probs[3, [order[0], order[-1]]] = torch.tensor([1e-30, 1.0])  # a mass too small to move a float64 total
+    probs[4, order[::width]] = 2.0**-20  # the first token of every block
+    probs[5, order[: 3 * width]] = torch.rand(3 * width) * 1e-3  # all mass in the first blocks, nothing after
     probs[6, 7] = 3.0  # unnormalized
-    probs[7, [1, width + 1]] = torch.tensor([1e-38, 1e-38])  # subnormal-sized mass only
+    probs[7, [order[1], order[width + 1]]] = torch.tensor([1e-38, 1e-38])  # subnormal-sized mass only
     for uniform in (0.5 * 2**-31, 1e-9, 0.25, 0.5, 0.999, 1 - 0.5 * 2**-31):
         is_distribution, picks = inverse_draw(probs, torch.full((8,), uniform, dtype=torch.float64))
         assert is_distribution.all()
         assert (probs.gather(-1, picks.unsqueeze(-1)) > 0).all(), f"u={uniform}: {picks.tolist()}"
+
+
+def test_the_draws_order_is_each_token_once_block_by_block():
+    for vocab in (1, 5, 525, 1000, 4099):
+        order, width = draw_order(vocab), block_width(vocab)
+        assert sorted(order) == list(range(vocab))
+        assert order[:width] == list(range(0, width * -(-vocab // width), -(-vocab // width)))[:width]
 
 
 def test_rows_that_are_no_distribution_are_flagged_and_still_draw_in_range():
