@@ -21,7 +21,7 @@ import torch
 from engine.bridge import Bridge, Download, DownloadPlan, Upload
 from engine.errors import EngineError
 from engine.logits_processors import LogitsProcessors, ProcessingPlan, RowSettings
-from engine.sampling_draw import DRAWS, INVERSE, draw
+from engine.sampling_draw import DRAWS, INVERSE, descending_keys, draw, first_index
 from engine.sampling_noise import NoiseBuffers
 from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
 from engine.sampling_tables import (
@@ -196,16 +196,7 @@ class Sampler:
         self._bridge = bridge  # the engine's; a sampler used alone makes its own for the logits' device
         self.draw_kind = draw_kind  # `engine.sampling_draw`'s kind: the engine's, for its verification too
         self._noise = NoiseBuffers()  # the race's noise block, reused from step to step (empty until it races)
-        self._keys: torch.Tensor | None = None  # `_first_index`'s keys for the vocabulary on the logits' device
         self._tables: SamplingTables | None = None  # each sample's settings on the device, made at the first pack
-
-    def _first_index_keys(self, logits: torch.Tensor) -> torch.Tensor:
-        # Only making the keys leaves inference mode: entering a mode costs tens of microseconds inside a
-        # step (measured), and the kept keys are read every step.
-        keys, vocab_size = self._keys, logits.shape[-1]
-        if keys is None or keys.shape[0] != vocab_size or keys.device != logits.device:
-            keys = self._keys = _descending_keys(vocab_size, logits.device)
-        return keys
 
     def release(self, sample: int) -> None:
         """Zeroes an ended sample's settings on the device and frees their slot (`engine.sampling_tables`)."""
@@ -265,7 +256,7 @@ class Sampler:
         counting = None
         if self.processors is not None:
             picked, counting = self.processors.apply(raw, plan.processing, views, step.values)
-        keys = self._first_index_keys(picked)
+        keys = descending_keys(picked.shape[-1], picked.device)
         tokens = _most_likely(picked, keys)
         if step.drawn:
             fallback = tokens[: step.drawn]
@@ -278,13 +269,6 @@ class Sampler:
         row_of = order if plan.settings.ordered else sorted(range(len(order)), key=order.__getitem__)
         download.add(PICKS, _pack(raw, tokens, step))
         return PickedTokens(tokens, row_of, step)
-
-
-# A normal tensor even when first made under inference mode: a sampler used outside it reads it too.
-@torch.inference_mode(False)
-def _descending_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
-    """`_first_index`'s keys: vocab_size down to 1 (float32 counts exactly up to 2^24, far beyond any vocabulary)."""
-    return torch.arange(vocab_size, 0, -1, dtype=torch.float32, device=device)
 
 
 def _draw(logits: torch.Tensor, step: StepSettings, kind: str, noise: NoiseBuffers
@@ -307,17 +291,7 @@ def _most_likely(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     failing the request instead would cut off a stream its caller has partly received, for no better answer.
     """
     ranked = torch.nan_to_num(logits, nan=-torch.inf)  # a new tensor, which the marks then overwrite
-    return _first_index(torch.ge(ranked, ranked.amax(dim=-1, keepdim=True), out=ranked), keys)
-
-
-def _first_index(marks: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """[rows] int64: the first column of each row of `marks` (1.0 there, 0.0 elsewhere; consumed) that is 1.0.
-
-    Given the marks of each row's best value, that is what argmax picks (the first of tied values): on a
-    CPU a max reduction and three elementwise passes cost less than half of one argmax, which is not
-    vectorized. `keys` is vocab, vocab - 1, ..., 1: the largest marked key is the first marked column.
-    """
-    return keys.shape[0] - marks.mul_(keys).amax(dim=-1).long()
+    return first_index(torch.ge(ranked, ranked.amax(dim=-1, keepdim=True), out=ranked), keys)
 
 
 def filter_batch(probs: torch.Tensor, filters: Filters) -> torch.Tensor:

@@ -8,10 +8,10 @@ divides the whole [rows, vocab] block every step, which was most of a sampled st
 (and as many passes over the block on a GPU). The cumulative sum runs in two levels so that only one
 pass reads the whole block: the vocabulary is cut into blocks of `block_width` tokens (strided:
 `draw_order`), whose sums are summed cumulatively (float64, [rows, blocks]) to find the block the draw
-falls in; the same search then runs inside that block's own probabilities ([rows, width]). A token of zero probability is never
-drawn, whatever the rounding: the block found has a cumulative sum above the one before it, so a
-positive sum, and inside it the search stops at the first token whose running sum reaches a positive
-remainder, which is a token that added to it. A remainder past the block's own running total (the two
+falls in; the same search then runs inside that block's own probabilities ([rows, width]). A token of
+zero probability is never drawn, whatever the rounding: the block found has a cumulative sum above the
+one before it, so a positive sum, and inside it the search stops at the first token whose running sum
+reaches a positive remainder, which is a token that added to it. A remainder past the block's own running total (the two
 sums round differently) is clamped to that total, which lands on the block's last positive token.
 
 **Exponential race** (`race_draw`): argmax(p / E) with E ~ Exp(1) per token, from counter-based noise
@@ -59,10 +59,35 @@ def race_draw(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
               noise: NoiseBuffers | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The exponential race: argmax(p / E), the first of ties. See `draw`."""
     # p / -E = -(p / E) exactly, so the least of these scores is the race's winner (one pass fewer than
-    # negating the noise). Rows holding NaN, or no mass, are no distribution whatever wins.
+    # negating the noise). Scores are <= 0, or NaN in every token of a row holding NaN: a row is a
+    # distribution when its least score is below 0 (NaN is not; a row of no mass has 0 at best).
     scores = probs.div(negated_exponential_noise(seeds, positions, probs.shape[-1], noise))
-    total = probs.sum(dim=-1)
-    return torch.isfinite(total).logical_and_(total > 0), scores.argmin(dim=-1)
+    best = scores.amin(dim=-1, keepdim=True)
+    keys = descending_keys(probs.shape[-1], probs.device)
+    # A NaN row marks nothing, which reads as column `vocab`: the clamp keeps it in range, as `draw` promises.
+    picks = first_index(torch.le(scores, best, out=scores), keys).clamp_(max=probs.shape[-1] - 1)
+    return (best < 0).squeeze_(-1), picks
+
+
+def first_index(marks: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """[rows] int64: the first column of each row of `marks` (1.0 there, 0.0 elsewhere; consumed) that is 1.0.
+
+    Given the marks of each row's best value, that is what argmax picks (the first of tied values): on a
+    CPU a max reduction and three elementwise passes cost less than half of one argmax, which is not
+    vectorized. `keys` is vocab, vocab - 1, ..., 1 (`descending_keys`): the largest marked key is the
+    first marked column.
+    """
+    return keys.shape[0] - marks.mul_(keys).amax(dim=-1).long()
+
+
+# Kept from step to step (not request data); a normal tensor even when first made under inference mode,
+# so that a pick outside it reads it too, and only making it leaves inference mode (entering a mode costs
+# tens of microseconds inside a step).
+@functools.cache
+@torch.inference_mode(False)
+def descending_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """`first_index`'s keys: vocab_size down to 1 (float32 counts exactly up to 2^24, far beyond any vocabulary)."""
+    return torch.arange(vocab_size, 0, -1, dtype=torch.float32, device=device)
 
 
 @functools.cache

@@ -57,10 +57,10 @@ def verify_deterministic(probs: torch.Tensor, drafts: torch.Tensor, lengths: tor
     with the target's own draws as its randomness.
 
     Each position draws the token plain sampling would draw there (the sampler's draw, of the engine's
-    `kind`, over the same randomness), and a draft is accepted exactly when it is that token. Its chance is p(d), which is
-    min(1, p(d)/q(d)) for a one-hot q, and a rejected position's draw is p conditioned on not being d,
-    which is normalize(max(0, p - q)): the rule's distribution, with every emitted token the one plain
-    sampling emits for that seed and position. So a seeded sample's tokens do not depend on its drafts
+    `kind`, over the same randomness), and a draft is accepted exactly when it is that token. Its chance
+    is p(d), which is min(1, p(d)/q(d)) for a one-hot q, and a rejected position's draw is p conditioned
+    on not being d, which is normalize(max(0, p - q)): the rule's distribution, with every emitted token
+    the one plain sampling emits for that seed and position. So a seeded sample's tokens do not depend on its drafts
     (nor on the budget and pool that sized them), as they do not depend on its batch.
 
     probs: [rows, k+1, vocab] filtered, unnormalized, as the sampler draws from them; fallback: [rows, k+1]

@@ -215,7 +215,7 @@ def _verify(logits: torch.Tensor, plan: VerifyPlan, views: dict[str, torch.Tenso
         temperatures, top_p, min_p = views[SPEC_FLOATS].split([drawn] * 3)
         filters = Filters(top_k.repeat_interleave(width), top_p.repeat_interleave(width),
                           min_p.repeat_interleave(width), plan.sorts)
-        # The sampler's own steps: scale, softmax, filter; then each position draws with the same uniform.
+        # The sampler's own steps: scale, softmax, filter; then each position draws as the sampler would.
         scaled = table[:drawn] / temperatures.clamp_min(MIN_TEMPERATURE).view(drawn, 1, 1)
         probs = filter_batch(torch.softmax(scaled, dim=-1).flatten(0, 1), filters).view(drawn, width, -1)
         # n-gram drafts are deterministic; a position with no distribution falls back to its argmax.

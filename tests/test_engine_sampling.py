@@ -19,7 +19,7 @@ from engine.errors import EngineError
 from engine.sampler import Filters, SampleRequest, Sampler, filter_batch, filter_probs
 from engine.logits_processors import LogitsProcessors, Penalties, penalize
 from engine.sampling_draw import DRAWS as DRAW_KINDS
-from engine.sampling_draw import INVERSE, RACE, block_width, draw_order, inverse_draw
+from engine.sampling_draw import INVERSE, RACE, block_width, descending_keys, draw_order, first_index, inverse_draw
 from engine.sampling_noise import (
     ACCEPTANCE_COUNTER, draw_uniforms, exponential_noise, negated_exponential_noise, row_bits, row_keys, row_uniforms,
     token_bits, uniform_from_bits,
@@ -598,7 +598,7 @@ def awkward_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
 
 def test_the_greedy_pick_is_argmax_with_nan_ranked_last_on_awkward_rows():
     logits = awkward_logits(12, 300, seed=5)
-    keys = Sampler()._first_index_keys(logits)
+    keys = descending_keys(logits.shape[-1], logits.device)
     expected = torch.nan_to_num(logits, nan=-math.inf).argmax(dim=-1)
     assert sampler_module._most_likely(logits, keys).tolist() == expected.tolist()
     assert expected[2:9].tolist() == [0, 5, 0, 4, 12, 0, 0]  # the awkward rows, worked out by hand
@@ -607,8 +607,8 @@ def test_the_greedy_pick_is_argmax_with_nan_ranked_last_on_awkward_rows():
 def test_the_first_marked_column_is_what_argmax_picks():
     marks = (torch.rand(64, 500, generator=torch.Generator().manual_seed(1)) < 0.01).float()
     marks[0], marks[1, -1] = 1.0, 1.0  # every column marked; only the last column marked
-    keys = Sampler()._first_index_keys(marks)
-    assert sampler_module._first_index(marks.clone(), keys).tolist() == marks.argmax(dim=-1).tolist()
+    keys = descending_keys(marks.shape[-1], marks.device)
+    assert first_index(marks.clone(), keys).tolist() == marks.argmax(dim=-1).tolist()
 
 
 def reference_pick(logits: torch.Tensor, request: SampleRequest, kind: str = INVERSE) -> int:
