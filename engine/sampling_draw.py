@@ -7,8 +7,11 @@ reaches u·total, with u the row's one uniform at its (seed, output position)
 divides the whole [rows, vocab] block every step, which was most of a sampled step's host time on a CPU
 (and as many passes over the block on a GPU). The cumulative sum runs in two levels so that only one
 pass reads the whole block: the vocabulary is cut into blocks of `block_width` tokens (strided:
-`draw_order`), whose sums are summed cumulatively (float64, [rows, blocks]) to find the block the draw
-falls in; the same search then runs inside that block's own probabilities ([rows, width]). A token of
+`draw_order`), whose sums (float32, each of ~sqrt(vocab) terms) are summed cumulatively in float64
+([rows, blocks]) to find the block the draw falls in; the same search then runs inside that block's own
+probabilities ([rows, width], float64). A block's float32 sum is within about width·2^-24 of its mass,
+relatively (2e-6 at width 32): a float64 sum of the whole block cost four times as much on a CPU (the
+cast runs inside the reduction, unvectorized): 0.15 ms of a sampled step at batch 256. A token of
 zero probability is never drawn, whatever the rounding: the block found has a cumulative sum above the
 one before it, so a positive sum, and inside it the search stops at the first token whose running sum
 reaches a positive remainder, which is a token that added to it. A remainder past the block's own running total (the two
@@ -119,8 +122,8 @@ def inverse_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Ten
     blocks = -(-vocab // width)
     if vocab % width:  # the short last row of blocks: zeros, never drawn, keep every block as wide
         probs = torch.nn.functional.pad(probs, (0, width * blocks - vocab))
-    # float64 [rows, blocks]: the mass up to each block's end.
-    ends = probs.view(rows, width, blocks).sum(dim=1, dtype=torch.float64).cumsum_(dim=-1)
+    # float64 [rows, blocks]: the mass up to each block's end, from float32 block sums (see the module's note).
+    ends = probs.view(rows, width, blocks).sum(dim=1).double().cumsum_(dim=-1)
     total = ends[:, -1:]
     # Probabilities are at most 1 each (softmax's), so a total is finite unless it is NaN, which is not > 0.
     is_distribution = (total > 0).squeeze_(-1)
