@@ -67,6 +67,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "must name it (default: none)")
     node.add_argument("--num-speculative-tokens", type=int, default=3,
                       help="drafts verified per sample per step (default: %(default)s)")
+    node.add_argument("--sampling-draw", choices=("inverse", "race"), default=None,
+                      help="how sampled tokens are drawn: inverse (one uniform per sample, through its cumulative "
+                           "probabilities) or race (exponential noise per token, which couples a draft model's draws "
+                           "with the model's); the same distribution either way, different tokens for a seed "
+                           "(default: race with a draft model, else inverse)")
     node.add_argument("--transparency-log", default=None, metavar="URL",
                       help="the operator's transparency log (`veil log serve --key`): log this node's key statement "
                            "at start and at each key rotation, and staple proofs of its release and key to its "
@@ -89,7 +94,7 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
-        transparency_log=args.transparency_log, transparency_refresh_s=args.transparency_refresh_s,
+        sampling_draw=args.sampling_draw, transparency_log=args.transparency_log, transparency_refresh_s=args.transparency_refresh_s,
     )
 
 

@@ -87,7 +87,7 @@ def engine_config(settings: NodeSettings, limits: EngineLimits) -> EngineConfig:
         cuda_graphs=None if settings.cuda_graphs else False,
         async_scheduling=None if settings.async_scheduling else False, bridge_toll_us=settings.bridge_toll_us,
         speculative=settings.speculative, num_speculative_tokens=settings.num_speculative_tokens,
-        **optional,
+        sampling_draw=settings.sampling_draw, **optional,
     )
 
 

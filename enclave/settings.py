@@ -44,6 +44,9 @@ class NodeSettings:
     # engine.speculation must name it, and a draft model is measured with the model.
     speculative: str | None = None
     num_speculative_tokens: int = 3
+    # How sampled tokens are drawn (`engine.sampling_draw`): "inverse", "race", or None for the engine's
+    # default (race with a draft model, whose acceptance it raises; else inverse, the cheaper).
+    sampling_draw: str | None = None
     # The operator's transparency log (`veil log serve --key`): the node logs its key statement there and
     # staples proofs of its release and key to its evidence, refreshed every transparency_refresh_s.
     transparency_log: str | None = None

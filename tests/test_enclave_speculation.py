@@ -45,6 +45,17 @@ def test_the_command_line_carries_the_speculation_to_the_engine():
     assert parse_node().speculative is None
 
 
+def test_the_command_line_chooses_the_draw_or_leaves_it_to_the_engine(model_dir):
+    limits = check_node_settings(NodeSettings(model=model_dir, policy="dev", attestation="sim"),
+                                 shipped_policy("dev"), b"\0" * 32)
+    default = engine_config(parse_node(), limits)
+    assert default.sampling_draw is None and default.draw_kind == "inverse"
+    raced = engine_config(parse_node("--sampling-draw", "race"), limits)
+    assert (raced.sampling_draw, raced.draw_kind) == ("race", "race")
+    with pytest.raises(SystemExit):  # argparse names the choices
+        parse_node("--sampling-draw", "gumbel")
+
+
 def test_a_node_refuses_speculation_its_policy_does_not_name(model_dir):
     settings = NodeSettings(model=model_dir, policy="dev", attestation="sim", speculative="ngram")
     with pytest.raises(SelfCheckError, match="engine.speculation = 'ngram'"):
