@@ -167,11 +167,19 @@ def check_confidential_mode(ctx: Context) -> str:
     return "; ".join(notes)
 
 
+# A migration agent moves the whole guest, every request in it, to a machine its host chooses: a node
+# that may be migrated is refused as one that may be debugged is.
+_MIGRATION_AGENT = {
+    "sev-snp": "the SEV-SNP guest policy allows a migration agent (MIGRATE_MA), which can export the guest's memory",
+    "tdx": "the TD is migratable (TDATTRIBUTES.MIGRATABLE): a migration TD can export its memory",
+}
+
+
 def check_debug(ctx: Context) -> str:
     if ctx.cpu_report is not None and ctx.cpu_report.debug:
         raise DebugModeError(f"the {ctx.cpu_report.kind} CPU TEE allows debugging; its memory is readable by the host")
     if ctx.cpu_report is not None and ctx.cpu_report.migration_agent:
-        raise MigrationAgentError("the SEV-SNP guest policy allows a migration agent, which can export the guest's memory")
+        raise MigrationAgentError(_MIGRATION_AGENT[ctx.cpu_report.kind])
     gpu = ctx.bundle.gpu
     if gpu is not None and gpu.state.devtools_mode:
         raise DebugModeError("GPU developer tools mode is on; GPU memory is readable by tools")

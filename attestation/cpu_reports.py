@@ -47,7 +47,7 @@ class CpuReport:
     simulated: bool
     signed_part: bytes
     signature: bytes  # raw r ‖ s for the simulated format; hardware formats are verified by their modules
-    migration_agent: bool = False  # SEV-SNP: a migration agent may export the guest's memory
+    migration_agent: bool = False  # a migration agent may export the guest's memory (SNP MIGRATE_MA, TDX MIGRATABLE)
     vmpl: int = 0  # SEV-SNP: the VM privilege level that asked for the report
     launch: LaunchMeasurement | None = None  # None for simulated reports
     chip_id: str | None = None  # the CPU's identity, set once its certificate chain is verified
@@ -79,7 +79,7 @@ def _parse_sim(report: bytes) -> CpuReport:
 def tdx_cpu_report(quote: TdxQuote) -> CpuReport:
     """The verifier's view of a parsed TDX quote."""
     return CpuReport("tdx", quote.report_data, quote.debug, False, quote.signed, quote.signature,
-                     launch=LaunchMeasurement("tdx", quote.mrtd, quote.rtmrs))
+                     migration_agent=quote.migratable, launch=LaunchMeasurement("tdx", quote.mrtd, quote.rtmrs))
 
 
 def snp_cpu_report(report: SnpReport) -> CpuReport:

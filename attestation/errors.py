@@ -88,7 +88,7 @@ class DebugModeError(AttestationError):
 
 
 class MigrationAgentError(DebugModeError):
-    """An SEV-SNP guest policy allows a migration agent, which can export the guest's memory."""
+    """The CPU TEE allows a migration agent to export the guest's memory (SEV-SNP MIGRATE_MA, TDX MIGRATABLE)."""
 
 
 class MeasurementNotAllowedError(AttestationError):

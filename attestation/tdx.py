@@ -40,6 +40,8 @@ INTEL_QE_VENDOR_ID = bytes.fromhex("939a7233f79c4ca9940a0db3957f0607")
 # MRSIGNER of Intel's quoting enclave: only Intel's QE certifies TDX attestation keys.
 INTEL_QE_MRSIGNER = bytes.fromhex("dc9e2a7c6f948f17474e34a7fc43ed030f7c1563f1babddf6340c82e0e54a8c5")
 TD_UNDER_DEBUG_MASK = 0xFF
+# TDATTRIBUTES.MIGRATABLE: the TD may be migrated by a migration TD (MigTD), which exports its memory.
+TD_MIGRATABLE = 1 << 29
 # TDATTRIBUTES, Intel TDX Module ABI Specification (348551), TD_PARAMS "ATTRIBUTES" definition table (the bits
 # Linux names in arch/x86/include/asm/shared/tdx.h): TUD group 0 DEBUG, 4 HGS_PLUS_PROF, 5 PERF_PROF, 6 PMT_PROF;
 # SEC group 16 ICSSD, 27 LASS, 28 SEPT_VE_DISABLE, 29 MIGRATABLE, 30 PKS, 31 KL; OTHER group 62 TPA, 63 PERFMON.
@@ -80,6 +82,10 @@ class TdxQuote:
     @property
     def debug(self) -> bool:
         return bool(self.td_attributes & TD_UNDER_DEBUG_MASK)
+
+    @property
+    def migratable(self) -> bool:
+        return bool(self.td_attributes & TD_MIGRATABLE)
 
 
 class _Reader:

@@ -209,6 +209,7 @@ def test_synthetic_evidence_passes_every_check_and_names_its_pck():
 @pytest.mark.parametrize("fields,error_type,check", [
     (TdxFields(td_attributes=1), errors.DebugModeError, "debug"),
     (TdxFields(td_attributes=1 << 5), errors.DebugModeError, "debug"),  # any TD-under-debug bit
+    (TdxFields(td_attributes=(1 << 28) | (1 << 29)), errors.MigrationAgentError, "debug"),  # MIGRATABLE
     (TdxFields(qe_mrsigner=bytes(32)), errors.QuotingEnclaveError, "signature"),
     (TdxFields(certify_other_key=True), errors.QuotingEnclaveError, "signature"),
     (TdxFields(report_data=bytes(63) + b"\x01"), errors.BindingError, "binding"),
@@ -243,9 +244,15 @@ def test_reserved_td_attributes_or_xfam_bits_are_a_format_error(fields, message)
     assert message in str(verify_with_report(bundle, policy).error)
 
 
-def test_every_td_attribute_and_xfam_bit_the_module_defines_is_accepted():
+def test_a_migratable_td_is_refused_by_name():
     policy = cpu_policy()
-    attributes = sum(1 << bit for bit in (16, 27, 28, 29, 30, 31, 62, 63))  # all but the TD-under-debug group
+    error = verify_with_report(tdx_evidence(policy, TdxFields(td_attributes=1 << 29)), policy).error
+    assert isinstance(error, errors.MigrationAgentError) and "MIGRATABLE" in str(error)
+
+
+def test_every_td_attribute_and_xfam_bit_the_module_defines_is_accepted_but_debug_and_migratable():
+    policy = cpu_policy()
+    attributes = sum(1 << bit for bit in (16, 27, 28, 30, 31, 62, 63))  # not the TD-under-debug group, not MIGRATABLE
     node = verify(tdx_evidence(policy, TdxFields(td_attributes=attributes, xfam=0x0006_DBE7)), policy)
     assert all(check.passed for check in node.checks)
 
