@@ -7,7 +7,7 @@ Report layout (0x4A0 bytes, integers little-endian):
     0x048 KEY_INFO u32 (bits 2-4 SIGNING_KEY: 0 VCEK)
     0x050 REPORT_DATA (64)   0x090 MEASUREMENT (48)   0x180 REPORTED_TCB (8)
     0x1A0 CHIP_ID (64)       0x2A0 signature r ‖ s, 72 bytes each, little-endian,
-                             over bytes 0x000-0x29F
+                             over bytes 0x000-0x29F; 0x330-0x49F reserved, zero
 
 The VCEK (chip key, one per chip and TCB) is certified by the ASK, the ASK by
 the ARK of its product line (RSA-PSS, SHA-384). The VCEK's extensions name
@@ -34,6 +34,7 @@ from attestation.errors import CertifiedTcbError, ChainError, ChipIdError, CpuRe
 
 REPORT_SIZE = 0x4A0
 SIGNED_SIZE = 0x2A0
+SIGNATURE_END = 0x330  # r and s, 72 bytes each
 MIN_VERSION = 2
 MAX_VERSION = 5
 POLICY_MIGRATE_MA = 1 << 18
@@ -100,13 +101,19 @@ def parse_snp_report(report: bytes) -> SnpReport:
     (key_info,) = struct.unpack_from("<I", report, 0x48)
     if algorithm != SIGNATURE_ALGO_ECDSA_P384:
         raise SnpReportFormatError("the SEV-SNP report is not signed with ECDSA P-384")
+    # The signature covers none of the report after it: reserved bytes there that are not zero came from
+    # something other than the firmware, and would let identical evidence travel as different bytes.
+    if any(report[SIGNATURE_END:]):
+        raise SnpReportFormatError(
+            f"the SEV-SNP report's bytes after its signature ({SIGNATURE_END:#x} to {REPORT_SIZE - 1:#x}) are "
+            "reserved and must be zero")
     _check_policy(policy)
     return SnpReport(
         version=version, policy=policy, vmpl=vmpl, signing_key=(key_info >> 2) & 0x7,
         report_data=report[0x50:0x90], measurement=report[0x90:0xC0], reported_tcb=report[0x180:0x188],
         chip_id=report[0x1A0:0x1E0], signed=report[:SIGNED_SIZE],
-        signature_r=int.from_bytes(report[0x2A0:0x2E8], "little"),
-        signature_s=int.from_bytes(report[0x2E8:0x330], "little"),
+        signature_r=int.from_bytes(report[SIGNED_SIZE:0x2E8], "little"),
+        signature_s=int.from_bytes(report[0x2E8:SIGNATURE_END], "little"),
     )
 
 

@@ -114,6 +114,14 @@ def test_truncated_or_padded_reports_are_refused(length):
         verify_genuine((report + bytes(1))[:length], chain)
 
 
+@pytest.mark.parametrize("offset", [0x330, 0x400, 0x49F])
+def test_bytes_after_the_signature_are_reserved_and_must_be_zero(offset):
+    report, chain = genuine_snp()
+    assert not any(report[0x330:])  # the firmware's own report: zero there
+    with pytest.raises(SnpReportFormatError, match="0x330 to 0x49f"):
+        verify_genuine(flip(report, offset), chain)
+
+
 def test_another_signature_algorithm_is_refused():
     report, chain = genuine_snp()
     with pytest.raises(SnpReportFormatError, match="ECDSA P-384"):
