@@ -11,7 +11,8 @@ built-in ~46M-parameter random-weight Llama. Runs in one process, same requests,
      alternating with 2 so that its ratio to the toll-free run is taken in the same conditions.
 Prints output tokens/s for each and the ratios, the bridge crossings per step, and the time spent inside
 the zeroing calls of run 2 (on a CPU every call completes before it returns, so that share is free of
-the noise between runs).
+the noise between runs), and with a toll the time the step loop waited at it: the toll's cost within one
+run, which a ratio of two runs on a shared machine can hide or inflate.
 
     python benchmarks/engine_throughput.py [--requests 64] [--hf-batch-size 16] [--quick] [--bridge-toll-us 300]
 """
@@ -51,6 +52,34 @@ class VeilRun:
     steps: int
     h2d: int  # bridge crossings in the run, each way
     d2h: int
+    toll_seconds: float  # wall time the scheduling thread waited at the simulated bridge's toll
+
+
+@contextmanager
+def timed_toll() -> Iterator[list[float]]:
+    """Adds up the wall time the calling thread waits at the simulated bridge (`engine.bridge.Toll.pay`):
+    with nothing to overlap it, a tolled run takes its toll-free time plus this, so this share of the run
+    is the toll's cost measured within one run, free of the noise between two."""
+    import threading
+
+    from engine.bridge import Toll
+
+    real_pay, thread = Toll.pay, threading.get_ident()
+    spent = [0.0]
+
+    def pay(toll: Toll) -> None:
+        started = time.perf_counter()
+        try:
+            real_pay(toll)
+        finally:
+            if threading.get_ident() == thread:  # a drain on a worker thread does not hold the step loop
+                spent[0] += time.perf_counter() - started
+
+    Toll.pay = pay  # type: ignore[method-assign]
+    try:
+        yield spent
+    finally:
+        Toll.pay = real_pay  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -88,14 +117,14 @@ def run_veil(model_dir: str, workload: Workload, skip_zeroing: bool, toll_us: fl
     engine.generate([workload.prompts[0]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     bridge = engine.runner.bridge
     steps_before = bridge.steps
-    with timed_zeroing() as zeroing, bridge.counting() as crossed:
+    with timed_zeroing() as zeroing, timed_toll() as tolled, bridge.counting() as crossed:
         started = time.perf_counter()
         outputs = engine.generate(workload.prompts, params)
         elapsed = time.perf_counter() - started
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert produced == workload.output_tokens, "every request must produce exactly its max_tokens"
     return VeilRun(elapsed, engine.block_manager.blocks_scrubbed, zeroing[0], bridge.steps - steps_before,
-                   crossed.h2d, crossed.d2h)
+                   crossed.h2d, crossed.d2h, tolled[0])
 
 
 def run_transformers(model_dir: str, workload: Workload, batch_size: int) -> float:
@@ -193,6 +222,9 @@ def main() -> None:
               f"({tolled.seconds:.1f} s)")
         print(f"ratio tolled / toll-free: {tolled_rate / veil_rate:.3f}  (target >= 0.90; runs alternate, so machine "
               f"noise included; all runs: toll-free {_rates(veil_runs, tokens)}, tolled {_rates(tolled_runs, tokens)})")
+        waited = tolled.toll_seconds / tolled.seconds
+        print(f"time waiting at the toll: {1000 * tolled.toll_seconds:.0f} ms of the tolled run, {100 * waited:.2f}% "
+              f"of it: tolled / toll-free {1 - waited:.3f} within one run, free of the noise between runs")
 
 
 def _rates(runs: list[VeilRun], tokens: int) -> str:
