@@ -176,6 +176,8 @@ class TransparencyStapler:
 def _reason(answer: httpx.Response) -> str:
     try:
         reason = answer.json().get("error")
+        if isinstance(reason, dict):  # the shape of the log's overload refusal, the gateway's errors'
+            reason = reason.get("message")
     except (ValueError, AttributeError):
         reason = None
     return reason if isinstance(reason, str) and len(reason) < 300 and reason.isprintable() else "no reason given"

@@ -5,6 +5,11 @@ Neither keeps an access log (they run under `gateway.serve.serve_app`). The log 
 layout. Full tiles and bundles never change, so they may be cached forever. Given a writer (`veil log
 serve --key`), it also takes attested nodes' key statements (`POST /add-node-key`) and gives nodes
 their proofs to staple (`GET /proof/N`, `GET /release-index`); clients never ask it anything.
+
+Anyone who reaches the log can post an append, and the log verifies its evidence (certificate chains,
+signatures, RIMs) before refusing it: work a sender gets for free. So only `max_appends_in_flight`
+appends are verified at once, and one past that is refused at once (503 with Retry-After, as the
+gateway refuses overload), never queued, so the reads that clients' proofs come from keep being served.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from attestation.transparency.errors import (
 )
 from attestation.transparency.node_append import APPEND_PATH, MAX_APPEND_BYTES, AppendRefusedError, parse_append_request
 from attestation.transparency.tiles import TILE_WIDTH, parse_tile_path
+from gateway.errors import OverloadedError
 from gateway.responses import install_error_handlers, read_bounded
 from gateway.transparency.errors import LogStoreError, StaleSizeError, UnknownLogError
 from gateway.transparency.fetch import directory_fetch
@@ -33,10 +39,16 @@ from gateway.transparency.witness import Witness
 from gateway.transparency.writer import LogWriter
 
 _NO_DOCS = {"openapi_url": None, "docs_url": None, "redoc_url": None}
+DEFAULT_MAX_APPENDS_IN_FLIGHT = 4
+_APPENDS_FULL = "the log is verifying as many appends as it takes at once; retry after the Retry-After delay"
+_APPEND_RETRY_AFTER_S = 1
 
 
-def log_app(directory: Path, writer: LogWriter | None = None) -> FastAPI:
+def log_app(directory: Path, writer: LogWriter | None = None,
+            max_appends_in_flight: int = DEFAULT_MAX_APPENDS_IN_FLIGHT) -> FastAPI:
     """Serve the log in `directory`: read-only, and with `writer` also nodes' appends and proofs."""
+    if max_appends_in_flight < 1:
+        raise ValueError("max_appends_in_flight must be at least 1")
     app = FastAPI(title="Veil transparency log", **_NO_DOCS)
     install_error_handlers(app)
     fetch = directory_fetch(directory)
@@ -62,7 +74,7 @@ def log_app(directory: Path, writer: LogWriter | None = None) -> FastAPI:
         return Response(data, media_type="application/octet-stream", headers={"cache-control": cache})
 
     if writer is not None:
-        _node_routes(app, writer)
+        _node_routes(app, writer, max_appends_in_flight)
     return app
 
 
@@ -71,14 +83,21 @@ def _refusal(error: TransparencyError) -> JSONResponse:
     return JSONResponse({"error": str(error)}, status_code=status)
 
 
-def _node_routes(app: FastAPI, writer: LogWriter) -> None:
+def _node_routes(app: FastAPI, writer: LogWriter, max_appends_in_flight: int) -> None:
+    appending = [0]  # appends being read or verified: counted on the event loop's one thread
+
     @app.post(APPEND_PATH)
     async def add_node_key(request: Request) -> Response:
-        body = await read_bounded(request, MAX_APPEND_BYTES)
+        if appending[0] >= max_appends_in_flight:
+            raise OverloadedError(_APPENDS_FULL, _APPEND_RETRY_AFTER_S)
+        appending[0] += 1
         try:
+            body = await read_bounded(request, MAX_APPEND_BYTES)
             index = await run_in_threadpool(writer.append_node_key, parse_append_request(body))
         except TransparencyError as error:
             return _refusal(error)
+        finally:
+            appending[0] -= 1
         return JSONResponse({"index": index})
 
     @app.get("/proof/{index}")

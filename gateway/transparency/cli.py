@@ -48,6 +48,10 @@ def register(subparsers: Any) -> None:
                                         "(a shipped name or a file; required with --key, default: none)")
     serve.add_argument("--witness", action="append", default=[], metavar="URL",
                        help="with --key: a witness to cosign each new checkpoint, repeatable (default: none)")
+    serve.add_argument("--max-appends-in-flight", type=int, default=4, metavar="N",
+                       help="with --key: nodes' appends whose evidence the log verifies at once; one more is "
+                            "refused at once with 503 and Retry-After, so that posting evidence cannot tie up the "
+                            "log (default: %(default)s)")
     serve.add_argument("--cosign-every-s", type=float, default=300.0,
                        help="with --witness: ask the witnesses again this often, so proofs stay fresh while the "
                             "log does not grow; 0: only when it grows (default: %(default)s)")
@@ -143,11 +147,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     if not (args.directory / "checkpoint").is_file():
         return _fail("log serve", f"{args.directory} holds no log; run `veil log init` first")
+    if args.max_appends_in_flight < 1:
+        return _fail("log serve", "--max-appends-in-flight must be at least 1")
     try:
         writer = _writer(args)
         if writer is not None and args.witness:
             start_cosigner(writer, args.cosign_every_s)
-        return serve_app(log_app(args.directory, writer),
+        return serve_app(log_app(args.directory, writer, args.max_appends_in_flight),
                          GatewaySettings(listen=args.listen, port_file=args.port_file), name="veil log serve")
     except (TransparencyError, PolicyError, ValueError) as error:
         return _fail("log serve", error)
