@@ -150,6 +150,11 @@ def check_confidential_mode(ctx: Context) -> str:
         if not present[part]:
             raise ConfidentialModeError(f"policy requires {part.upper()} confidential-computing evidence and the bundle has none")
     notes = [f"CPU TEE {ctx.bundle.cpu.kind}"] if ctx.bundle.cpu is not None else []
+    if ctx.cpu_report is not None and not ctx.cpu_report.vendor_module:
+        raise ConfidentialModeError(
+            "the TDX module that made the TD report is not Intel's (MRSIGNERSEAM is not zero): the TD's "
+            "protections are only as good as a module Intel did not sign"
+        )
     if ctx.cpu_report is not None and ctx.cpu_report.vmpl != 0:
         raise PrivilegeLevelError(
             f"the SEV-SNP report was requested at VMPL{ctx.cpu_report.vmpl}, not VMPL0: a less privileged "

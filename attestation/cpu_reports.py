@@ -48,6 +48,7 @@ class CpuReport:
     signed_part: bytes
     signature: bytes  # raw r ‖ s for the simulated format; hardware formats are verified by their modules
     migration_agent: bool = False  # a migration agent may export the guest's memory (SNP MIGRATE_MA, TDX MIGRATABLE)
+    vendor_module: bool = True  # TDX: the TDX module is Intel's (SEV-SNP's firmware is certified by its VCEK)
     vmpl: int = 0  # SEV-SNP: the VM privilege level that asked for the report
     launch: LaunchMeasurement | None = None  # None for simulated reports
     chip_id: str | None = None  # the CPU's identity, set once its certificate chain is verified
@@ -78,8 +79,9 @@ def _parse_sim(report: bytes) -> CpuReport:
 
 def tdx_cpu_report(quote: TdxQuote) -> CpuReport:
     """The verifier's view of a parsed TDX quote."""
-    return CpuReport("tdx", quote.report_data, quote.debug, False, quote.signed, quote.signature,
-                     migration_agent=quote.migratable, launch=LaunchMeasurement("tdx", quote.mrtd, quote.rtmrs))
+    return CpuReport("tdx", quote.report_data, quote.debug or quote.debug_module, False, quote.signed, quote.signature,
+                     migration_agent=quote.migratable, vendor_module=quote.intel_module,
+                     launch=LaunchMeasurement("tdx", quote.mrtd, quote.rtmrs))
 
 
 def snp_cpu_report(report: SnpReport) -> CpuReport:

@@ -4,7 +4,9 @@ Layout (integers little-endian):
 
     0x000 header: version u16, attestation key type u16 (2: ECDSA P-256), TEE type u32 (0x81),
           ..., QE vendor id (16) at 0x00C
-    0x030 TD report body: TEE_TCB_SVN, MRSEAM, ..., TDATTRIBUTES u64 at 0x0A8 (bits 0-7: TD under
+    0x030 TD report body: TEE_TCB_SVN, MRSEAM, MRSIGNERSEAM (48) at 0x070 (zero: the TDX module is
+          Intel's), SEAMATTRIBUTES u64 at 0x0A0 (zero: a production module, not a debug one),
+          TDATTRIBUTES u64 at 0x0A8 (bits 0-7: TD under
           debug), XFAM u64 at 0x0B0 (both with reserved bits that must be zero), MRTD at 0x0B8,
           RTMR0-3 at 0x178/0x1A8/0x1D8/0x208, REPORTDATA at 0x238-0x277
     0x278 signature data length u32, then: quote signature r ‖ s (64, big-endian, ECDSA P-256
@@ -68,6 +70,8 @@ class TdxQuote:
     """The fields Veil checks in a TDX quote."""
 
     td_attributes: int
+    seam_attributes: int  # the TDX module's own: non-zero only for a debug module
+    mrsigner_seam: bytes  # the TDX module's signer: all zero for Intel's
     mrtd: bytes
     rtmrs: tuple[bytes, bytes, bytes, bytes]
     report_data: bytes
@@ -86,6 +90,16 @@ class TdxQuote:
     @property
     def migratable(self) -> bool:
         return bool(self.td_attributes & TD_MIGRATABLE)
+
+    @property
+    def debug_module(self) -> bool:
+        """The TDX module itself runs with debug attributes: the host can read what it protects."""
+        return self.seam_attributes != 0
+
+    @property
+    def intel_module(self) -> bool:
+        """The TDX module is Intel's (MRSIGNERSEAM all zero, as Intel's TCB info requires of it)."""
+        return not any(self.mrsigner_seam)
 
 
 class _Reader:
@@ -120,7 +134,7 @@ def parse_tdx_quote(quote: bytes) -> TdxQuote:
         raise TdxQuoteFormatError("the TDX quote was not produced by Intel's quoting enclave (QE vendor id)")
     reader = _Reader(quote, header.offset)
     reader.take(SIGNED_SIZE - header.offset, "TD report body")
-    td_attributes, xfam = struct.unpack_from("<QQ", quote, 0x0A8)
+    seam_attributes, td_attributes, xfam = struct.unpack_from("<QQQ", quote, 0x0A0)
     _check_reserved_bits(td_attributes, xfam)
     signed = quote[:SIGNED_SIZE]
     signature_data = _Declared("signature data", reader.integer("<I", "signature data length"), reader.offset)
@@ -137,7 +151,8 @@ def parse_tdx_quote(quote: bytes) -> TdxQuote:
     pck_chain = pem_chain_to_der(pem)
     rtmrs = tuple(quote[offset:offset + 48] for offset in RTMR_OFFSETS)
     return TdxQuote(
-        td_attributes=td_attributes, mrtd=quote[0x0B8:0x0E8], rtmrs=rtmrs,  # type: ignore[arg-type]
+        td_attributes=td_attributes, seam_attributes=seam_attributes, mrsigner_seam=quote[0x070:0x0A0],
+        mrtd=quote[0x0B8:0x0E8], rtmrs=rtmrs,  # type: ignore[arg-type]
         report_data=quote[0x238:0x278], signed=signed, signature=signature, attestation_key=attestation_key,
         qe_report=qe_report, qe_report_signature=qe_report_signature, qe_auth_data=qe_auth_data, pck_chain=pck_chain,
     )

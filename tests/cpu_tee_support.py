@@ -210,6 +210,8 @@ class TdxFields:
     report_data: bytes = bytes(64)
     version: int = 4
     td_attributes: int = 1 << 28  # SEPT_VE_DISABLE, no debug
+    seam_attributes: int = 0  # a production TDX module
+    mrsigner_seam: bytes = bytes(48)  # Intel's TDX module
     xfam: int = 0x0006_00E7  # x87, SSE, AVX, AVX-512 and AMX state, as in the genuine GCP quote
     mrtd: bytes = TDX_MRTD
     rtmrs: tuple[bytes, ...] = TDX_RTMRS
@@ -229,7 +231,8 @@ def tdx_quote(hierarchy: IntelHierarchy, fields: TdxFields) -> bytes:
     """A version-4-layout quote with `fields`, signed as Intel's QE and PCE sign it."""
     header = struct.pack("<HHIHH", fields.version, 2, 0x81, 0, 0) + INTEL_QE_VENDOR_ID + bytes(20)
     body = bytearray(584)
-    struct.pack_into("<QQ", body, 0x0A8 - 0x30, fields.td_attributes, fields.xfam)
+    struct.pack_into("<QQQ", body, 0x0A0 - 0x30, fields.seam_attributes, fields.td_attributes, fields.xfam)
+    body[0x070 - 0x30:0x0A0 - 0x30] = fields.mrsigner_seam
     body[0x0B8 - 0x30:0x0E8 - 0x30] = fields.mrtd
     for index, rtmr in enumerate(fields.rtmrs):
         start = 0x178 + 48 * index - 0x30

@@ -210,6 +210,9 @@ def test_synthetic_evidence_passes_every_check_and_names_its_pck():
     (TdxFields(td_attributes=1), errors.DebugModeError, "debug"),
     (TdxFields(td_attributes=1 << 5), errors.DebugModeError, "debug"),  # any TD-under-debug bit
     (TdxFields(td_attributes=(1 << 28) | (1 << 29)), errors.MigrationAgentError, "debug"),  # MIGRATABLE
+    (TdxFields(seam_attributes=1), errors.DebugModeError, "debug"),  # a debug TDX module
+    (TdxFields(seam_attributes=1 << 63), errors.DebugModeError, "debug"),
+    (TdxFields(mrsigner_seam=bytes(47) + b"\x01"), errors.ConfidentialModeError, "confidential mode"),
     (TdxFields(qe_mrsigner=bytes(32)), errors.QuotingEnclaveError, "signature"),
     (TdxFields(certify_other_key=True), errors.QuotingEnclaveError, "signature"),
     (TdxFields(report_data=bytes(63) + b"\x01"), errors.BindingError, "binding"),
@@ -242,6 +245,18 @@ def test_reserved_td_attributes_or_xfam_bits_are_a_format_error(fields, message)
     bundle = tdx_evidence(policy, fields)
     assert_refused_by(bundle, policy, TdxQuoteFormatError, "chain")
     assert message in str(verify_with_report(bundle, policy).error)
+
+
+def test_a_tdx_module_intel_did_not_sign_is_refused_by_name():
+    policy = cpu_policy()
+    error = verify_with_report(tdx_evidence(policy, TdxFields(mrsigner_seam=b"\x5a" * 48)), policy).error
+    assert type(error) is errors.ConfidentialModeError and "MRSIGNERSEAM" in str(error)
+
+
+def test_the_genuine_quotes_come_from_intels_production_tdx_module():
+    for name in GENUINE_TDX_QUOTES:
+        quote = parse_tdx_quote(genuine_tdx(name))
+        assert quote.intel_module and not quote.debug_module and not quote.debug and not quote.migratable
 
 
 def test_a_migratable_td_is_refused_by_name():
