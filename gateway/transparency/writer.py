@@ -20,11 +20,12 @@ from attestation.transparency.client_check import StapledEntry
 from attestation.transparency.errors import TransparencyError
 from attestation.transparency.node_append import AppendRequest, check_append
 from attestation.transparency.note import NoteSigner
-from attestation.transparency.statements import ReleaseStatement, decode_statement, encode_statement
+from attestation.transparency.statements import encode_statement
 from gateway.transparency.cosign import cosign_checkpoint
 from gateway.transparency.errors import LogStoreError
 from gateway.transparency.fetch import directory_fetch
 from gateway.transparency.log import append_entries
+from gateway.transparency.log_index import LogIndex
 from gateway.transparency.reader import LogReader
 from gateway.transparency.staple import stapled_entry
 from policy.model import Policy
@@ -39,16 +40,17 @@ class LogWriter:
     policy: Policy  # evidence of appending nodes is verified under it
     witness_urls: Sequence[str] = ()
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _index: LogIndex = field(default_factory=LogIndex)  # read and caught up under the lock
 
     def append_node_key(self, request: AppendRequest) -> int:
         """Append the node's key statement if its evidence vouches for it; its index (an existing one if logged)."""
         statement = check_append(request, self.policy)
         entry = encode_statement(statement)
         with self._lock:
-            reader = self._reader()
-            for index in range(reader.size - 1, -1, -1):  # a node asking twice gets the entry it has
-                if reader.entry(index) == entry:
-                    return index
+            self._index.catch_up(self._reader())
+            logged = self._index.index_of(entry)
+            if logged is not None:  # a node asking twice gets the entry it has
+                return logged
             index = append_entries(self.directory, self.signer, [entry]).checkpoint.size - 1
             try:
                 self._cosign_locked()
@@ -71,16 +73,8 @@ class LogWriter:
     def release_index(self, code_digest: str, policy_digest: str, model_digest: str) -> int | None:
         """The newest release statement listing these digests, or None."""
         with self._lock:
-            reader = self._reader()
-        for index in range(reader.size - 1, -1, -1):
-            try:
-                statement = decode_statement(reader.entry(index))
-            except TransparencyError:
-                continue  # a monitor flags malformed entries; a lookup skips them
-            if isinstance(statement, ReleaseStatement) and statement.code_digest == code_digest and \
-                    statement.policy_digest == policy_digest and model_digest in statement.model_digests:
-                return index
-        return None
+            self._index.catch_up(self._reader())
+            return self._index.release_index(code_digest, policy_digest, model_digest)
 
     def run_cosigner(self, every_s: float, stop: threading.Event) -> None:
         """Ask the witnesses again every `every_s` seconds until `stop` is set (a failure is logged, not fatal)."""
