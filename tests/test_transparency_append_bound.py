@@ -65,6 +65,26 @@ def test_a_refused_or_malformed_append_gives_its_slot_back(tmp_path: Path) -> No
         assert httpx.post(f"{url}{APPEND_PATH}", content=APPEND, timeout=60.0).json() == {"index": 7}
 
 
+def test_a_sender_trickling_its_body_in_holds_no_slot(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    writer.release.set()
+    go_on, first_sent = threading.Event(), threading.Event()
+
+    def trickled():
+        yield APPEND[:10]
+        first_sent.set()  # asked for more: the headers and the first bytes are on the wire
+        assert go_on.wait(60)
+        yield APPEND[10:]
+
+    with served(log_app(tmp_path, writer, max_appends_in_flight=1)) as url, ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(httpx.post, f"{url}{APPEND_PATH}", content=trickled(), timeout=60.0)
+        assert first_sent.wait(60)
+        # The trickling sender is connected and sending, yet the one slot is free for this append.
+        assert httpx.post(f"{url}{APPEND_PATH}", content=APPEND, timeout=60.0).json() == {"index": 7}
+        go_on.set()
+        assert slow.result().json() == {"index": 7}
+
+
 def test_a_bound_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         log_app(Path("."), None, max_appends_in_flight=0)

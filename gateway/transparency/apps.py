@@ -8,8 +8,9 @@ their proofs to staple (`GET /proof/N`, `GET /release-index`); clients never ask
 
 Anyone who reaches the log can post an append, and the log verifies its evidence (certificate chains,
 signatures, RIMs) before refusing it: work a sender gets for free. So only `max_appends_in_flight`
-appends are verified at once, and one past that is refused at once (503 with Retry-After, as the
-gateway refuses overload), never queued, so the reads that clients' proofs come from keep being served.
+appends are verified at once (a slot is taken once the body is in), and one past that is refused at
+once (503 with Retry-After, as the gateway refuses overload), never queued, so the reads that clients'
+proofs come from keep being served.
 """
 
 from __future__ import annotations
@@ -84,16 +85,22 @@ def _refusal(error: TransparencyError) -> JSONResponse:
 
 
 def _node_routes(app: FastAPI, writer: LogWriter, max_appends_in_flight: int) -> None:
-    appending = [0]  # appends being read or verified: counted on the event loop's one thread
+    # Appends being verified, counted on the event loop's one thread. A slot is taken only once the body
+    # is in and parsed: a sender trickling its body in holds no slot from the nodes behind it.
+    appending = [0]
 
     @app.post(APPEND_PATH)
     async def add_node_key(request: Request) -> Response:
+        body = await read_bounded(request, MAX_APPEND_BYTES)
+        try:
+            append = parse_append_request(body)
+        except TransparencyError as error:
+            return _refusal(error)
         if appending[0] >= max_appends_in_flight:
             raise OverloadedError(_APPENDS_FULL, _APPEND_RETRY_AFTER_S)
         appending[0] += 1
         try:
-            body = await read_bounded(request, MAX_APPEND_BYTES)
-            index = await run_in_threadpool(writer.append_node_key, parse_append_request(body))
+            index = await run_in_threadpool(writer.append_node_key, append)
         except TransparencyError as error:
             return _refusal(error)
         finally:
