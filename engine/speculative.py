@@ -12,8 +12,11 @@ rejected drafts lie past the sample's computed tokens, where the next step overw
 whole blocks, the engine frees (and zeroes) them (`BlockManager.trim`).
 
 Logprobs of the emitted tokens are the target's own at each position, as the sampler reports them.
-Samples whose picks change the target's distribution (bias, penalties, a grammar) are not drafted
-for: they pick one token a step as before, in the same batch.
+A sample's logit bias is added to each of its rows before they verify, as the sampler adds it before
+it picks: the bias is the same at every position, so the verified distribution is the one plain
+decoding picks from. Samples whose picks depend on the tokens before them in ways a row cannot see
+(penalties count the sample's own tokens, drafts included; a grammar's mask follows its matcher) are
+not drafted for: they pick one token a step as before, in the same batch.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from engine.spec_rejection import verify_deterministic, verify_greedy
 # The verification's segments in a step's crossings.
 SPEC_INTS, SPEC_FLOATS, SPEC_PICKS = "speculative.ints", "speculative.floats", "speculative.picks"
 SPEC_LOGPROBS = "speculative.logprobs"
+SPEC_BIAS = "speculative.bias"
 
 
 class Drafting:
@@ -70,8 +74,9 @@ class _Slots:
 
 
 def drafts_for(params: SamplingParams) -> bool:
-    """Whether a sample's picks depend on the target's distribution alone, which verification reproduces."""
-    return not params.logit_bias and not params.penalized and params.structured is None
+    """Whether a sample's picks depend on the target's distribution (biased or not) alone, which verification
+    reproduces at every position."""
+    return not params.penalized and params.structured is None
 
 
 @dataclass(slots=True)
@@ -104,6 +109,7 @@ class VerifyPlan:
     lengths: list[int]  # drafts of each request, in request order
     wanted: list[int]  # reordered rows that report logprobs
     logprob_counts: list[int]  # alternatives each of those asked for
+    biases: int = 0  # logit bias entries of all rows
 
 
 @dataclass(slots=True)
@@ -191,14 +197,20 @@ def _pack(upload: Upload, requests: list[VerifyRequest], vocab_size: int) -> Ver
         raise EngineError("a sample that draws needs a seed; the engine gives every sequence one at admission")
     top_ks = [r.params.top_k if 0 < r.params.top_k < vocab_size else vocab_size for r in draws]
     wanted = [j for j, i in enumerate(order) if requests[i].params.logprobs is not None]
+    # (reordered row, token, bias) of every entry, in each sample's own order, as the sampler adds them.
+    biases = [(j, token, bias) for j, i in enumerate(order) for token, bias in requests[i].params.logit_bias]
     upload.add(SPEC_INTS, rows + drafts + [len(requests[i].draft) for i in order] + top_ks
-               + [r.seed for r in draws] + [r.position for r in draws] + wanted, torch.int64)
+               + [r.seed for r in draws] + [r.position for r in draws] + wanted
+               + [j for j, _, _ in biases] + [token for _, token, _ in biases], torch.int64)
     if draws:
         upload.add(SPEC_FLOATS, [r.params.temperature for r in draws] + [r.params.top_p for r in draws]
                    + [r.params.min_p for r in draws], torch.float32)
+    if biases:
+        upload.add(SPEC_BIAS, [bias for _, _, bias in biases], torch.float32)
     sorts = any(k < vocab_size for k in top_ks) or any(r.params.top_p < 1.0 for r in draws)
     counts = [requests[order[j]].params.logprobs for j in wanted]
-    return VerifyPlan(order, len(draws), width, sorts, [len(r.draft) for r in requests], wanted, counts)
+    return VerifyPlan(order, len(draws), width, sorts, [len(r.draft) for r in requests], wanted, counts,
+                      len(biases))
 
 
 def _verify(logits: torch.Tensor, plan: VerifyPlan, views: dict[str, torch.Tensor], kind: str
@@ -206,9 +218,11 @@ def _verify(logits: torch.Tensor, plan: VerifyPlan, views: dict[str, torch.Tenso
     """[rows * width + rows] int64: each reordered row's tokens (padded to width), then how many it emits;
     and the logprobs asked for (`_logprobs`), or None."""
     count, width, drawn = len(plan.order), plan.width, plan.drawn
-    rows, drafts, lengths, top_k, seeds, positions, logprob_rows = views[SPEC_INTS].split(
-        [count * width, count * (width - 1), count] + [drawn] * 3 + [len(plan.wanted)])
-    table = logits.index_select(0, rows).float().view(count, width, -1)
+    rows, drafts, lengths, top_k, seeds, positions, logprob_rows, bias_rows, bias_tokens = views[SPEC_INTS].split(
+        [count * width, count * (width - 1), count] + [drawn] * 3 + [len(plan.wanted)] + [plan.biases] * 2)
+    raw = table = logits.index_select(0, rows).float().view(count, width, -1)
+    if plan.biases:  # every position of a row gets its sample's bias: a new tensor, so `raw` stays the model's
+        table = _biased(raw, bias_rows, bias_tokens, views[SPEC_BIAS])
     drafts = drafts.view(count, width - 1)
     tokens, emitted = verify_greedy(table, drafts, lengths)
     if drawn:
@@ -221,8 +235,17 @@ def _verify(logits: torch.Tensor, plan: VerifyPlan, views: dict[str, torch.Tenso
         # n-gram drafts are deterministic; a position with no distribution falls back to its argmax.
         tokens[:drawn], emitted[:drawn] = verify_deterministic(probs, drafts[:drawn], lengths[:drawn], seeds,
                                                                positions, fallback=tokens[:drawn], kind=kind)
-    logprobs = _logprobs(table, tokens, logprob_rows, plan) if plan.wanted else None
+    logprobs = _logprobs(raw, tokens, logprob_rows, plan) if plan.wanted else None
     return torch.cat([tokens.flatten(), emitted]), logprobs
+
+
+def _biased(table: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """[rows, width, vocab] with each entry's bias added at every position of its row, entry by entry in
+    the sample's order (repeated entries of a token add up as the sampler's do)."""
+    width = table.shape[1]
+    positions = torch.arange(width, device=table.device).repeat(rows.shape[0])
+    index = (rows.repeat_interleave(width), positions, tokens.repeat_interleave(width))
+    return table.index_put(index, values.repeat_interleave(width), accumulate=True)
 
 
 def _logprobs(table: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor, plan: VerifyPlan) -> torch.Tensor:

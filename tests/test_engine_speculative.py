@@ -281,7 +281,7 @@ def test_greedy_speculation_emits_what_plain_decoding_does_with_fewer_steps():
 
 
 def test_plain_rows_beside_drafted_ones_pick_what_they_pick_without_speculation():
-    """Penalties, bias and grammars are never drafted for: their tokens are the plain engine's, in a mixed batch."""
+    """Penalties and grammars are never drafted for: their tokens are the plain engine's, in a mixed batch."""
     prompts = random_prompts(6, 4, 20, seed=23)
     params = [
         greedy(30),
@@ -301,6 +301,34 @@ def test_plain_rows_beside_drafted_ones_pick_what_they_pick_without_speculation(
         [lp.logprob for lp in plain[1].outputs[0].logprobs], abs=1e-4)
     assert [len(o.token_ids) for o in speculative[4].outputs] == [20, 20, 20]
     assert speculative_engine.speculation.drafted > 0
+
+
+# A ban, a boost, and one token biased twice (the entries add up, in order, as the sampler adds them).
+BIAS = ((7, -100.0), (11, 3.5), (20, 1.25), (20, -0.5))
+
+
+@pytest.mark.parametrize("draft", ["ngram", "target-as-draft", "other-draft"])
+def test_biased_samples_are_drafted_for_and_emit_what_plain_decoding_does(draft, other_draft):
+    prompts = random_prompts(3, 4, 20, seed=27)
+    params = [greedy(36, logit_bias=BIAS, logprobs=2),
+              SamplingParams(max_tokens=36, temperature=0.8, seed=3, ignore_eos=True, logit_bias=BIAS),
+              SamplingParams(max_tokens=36, temperature=0.9, top_p=0.9, seed=4, ignore_eos=True,
+                             logit_bias=((5, 4.0),))]
+    config = {"num_blocks": 96, "block_size": 4}
+    if draft == "ngram":
+        kind, engine = "inverse", tiny_engine(**config, **SPECULATIVE)
+    else:
+        kind = "race"
+        engine = draft_engine(tiny_model_dir() if draft == "target-as-draft" else other_draft, **config)
+    plain = tiny_engine(**config, sampling_draw=kind).generate(prompts, params)
+    speculative = engine.generate(prompts, params)
+    for got, want in zip(speculative, plain):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    assert 7 not in [t for r in speculative[:2] for t in r.outputs[0].token_ids]  # the ban held at every position
+    # Logprobs stay the model's own, before the bias.
+    assert [lp.logprob for lp in speculative[0].outputs[0].logprobs] == pytest.approx(
+        [lp.logprob for lp in plain[0].outputs[0].logprobs], abs=1e-4)
+    assert engine.speculation.accepted > 0  # every sample is biased: they were drafted for, and drafts held
 
 
 @pytest.mark.parametrize("alternatives", [0, 3])
