@@ -11,7 +11,8 @@ draft's K and V, needed if every draft is accepted). The picks stay on the devic
 placeholders of the target's verifying forward and of the verification's drafts (`engine.speculative`).
 All of it rides in the step's one upload; nothing of it is read back.
 
-The draft picks as the target would: argmax for greedy samples, and for drawing ones the sampler's
+The draft picks as the target would, under the sample's logit bias as the target's verification adds
+it: argmax for greedy samples, and for drawing ones the sampler's
 draw (`engine.sampling_draw`, of the engine's kind: a draft-model engine races by default, the coupling
 that makes drafts agree) over the draft's filtered distribution, with the target's randomness at the
 same (seed, output position). A draft is then accepted where both models' draws agree, every emitted
@@ -38,6 +39,7 @@ from engine.sampling_params import MIN_TEMPERATURE, SamplingParams
 from engine.speculative import SPEC_INTS
 
 DRAFT_LONGS, DRAFT_INTS, DRAFT_FLOATS = "draft.longs", "draft.ints", "draft.floats"
+DRAFT_BIAS = "draft.bias"
 
 
 def draft_folder(speculative: str | None) -> Path | None:
@@ -87,6 +89,7 @@ class DraftPlan:
     sorts: bool
     draws: bool
     draw_kind: str  # the engine's (`engine.sampling_draw`)
+    biases: int = 0  # logit bias entries of the drafted samples
 
 
 def assign_placeholders(drafts: list[list[int]]) -> int:
@@ -134,6 +137,9 @@ class DraftModel:
                  + [row * width for row in range(len(drafted))]
                  + top_ks + [d.seed or 0 for d in drafted] + [d.position for d in drafted])
         ints = request.context_lens + request.cu_seqlens_q
+        # The target verifies biased rows (`engine.speculative`): drafting under the same bias keeps the
+        # draft's picks those the target would make, so the target as its own draft is still accepted.
+        biases = [(row, token, bias) for row, d in enumerate(drafted) for token, bias in d.params.logit_bias]
         forwards = []
         for j in range(1, width):
             active = [(row, d) for row, d in enumerate(drafted) if d.count >= j]
@@ -143,14 +149,17 @@ class DraftModel:
             longs += ([row * width + j - 1 for row, _ in active] + positions + slots
                       + [d.chunk for _, d in active] + [row * width + j for row, _ in active])
             ints += [p + 1 for p in positions] + list(range(len(active) + 1))
+        longs += [row for row, _, _ in biases] + [token for _, token, _ in biases]
         upload.add(DRAFT_LONGS, longs, torch.int64)
         upload.add(DRAFT_INTS, ints, torch.int32)
         # A temperature of 0 marks a greedy sample.
         upload.add(DRAFT_FLOATS, [d.params.temperature if draw else 0.0 for d, draw in zip(drafted, draws)]
                    + [d.params.top_p for d in drafted] + [d.params.min_p for d in drafted], torch.float32)
+        if biases:
+            upload.add(DRAFT_BIAS, [bias for _, _, bias in biases], torch.float32)
         sorts = any(k < self.config.vocab_size for k in top_ks) or any(d.params.top_p < 1.0 for d in drafted)
         return DraftPlan(len(request.input_ids), len(request.context_lens), request.max_seqlen_q, len(drafted),
-                         width, forwards, sorts, any(draws), self.draw_kind)
+                         width, forwards, sorts, any(draws), self.draw_kind, len(biases))
 
     def propose(self, plan: DraftPlan, views: dict[str, torch.Tensor], tables: torch.Tensor) -> torch.Tensor | None:
         """Runs the draft's forwards and returns its picks [rows * width] (int64, on the device); None if
@@ -166,6 +175,9 @@ class DraftModel:
         temperatures, top_p, min_p = views[DRAFT_FLOATS].split([plan.rows] * 3)
         settings = _PickSettings(longs.take(plan.rows), longs.take(plan.rows), longs.take(plan.rows),
                                  temperatures, top_p, min_p)
+        if plan.biases:  # the bias entries end the segment, after every forward's part
+            bias_rows, bias_tokens = views[DRAFT_LONGS][-2 * plan.biases:].split([plan.biases] * 2)
+            settings.bias = (bias_rows, bias_tokens, views[DRAFT_BIAS])
         meta = AttentionMetadata(slots, tables, ints.take(seqs), ints.take(seqs + 1), plan.max_seqlen_q)
         hidden = self.model(input_ids, positions, self.kv_cache, meta)
         if plan.rows:
@@ -193,14 +205,17 @@ class _PickSettings:
     temperatures: torch.Tensor  # 0: greedy
     top_p: torch.Tensor
     min_p: torch.Tensor
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (sample row, token, value) entries
 
     def pick(self, logits: torch.Tensor, out: torch.Tensor, plan: DraftPlan) -> torch.Tensor:
         """The draft's pick for each row of `logits`, whose entries of the picks tensor are `out`."""
         logits = logits.float()
+        rows = torch.div(out, plan.width, rounding_mode="floor")
+        if self.bias is not None:
+            logits = _biased(logits, rows, self.seeds.shape[0], *self.bias)
         best = torch.nan_to_num(logits, nan=-torch.inf).argmax(dim=-1)
         if not plan.draws:
             return best
-        rows = torch.div(out, plan.width, rounding_mode="floor")
         column = out - rows * plan.width  # the draft's index: its output position is the sample's plus it
         temperatures = self.temperatures.index_select(0, rows)
         scaled = logits / temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1)
@@ -210,6 +225,17 @@ class _PickSettings:
         is_distribution, drawn = draw(plan.draw_kind, probs, self.seeds.index_select(0, rows),
                                       self.positions.index_select(0, rows) + column)
         return torch.where((temperatures > 0) & is_distribution, drawn, best)
+
+
+def _biased(logits: torch.Tensor, rows: torch.Tensor, samples: int, bias_rows: torch.Tensor, tokens: torch.Tensor,
+            values: torch.Tensor) -> torch.Tensor:
+    """`logits` [n, vocab], row i of drafted sample rows[i], with each bias entry of its sample added, entry by
+    entry as the sampler adds them. An entry of a sample with no row in this forward goes to a scratch row."""
+    n = logits.shape[0]
+    row_of = torch.full((samples,), n, dtype=torch.int64, device=logits.device)  # n: the scratch row
+    row_of.index_copy_(0, rows, torch.arange(n, device=logits.device))
+    padded = torch.cat([logits, logits.new_zeros(1, logits.shape[1])])
+    return padded.index_put((row_of.index_select(0, bias_rows), tokens), values, accumulate=True)[:n]
 
 
 class _Reader:
