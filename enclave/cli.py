@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,11 +101,14 @@ def _run_node(args: argparse.Namespace) -> int:
     from audit.errors import AuditError
     from enclave.errors import NodeError
     from enclave.node import NodeServer
+    from enclave.stop_signals import stop_on_signals, wait_until_stopped
     from engine import EngineError
     from policy import PolicyError
 
     configure_logging(args.log_format)
     settings = node_settings(args)
+    # Before the node serves: a SIGTERM from then on drains it (one during start-up drains it at once).
+    stopped = stop_on_signals()
     try:
         node = NodeServer(settings)
         port = node.start()
@@ -121,14 +122,7 @@ def _run_node(args: argparse.Namespace) -> int:
     if node.metrics_server is not None:
         _log.info("veil node: metrics on %s:%s", settings.metrics_listen.rpartition(":")[0], node.metrics_server.port)
     _report_transparency(node)
-    stopped = threading.Event()
-
-    def shut_down(signum: int, frame: object) -> None:
-        stopped.set()
-
-    signal.signal(signal.SIGTERM, shut_down)
-    signal.signal(signal.SIGINT, shut_down)
-    stopped.wait()
+    wait_until_stopped(stopped)
     # Drain: health turns NOT_SERVING and new requests are refused (the gateway fails them over), the
     # requests in flight finish within --drain-s; then the engine zeroes their blocks and the node exits.
     _log.info("veil node: draining (up to %g s)", settings.drain_s)

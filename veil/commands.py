@@ -163,13 +163,12 @@ def _warn_if_development(policy: Any) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     import signal
-    import threading
 
     from attestation.sim_root import sim_root_dir
+    from enclave.stop_signals import stop_on_signals, wait_until_stopped
     from veil.fleet import Fleet, FleetError, FleetSettings
 
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    stopping = stop_on_signals((signal.SIGTERM,))  # Ctrl-C stays a KeyboardInterrupt, which stops the fleet too
     try:
         # The default simulated root, so that `veil chat` in another shell trusts this fleet as is.
         settings = FleetSettings(nodes=args.nodes, gateway_port=args.gateway_port, model_dir=args.model,
@@ -186,7 +185,7 @@ def _up(args: argparse.Namespace) -> int:
                 print(f"veil up: transparency log at {fleet.log_url}, witnesses at {', '.join(fleet.witness_urls)}; "
                       f"clients verify with --policy {fleet.policy}", file=sys.stderr)
             print(f"veil up: ready; logs and audit files in {fleet.workdir}. Ctrl-C stops the fleet.", file=sys.stderr)
-            stopping.wait()
+            wait_until_stopped(stopping)
     except KeyboardInterrupt:
         pass
     except FleetError as error:
