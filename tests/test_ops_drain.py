@@ -54,8 +54,8 @@ def test_sigterm_mid_stream_finishes_the_stream_fails_over_the_rest_and_exits_cl
 
         with grpc.insecure_channel(f"127.0.0.1:{node.port}") as channel:
             check = health_pb2_grpc.HealthStub(channel).Check
-            # Only a node that never turns NOT_SERVING reaches this; a machine swapping under load once
-            # took over 30 s to run the node's signal handler.
+            # Only a node that never turns NOT_SERVING reaches this: one whose main thread slept through a
+            # SIGTERM the kernel handed another thread did, twice, on loaded machines (`enclave.stop_signals`).
             deadline = time.monotonic() + DRAIN_S
             while check(health_pb2.HealthCheckRequest(), timeout=5).status != health_pb2.HealthCheckResponse.NOT_SERVING:
                 assert time.monotonic() < deadline, "the draining node still reads SERVING"
