@@ -65,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "must name it (default: none)")
     node.add_argument("--num-speculative-tokens", type=int, default=3,
                       help="drafts verified per sample per step (default: %(default)s)")
+    # engine.sampling_draw.DRAWS, spelled out: importing it would load torch to parse a command line.
     node.add_argument("--sampling-draw", choices=("inverse", "race"), default=None,
                       help="how sampled tokens are drawn: inverse (one uniform per sample, through its cumulative "
                            "probabilities) or race (exponential noise per token, which couples a draft model's draws "
@@ -92,7 +93,8 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
-        sampling_draw=args.sampling_draw, transparency_log=args.transparency_log, transparency_refresh_s=args.transparency_refresh_s,
+        sampling_draw=args.sampling_draw, transparency_log=args.transparency_log,
+        transparency_refresh_s=args.transparency_refresh_s,
     )
 
 

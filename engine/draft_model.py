@@ -210,9 +210,10 @@ class _PickSettings:
     def pick(self, logits: torch.Tensor, out: torch.Tensor, plan: DraftPlan) -> torch.Tensor:
         """The draft's pick for each row of `logits`, whose entries of the picks tensor are `out`."""
         logits = logits.float()
-        rows = torch.div(out, plan.width, rounding_mode="floor")
+        # Each row's drafted sample: needed by a bias or a draw, not by a greedy unbiased step.
+        rows = torch.div(out, plan.width, rounding_mode="floor") if plan.draws or self.bias is not None else None
         if self.bias is not None:
-            logits = _biased(logits, rows, self.seeds.shape[0], *self.bias)
+            logits = _biased(logits, rows, plan.rows, *self.bias)
         best = torch.nan_to_num(logits, nan=-torch.inf).argmax(dim=-1)
         if not plan.draws:
             return best

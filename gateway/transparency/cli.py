@@ -48,6 +48,7 @@ def register(subparsers: Any) -> None:
                                         "(a shipped name or a file; required with --key, default: none)")
     serve.add_argument("--witness", action="append", default=[], metavar="URL",
                        help="with --key: a witness to cosign each new checkpoint, repeatable (default: none)")
+    # apps.DEFAULT_MAX_APPENDS_IN_FLIGHT, spelled out: the apps module loads FastAPI, which parsing need not.
     serve.add_argument("--max-appends-in-flight", type=int, default=4, metavar="N",
                        help="with --key: nodes' appends whose evidence the log verifies at once; one more is "
                             "refused at once with 503 and Retry-After, so that posting evidence cannot tie up the "
