@@ -332,8 +332,8 @@ class LLMEngine:
         for seq, (token, logprob) in zip(launched.samples, results):
             seq.pending_row = None
             # One that stopped while this batch was in flight: its pick is dropped.
-            if seq.status is not finished and self._take_token(seq, token, logprob, now):
-                self._end_if_done(seq)
+            if seq.status is not finished:
+                self._accept(seq, token, logprob, now)
         return self._token_outputs(launched.samples)
 
     def _read_speculative(self, samples: list[Sequence], results: list[list[tuple[int, object]]], now: float
@@ -554,12 +554,10 @@ class LLMEngine:
         return children
 
     def _accept(self, seq: Sequence, token: int, logprob, now: float) -> None:
-        """Applies one token and whatever end it brings (speculative steps: token by token)."""
-        if self._take_token(seq, token, logprob, now):
-            self._end_if_done(seq)
+        """Applies one token and whatever end it brings (speculative steps: token by token): appended
+        unless it ends the sample, then the sample ends if its grammar is whole or at its length.
 
-    def _take_token(self, seq: Sequence, token: int, logprob, now: float) -> bool:
-        """Appends the token unless it ends the sample; True when the sample goes on to its text."""
+        Runs for every sample of every step, so the end checks are here rather than in a call of their own."""
         outputs = seq.output_token_ids
         if not outputs:  # a sample with output tokens has had its request's first token time set
             request = self._requests[seq.request_id]
@@ -567,25 +565,21 @@ class LLMEngine:
                 request.first_token_time = now
         params = seq.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
-            self._finish_and_free(seq, FinishReason.STOP)
-            return False
+            return self._finish_and_free(seq, FinishReason.STOP)
         outputs.append(token)  # `Sequence.append_token` spelled out: once per sample per step
         if logprob is not None:
             seq.logprobs.append(logprob)
-        if seq.guide is not None and not seq.guide.advance(token):
-            # Never while its mask applies; a sample whose output broke its grammar is not served on.
-            self._finish_and_free(seq, FinishReason.ABORT)
-            return False
-        return True
-
-    def _end_if_done(self, seq: Sequence) -> None:
-        """Ends the sample whose grammar is whole, or at its length (stop strings: the text stage's)."""
-        if seq.guide is not None and seq.guide.complete:  # the grammar allows nothing more: the output is whole
-            return self._finish_and_free(seq, FinishReason.STOP)
-        # `num_tokens` spelled out (checked for every sample of every step).
-        outputs = len(seq.output_token_ids)
-        if outputs >= seq.max_tokens or (len(seq.prompt_token_ids) + outputs + (seq.pending_row is not None)
-                                         >= self.max_model_len):
+        guide = seq.guide
+        if guide is not None:
+            if not guide.advance(token):
+                # Never while its mask applies; a sample whose output broke its grammar is not served on.
+                return self._finish_and_free(seq, FinishReason.ABORT)
+            if guide.complete:  # the grammar allows nothing more: the output is whole
+                return self._finish_and_free(seq, FinishReason.STOP)
+        # At its length (stop strings: the text stage's); `num_tokens` spelled out.
+        count = len(outputs)
+        if count >= seq.max_tokens or (len(seq.prompt_token_ids) + count + (seq.pending_row is not None)
+                                       >= self.max_model_len):
             self._finish_and_free(seq, FinishReason.LENGTH)
 
     def _finish_and_free(self, seq: Sequence, reason: FinishReason) -> None:
@@ -611,18 +605,20 @@ class LLMEngine:
         """What each listed sample produced since its previous output, for those that have something."""
         outputs = []
         requests, finished = self._requests, SequenceStatus.FINISHED
-        for seq in dict.fromkeys(sequences):  # a sequence can sample and be listed once only
-            request = requests.get(seq.request_id)
-            # Ids are reused once released: a sample of an ended request still listed in a step in flight
-            # finds a newer request under its id, and must not speak for it.
-            if request is None or seq.sample_index in request.emitted_final or seq not in request.sequences:
-                continue
+        # A sample listed twice emits nothing the second time: its count of emitted tokens, or its final
+        # delta, is recorded by the first.
+        for seq in sequences:
             tokens, sent = seq.output_token_ids, seq.emitted_token_count
-            if seq.status is not finished:
+            if seq.status is not finished:  # its request is live and its own: released only once all ended
                 if sent < len(tokens):
                     seq.emitted_token_count = len(tokens)
                     outputs.append((seq.request_id, seq.sample_index, tokens[sent:],
                                     seq.logprobs[sent:] if seq.logprobs else (), None, None))
+                continue
+            request = requests.get(seq.request_id)
+            # Ids are reused once released: a sample of an ended request still listed in a step in flight
+            # finds a newer request under its id, and must not speak for it.
+            if request is None or seq.sample_index in request.emitted_final or seq not in request.sequences:
                 continue
             seq.emitted_token_count = len(tokens)
             request.emitted_final.add(seq.sample_index)

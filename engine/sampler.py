@@ -97,7 +97,7 @@ class StepSettings:
     slots: torch.Tensor  # [slotted] each slotted row's slot of the tables
     transient: torch.Tensor  # slots taken for this step alone
     values: StepValues  # [slotted] rows of the tables
-    filters: Filters  # [drawn] each
+    filters: Filters | None  # [drawn] each; None when no row draws
     logprob_rows: torch.Tensor  # [wanted] reordered rows that report logprobs
     wanted: list[int]  # the same rows, on the host
     logprob_counts: list[int]  # alternatives each of those asked for
@@ -163,8 +163,10 @@ class StepSettings:
         rows, slots, logprob_rows, transient = views[SETTINGS].split(
             [len(plan.order), plan.slotted, len(plan.wanted), len(plan.tables.transient)])
         values = tables.gather(plan.tables, views, slots)
-        ints, floats = values.ints[: plan.drawn], values.floats[: plan.drawn]
-        filters = Filters(ints[:, TOP_K], floats[:, TOP_P], floats[:, MIN_P], plan.sorts)
+        filters = None
+        if plan.drawn:  # only drawn rows filter
+            ints, floats = values.ints[: plan.drawn], values.floats[: plan.drawn]
+            filters = Filters(ints[:, TOP_K], floats[:, TOP_P], floats[:, MIN_P], plan.sorts)
         return cls(plan.order, plan.drawn, rows, slots, transient, values, filters, logprob_rows, plan.wanted,
                    plan.logprob_counts, plan.filtered, plan.tables, plan.ordered)
 

@@ -55,6 +55,7 @@ class _Held:
 class TablesPlan:
     """What `SamplingTables.pack` put in a step's upload, and the one-step slots to zero after the picks."""
 
+    rows: int  # rows packed, each with its slot
     written: int  # slots rewritten whole
     transient: list[int]
     bias_entries: int  # (slot, column, token) entries of the written slots' logit bias
@@ -62,12 +63,26 @@ class TablesPlan:
 
 @dataclass(slots=True)
 class StepValues:
-    """The step's rows' settings, gathered from the tables on the device: [rows, columns] each."""
+    """The step's rows' settings, gathered from the tables on the device: [rows, columns] each.
+
+    The logit bias is gathered only when read (few steps have a biased row): from the tables as they
+    stand, which nothing writes between a step's gather and its picks.
+    """
 
     ints: torch.Tensor
     floats: torch.Tensor
-    bias_tokens: torch.Tensor  # [rows, bias width] int64: each row's biased token ids, 0 past its entries
-    bias_values: torch.Tensor  # [rows, bias width] float32: their biases, 0.0 past the entries (adds nothing)
+    slots: torch.Tensor  # [rows] each row's slot
+    tables: SamplingTables
+
+    @property
+    def bias_tokens(self) -> torch.Tensor:
+        """[rows, bias width] int64: each row's biased token ids, 0 past its entries."""
+        return self.tables.bias_tokens.index_select(0, self.slots)
+
+    @property
+    def bias_values(self) -> torch.Tensor:
+        """[rows, bias width] float32: their biases, 0.0 past the entries (adds nothing)."""
+        return self.tables.bias_values.index_select(0, self.slots)
 
 
 class SamplingTables:
@@ -80,6 +95,8 @@ class SamplingTables:
         # Logit bias: as wide as the most entries any sample has had (at most MAX_LOGIT_BIAS_ENTRIES).
         self.bias_tokens = torch.zeros((0, 0), dtype=torch.int64, device=device)
         self.bias_values = torch.zeros((0, 0), dtype=torch.float32, device=device)
+        # A step of plain greedy rows reads no row of the tables: its values, made once.
+        self._no_ints, self._no_floats = self.ints, self.floats
         self._held: list[_Held | None] = []
         self._free: list[int] = []
         self.slot_of: dict[int, int] = {}  # sample key -> slot, for every sample that picked and has not ended
@@ -132,7 +149,7 @@ class SamplingTables:
             upload.add(BIAS_INTS, [v for entry in bias for v in entry[:3]], torch.int64, (len(bias), 3))
             upload.add(BIAS_FLOATS, [entry[3] for entry in bias], torch.float32)
         self._unpicked = (slots, transient)
-        return slots, TablesPlan(written, transient, len(bias))
+        return slots, TablesPlan(len(slots), written, transient, len(bias))
 
     def _forget(self, slots: list[int], transient: list[int]) -> None:
         """The previous pack's picks never ran (its step failed): its slots' device rows may not hold what
@@ -145,6 +162,8 @@ class SamplingTables:
 
     def gather(self, plan: TablesPlan, views: dict[str, torch.Tensor], slots: torch.Tensor) -> StepValues:
         """Writes the step's diff into the tables and returns its rows' settings (new tensors)."""
+        if not plan.rows:  # plain greedy rows only: nothing is written or read
+            return StepValues(self._no_ints, self._no_floats, slots, self)
         if plan.written:
             written = views[DIFF_INTS]
             self.ints.index_copy_(0, written[:, 0], written[:, 1:])
@@ -153,8 +172,7 @@ class SamplingTables:
             slot, column, token = views[BIAS_INTS].t()
             self.bias_tokens.index_put_((slot, column), token)
             self.bias_values.index_put_((slot, column), views[BIAS_FLOATS])
-        return StepValues(self.ints.index_select(0, slots), self.floats.index_select(0, slots),
-                          self.bias_tokens.index_select(0, slots), self.bias_values.index_select(0, slots))
+        return StepValues(self.ints.index_select(0, slots), self.floats.index_select(0, slots), slots, self)
 
     def advance(self, plan: TablesPlan, slots: torch.Tensor, transient: torch.Tensor) -> None:
         """After the step's picks: one more output position for each row's slot; one-step slots zeroed.
@@ -162,6 +180,8 @@ class SamplingTables:
         `transient`: `plan.transient` on the device (a view of the step's upload).
         """
         self._unpicked = None
+        if not plan.rows:
+            return
         self.ints[:, POSITION].index_add_(0, slots, torch.ones_like(slots, dtype=torch.int64))
         if plan.transient:
             transient = transient.long()  # index_fill_ takes int64 ids only
