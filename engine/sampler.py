@@ -58,6 +58,16 @@ class Filters:
 
 
 @dataclass(slots=True)
+class DrawSettings:
+    """The drawn rows' settings as device views, cut from the step's table rows once: [drawn] each."""
+
+    temperatures: torch.Tensor  # [drawn, 1] float32: at least MIN_TEMPERATURE (lower ones are greedy rows)
+    seeds: torch.Tensor  # int64
+    positions: torch.Tensor  # int64: each row's output position, which selects its uniform
+    filters: Filters
+
+
+@dataclass(slots=True)
 class SettingsPlan:
     """One step's settings as the host packed them into the upload: what the device views are cut into."""
 
@@ -97,25 +107,13 @@ class StepSettings:
     slots: torch.Tensor  # [slotted] each slotted row's slot of the tables
     transient: torch.Tensor  # slots taken for this step alone
     values: StepValues  # [slotted] rows of the tables
-    filters: Filters | None  # [drawn] each; None when no row draws
+    draws: DrawSettings | None  # None when no row draws
     logprob_rows: torch.Tensor  # [wanted] reordered rows that report logprobs
     wanted: list[int]  # the same rows, on the host
     logprob_counts: list[int]  # alternatives each of those asked for
     filtered: bool  # a drawn row sets top-k, top-p or min-p: `filters` must run
     tables: TablesPlan
     ordered: bool  # rows are in request order
-
-    @property
-    def seeds(self) -> torch.Tensor:
-        return self.values.ints[: self.drawn, SEED]
-
-    @property
-    def positions(self) -> torch.Tensor:
-        return self.values.ints[: self.drawn, POSITION]
-
-    @property
-    def temperatures(self) -> torch.Tensor:
-        return self.values.floats[: self.drawn, TEMPERATURE]
 
     @staticmethod
     def pack(upload: Upload, requests: list[SampleRequest], vocab_size: int, tables: SamplingTables
@@ -163,11 +161,12 @@ class StepSettings:
         rows, slots, logprob_rows, transient = views[SETTINGS].split(
             [len(plan.order), plan.slotted, len(plan.wanted), len(plan.tables.transient)])
         values = tables.gather(plan.tables, views, slots)
-        filters = None
-        if plan.drawn:  # only drawn rows filter
+        draws = None
+        if plan.drawn:
             ints, floats = values.ints[: plan.drawn], values.floats[: plan.drawn]
             filters = Filters(ints[:, TOP_K], floats[:, TOP_P], floats[:, MIN_P], plan.sorts)
-        return cls(plan.order, plan.drawn, rows, slots, transient, values, filters, logprob_rows, plan.wanted,
+            draws = DrawSettings(floats[:, TEMPERATURE : TEMPERATURE + 1], ints[:, SEED], ints[:, POSITION], filters)
+        return cls(plan.order, plan.drawn, rows, slots, transient, values, draws, logprob_rows, plan.wanted,
                    plan.logprob_counts, plan.filtered, plan.tables, plan.ordered)
 
 
@@ -279,11 +278,13 @@ def _draw(logits: torch.Tensor, step: StepSettings, kind: str, noise: NoiseBuffe
 
     A row whose probabilities are no distribution (NaN, or nothing left) takes its `_most_likely` pick instead.
     """
-    # Rows under the floor are greedy and never get here; the clamp keeps every division finite regardless.
-    probs = torch.softmax(logits.div(step.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(-1)), dim=-1)
+    # Rows under the floor are greedy and never get here. Were a temperature 0 regardless, its row's
+    # division would make it no distribution: it would take its greedy pick.
+    draws = step.draws
+    probs = torch.softmax(logits.div(draws.temperatures), dim=-1)
     if step.filtered:  # each filter is a few passes over the block: none runs when no row filters
-        probs = filter_batch(probs, step.filters)
-    return draw(kind, probs, step.seeds, step.positions, noise)
+        probs = filter_batch(probs, draws.filters)
+    return draw(kind, probs, draws.seeds, draws.positions, noise)
 
 
 def _most_likely(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
