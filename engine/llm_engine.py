@@ -514,6 +514,10 @@ class LLMEngine:
         if sample.status is SequenceStatus.FINISHED:
             # Its settings were zeroed at its end: this pick's last a step (`engine.sampling_tables`).
             return SampleRequest(row, params, sample.seed, position)
+        request = sample.pick
+        if request is not None:  # an unconstrained sample's, made at its first pick: read once a step, at its pack
+            request.row, request.position = row, position
+            return request
         slot = sample.penalty_slot  # taken only for a penalized sample
         if slot is None and params.penalized:  # its first pick: nothing output yet, so the counts start at zero
             slot = sample.penalty_slot = self.sampler.processors.slots.take(sample.prompt_token_ids)
@@ -522,7 +526,10 @@ class LLMEngine:
             mask_row = len(masks)
             masks.append(MaskRequest(sample.guide, params.stop_token_ids))
         # Its settings stay on the device under its id until it ends.
-        return SampleRequest(row, params, sample.seed, position, slot, mask_row, sample.seq_id)
+        request = SampleRequest(row, params, sample.seed, position, slot, mask_row, sample.seq_id)
+        if mask_row is None:  # a constrained sample's mask row is the step's own
+            sample.pick = request
+        return request
 
     def _compile(self, params: SamplingParams) -> Guide | None:
         """A fresh matcher for this request's constraint (never one from a cache); None when it has none."""
@@ -595,7 +602,7 @@ class LLMEngine:
 
     def _drop_pick_state(self, seq: Sequence) -> None:
         """Drops the sample's matcher and zeroes its token counts and settings: nothing of them outlives it."""
-        seq.guide = None
+        seq.guide = seq.pick = None
         self.sampler.release(seq.seq_id)
         if seq.penalty_slot is not None:
             self.sampler.processors.slots.release(seq.penalty_slot)

@@ -10,6 +10,7 @@ from engine.overlap import placeholder
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from engine.sampler import SampleRequest
     from engine.structured import Guide
 
 
@@ -58,6 +59,9 @@ class Sequence:
     # and its row of token counts (`engine.logits_processors`, taken at its first pick).
     guide: Guide | None = None
     penalty_slot: int | None = None
+    # Its pick's request, made at its first pick and reused by the later ones of an unconstrained sample,
+    # whose settings and slot stay: each step moves only its row and position (`LLMEngine._sample_request`).
+    pick: SampleRequest | None = None
 
     @property
     def num_output_tokens(self) -> int:
