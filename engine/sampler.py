@@ -163,7 +163,9 @@ class StepSettings:
         values = tables.gather(plan.tables, views, slots)
         draws = None
         if plan.drawn:
-            ints, floats = values.ints[: plan.drawn], values.floats[: plan.drawn]
+            ints, floats = values.ints, values.floats
+            if plan.drawn < plan.slotted:  # else every row of them draws: no cut (a tensor op fewer each)
+                ints, floats = ints[: plan.drawn], floats[: plan.drawn]
             filters = Filters(ints[:, TOP_K], floats[:, TOP_P], floats[:, MIN_P], plan.sorts)
             draws = DrawSettings(floats[:, TEMPERATURE : TEMPERATURE + 1], ints[:, SEED], ints[:, POSITION], filters)
         return cls(plan.order, plan.drawn, rows, slots, transient, values, draws, logprob_rows, plan.wanted,
@@ -253,15 +255,19 @@ class Sampler:
         step = StepSettings.bind(plan.settings, views, self.tables)
         # Nothing writes into `raw` (each processor and the draw make new tensors), so it may be the logits.
         in_place = plan.settings.in_place and logits.shape[0] == len(step.order)
-        raw = picked = (logits if in_place else logits.index_select(0, step.rows)).float()
+        raw = picked = logits if in_place else logits.index_select(0, step.rows)
+        if raw.dtype != torch.float32:  # checked here: `float()` of a float32 tensor is still a call through torch
+            raw = picked = raw.float()
         counting = None
         if self.processors is not None:
             picked, counting = self.processors.apply(raw, plan.processing, views, step.values)
         keys = descending_keys(picked.shape[-1], picked.device)
         tokens = _most_likely(picked, keys)
         if step.drawn:
-            fallback = tokens[: step.drawn]
-            torch.where(*_draw(picked[: step.drawn], step, self.draw_kind, self._noise), fallback, out=fallback)
+            # Every row draws in most sampled steps: then no row is cut off (two tensor ops fewer).
+            every = step.drawn == tokens.shape[0]
+            fallback, drawing = (tokens, picked) if every else (tokens[: step.drawn], picked[: step.drawn])
+            torch.where(*_draw(drawing, step, self.draw_kind, self._noise), fallback, out=fallback)
         if self.processors is not None:
             self.processors.record(counting, tokens)
         self.tables.advance(step.tables, step.slots, step.transient)
