@@ -24,6 +24,8 @@ float32's own rounding of the probabilities being raced (2^-24 relative).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _U64 = 1 << 64
@@ -69,7 +71,8 @@ def _xor_shift_(values: torch.Tensor, bits: int, width: int, scratch: torch.Tens
 
 def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """[rows] int64: one key per (seed, output position), from which each token's bits are hashed."""
-    return mix64(seeds + (positions + 1) * GOLDEN_GAMMA)
+    # seed + (position + 1)·γ, wrapping as int64 does, in two ops: one multiply-add, then γ.
+    return mix64(torch.add(seeds, positions, alpha=GOLDEN_GAMMA).add_(GOLDEN_GAMMA))
 
 
 def _halves(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,4 +193,14 @@ def draw_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """
     bits = torch.bitwise_right_shift(row_keys(seeds, positions), 64 - _UNIFORM_BITS).bitwise_and_(
         (1 << _UNIFORM_BITS) - 1)
-    return bits.to(torch.float64).mul_(2.0**-_UNIFORM_BITS).add_(2.0 ** -(_UNIFORM_BITS + 1))
+    # 2^-32 + k·2^-31 in one op, promoted to float64: exact, as k < 2^31.
+    return torch.add(_half_step(bits.device), bits, alpha=2.0**-_UNIFORM_BITS)
+
+
+# A constant kept from step to step (no request data); a normal tensor even when first made under
+# inference mode, so that a draw outside it reads it too.
+@functools.cache
+@torch.inference_mode(False)
+def _half_step(device: torch.device) -> torch.Tensor:
+    """[1] float64: half a step of the uniforms' 2^-31 grid, which centres each uniform in its step."""
+    return torch.full((1,), 2.0 ** -(_UNIFORM_BITS + 1), dtype=torch.float64, device=device)

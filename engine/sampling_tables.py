@@ -31,6 +31,7 @@ TOP_K, SEED, POSITION = range(3)
 TEMPERATURE, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE = range(6)
 _INTS, _FLOATS = 3, 6
 _INITIAL_SLOTS = 8
+_KEPT_STEP_SHAPES = 16
 
 
 class SlottedRow(Protocol):
@@ -97,6 +98,7 @@ class SamplingTables:
         self.bias_values = torch.zeros((0, 0), dtype=torch.float32, device=device)
         # A step of plain greedy rows reads no row of the tables: its values, made once.
         self._no_ints, self._no_floats = self.ints, self.floats
+        self._steps: dict[int, torch.Tensor] = {}  # `_position_steps`' by row count
         self._held: list[_Held | None] = []
         self._free: list[int] = []
         self.slot_of: dict[int, int] = {}  # sample key -> slot, for every sample that picked and has not ended
@@ -182,7 +184,7 @@ class SamplingTables:
         self._unpicked = None
         if not plan.rows:
             return
-        self.ints[:, POSITION].index_add_(0, slots, torch.ones_like(slots, dtype=torch.int64))
+        self.ints.index_add_(0, slots, self._position_steps(plan.rows))
         if plan.transient:
             transient = transient.long()  # index_fill_ takes int64 ids only
             self.ints.index_fill_(0, transient, 0)
@@ -192,6 +194,19 @@ class SamplingTables:
             for slot in plan.transient:
                 self._held[slot] = None
             self._free += plan.transient
+
+    @torch.inference_mode(False)  # kept from step to step: a normal tensor, readable outside inference mode
+    def _position_steps(self, rows: int) -> torch.Tensor:
+        """[rows, columns] int64: one in the position column, zero elsewhere; what one pick adds to its slot's row.
+
+        Kept by row count (constants, no request data): a steady step adds it in one op, not three."""
+        steps = self._steps.get(rows)
+        if steps is None:
+            if len(self._steps) >= _KEPT_STEP_SHAPES:  # batch sizes that vary would pile up
+                self._steps.clear()
+            steps = self._steps[rows] = torch.zeros((rows, _INTS), dtype=torch.int64, device=self.device)
+            steps[:, POSITION] = 1
+        return steps
 
     def release(self, key: int) -> None:
         """Zeroes an ended sample's slot on the device (after every pick queued) and frees it; no-op if none."""
