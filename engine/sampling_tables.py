@@ -195,7 +195,6 @@ class SamplingTables:
                 self._held[slot] = None
             self._free += plan.transient
 
-    @torch.inference_mode(False)  # kept from step to step: a normal tensor, readable outside inference mode
     def _position_steps(self, rows: int) -> torch.Tensor:
         """[rows, columns] int64: one in the position column, zero elsewhere; what one pick adds to its slot's row.
 
@@ -204,8 +203,7 @@ class SamplingTables:
         if steps is None:
             if len(self._steps) >= _KEPT_STEP_SHAPES:  # batch sizes that vary would pile up
                 self._steps.clear()
-            steps = self._steps[rows] = torch.zeros((rows, _INTS), dtype=torch.int64, device=self.device)
-            steps[:, POSITION] = 1
+            steps = self._steps[rows] = _position_step_rows(rows, self.device)
         return steps
 
     def release(self, key: int) -> None:
@@ -248,6 +246,15 @@ class SamplingTables:
         rows = self.bias_tokens.shape[0]
         self.bias_tokens = torch.cat([self.bias_tokens, self.bias_tokens.new_zeros((rows, width - old))], dim=1)
         self.bias_values = torch.cat([self.bias_values, self.bias_values.new_zeros((rows, width - old))], dim=1)
+
+
+# Kept from step to step: a normal tensor even when first made under inference mode, readable outside it.
+# Only making it leaves the mode: entering a mode costs tens of microseconds inside a step.
+@torch.inference_mode(False)
+def _position_step_rows(rows: int, device: torch.device) -> torch.Tensor:
+    steps = torch.zeros((rows, _INTS), dtype=torch.int64, device=device)
+    steps[:, POSITION] = 1
+    return steps
 
 
 def _bias_entries(slot: int, params: SamplingParams, before: SamplingParams | None,
