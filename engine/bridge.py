@@ -122,30 +122,44 @@ class Staging:
         self.device = device
         self.pinned = pinned
         self.tensor = torch.empty(0, dtype=torch.uint8)
+        self.capacity = 0  # the tensor's bytes, kept as an int: reserve runs several times a step
         self.array = self.tensor.numpy() if device.type == "cpu" else None
         # Views made before, by segment: a steady step lays out the same segments each time, and making a
         # view is three tensor ops. A view reads whatever the buffer holds now, so it never goes stale.
         self._views: dict[Segment, torch.Tensor] = {}
+        self._flat_views: dict[Segment, torch.Tensor] = {}  # the same, one-dimensional (what a drain lists)
 
     def reserve(self, nbytes: int) -> None:
         """Room for `nbytes`; what the buffer holds is kept (an upload's earlier segments are already in it)."""
-        if nbytes <= self.tensor.numel():
+        if nbytes <= self.capacity:
             return
         size = max(_INITIAL_BYTES, 1 << (nbytes - 1).bit_length())
         grown = torch.empty(size, dtype=torch.uint8, device=self.device, pin_memory=self.pinned)
-        grown[: self.tensor.numel()].copy_(self.tensor)
-        self.tensor = grown
+        grown[: self.capacity].copy_(self.tensor)
+        self.tensor, self.capacity = grown, size
         self.array = self.tensor.numpy() if self.device.type == "cpu" else None
-        self._views = {}  # of the old buffer
+        self._views, self._flat_views = {}, {}  # of the old buffer
 
     def view(self, segment: Segment) -> torch.Tensor:
         view = self._views.get(segment)
         if view is None:
-            if len(self._views) >= _MAX_VIEWS:  # layouts that vary (diffs, prefills) would pile up
-                self._views.clear()
-            raw = self.tensor[segment.offset : segment.offset + segment.nbytes]
-            view = self._views[segment] = raw.view(segment.dtype).view(segment.shape)
+            view = _kept(self._views, segment, self.flat(segment).view(segment.shape))
         return view
+
+    def flat(self, segment: Segment) -> torch.Tensor:
+        """The segment's values in one dimension, whatever its shape."""
+        view = self._flat_views.get(segment)
+        if view is None:
+            raw = self.tensor[segment.offset : segment.offset + segment.nbytes]
+            view = _kept(self._flat_views, segment, raw.view(segment.dtype))
+        return view
+
+
+def _kept(views: dict[Segment, torch.Tensor], segment: Segment, view: torch.Tensor) -> torch.Tensor:
+    if len(views) >= _MAX_VIEWS:  # layouts that vary (diffs, prefills) would pile up
+        views.clear()
+    views[segment] = view
+    return view
 
 
 class Upload:
@@ -409,8 +423,7 @@ class _Drain:
             self.slot.done.synchronize()
         self.toll.pay()
         staging = self.slot.staging
-        return {name: (staging.view(segment) if len(segment.shape) == 1 else staging.view(segment).reshape(-1)).tolist()
-                for name, segment in self.segments.items()}
+        return {name: staging.flat(segment).tolist() for name, segment in self.segments.items()}
 
 
 def _layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Segment], int]:

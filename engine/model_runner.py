@@ -312,8 +312,8 @@ def pack_step(upload: Upload, lists: StepLists) -> None:
 def step_inputs(views: dict[str, torch.Tensor], tables: torch.Tensor, lists: StepLists) -> StepInputs:
     """`pack_step`'s segments as the step's device tensors: views of the upload, valid until the next one."""
     tokens = len(lists.input_ids)
-    input_ids, positions, slots, sample_rows = views[STEP_LONGS].split([tokens] * 3 + [len(lists.sample_rows)])
-    context_lens, cu_seqlens_q = views[STEP_INTS].split([lists.num_seqs, lists.num_seqs + 1])
+    input_ids, positions, slots, sample_rows = views[STEP_LONGS].split_with_sizes([tokens] * 3 + [len(lists.sample_rows)])
+    context_lens, cu_seqlens_q = views[STEP_INTS].split_with_sizes([lists.num_seqs, lists.num_seqs + 1])
     meta = AttentionMetadata(slot_mapping=slots, block_tables=tables, context_lens=context_lens,
                              cu_seqlens_q=cu_seqlens_q, max_seqlen_q=lists.max_seqlen_q)
     return StepInputs(input_ids, positions, meta, sample_rows)

@@ -80,7 +80,8 @@ def first_index(marks: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     vectorized. `keys` is vocab, vocab - 1, ..., 1 (`descending_keys`): the largest marked key is the
     first marked column.
     """
-    return keys.shape[0] - marks.mul_(keys).amax(dim=-1).long()
+    # `torch.rsub` named: `int - tensor` goes through a Python wrapper first.
+    return torch.rsub(marks.mul_(keys).amax(dim=-1).long(), keys.shape[0])
 
 
 # Kept from step to step (not request data); a normal tensor even when first made under inference mode,
