@@ -32,6 +32,7 @@ bounce buffer on any device (benchmarks and tests; 0 in production).
 
 from __future__ import annotations
 
+import math
 import struct
 import threading
 import time
@@ -97,7 +98,7 @@ class Segment(NamedTuple):
 
     @property
     def nbytes(self) -> int:
-        return _numel(self.shape) * _itemsize(self.dtype)
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 class Toll:
@@ -177,7 +178,7 @@ class Upload:
             raise EngineError(f"the step's upload already has a segment {name!r}")
         count = values.numel() if isinstance(values, torch.Tensor) else len(values)
         shape = (count,) if shape is None else shape
-        if _numel(shape) != count:
+        if math.prod(shape) != count:
             raise EngineError(f"segment {name!r} holds {count} values, not the {shape} it is to be viewed as")
         segment = Segment(_aligned(self.nbytes), dtype, shape)
         end = segment.offset + count * dtype.itemsize
@@ -452,14 +453,3 @@ def _recorded_event(device: torch.device) -> torch.cuda.Event | None:
 
 def _aligned(offset: int) -> int:
     return -(-offset // _ALIGN) * _ALIGN
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return dtype.itemsize

@@ -153,7 +153,7 @@ class LogitsProcessors:
         """
         if plan is None:
             return logits, None
-        mark_slots, mark_tokens, bias_rows, pen_rows, slots, mask_rows, mask_index = views[INTS].split(
+        mark_slots, mark_tokens, bias_rows, pen_rows, slots, mask_rows, mask_index = views[INTS].split_with_sizes(
             [plan.marks] * 2 + [plan.biased] + [plan.penalized] * 2 + [plan.masked] * 2
         )
         if plan.marks:

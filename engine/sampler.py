@@ -136,7 +136,9 @@ class StepSettings:
                 drawing.append(i)
                 sorts = sorts or 0 < params.top_k < vocab_size or params.top_p < 1.0
                 filtered = filtered or params.min_p > 0.0
-            elif params.penalized or params.logit_bias or request.slot is not None:  # read from the tables
+            # A penalized sample holds a slot of token counts from its first pick: without one nothing could
+            # penalize it, so it is plain (and `params.penalized`, a property, stays off the plain rows' path).
+            elif request.slot is not None or params.logit_bias:  # read from the tables
                 penalized.append(i)
             else:
                 plain.append(i)
