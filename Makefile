@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?= -m "not gpu"
 
-.PHONY: demo test install install-dev bench clean
+.PHONY: demo test install install-dev bench gpu-wheels clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ test: install-dev
 
 bench: install-dev
 	$(PY) benchmarks/engine_throughput.py
+
+# The wheels a lent GPU machine lacks (benchmarks/gpu_wheels.txt), for benchmarks/gpu_session.py to install there:
+# CPython 3.12 on x86-64, whatever this machine is. Downloads; nothing else in the project does.
+GPU_PLATFORMS := $(foreach n,2014 1,--platform manylinux$(n)_x86_64) \
+	$(foreach n,17 24 27 28 31 34,--platform manylinux_2_$(n)_x86_64)
+gpu-wheels: | $(VENV)/bin/python
+	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_PLATFORMS) \
+		-d .whl -r benchmarks/gpu_wheels.txt
 
 clean:
 	rm -rf $(VENV) build *.egg-info

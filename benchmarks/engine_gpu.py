@@ -11,7 +11,9 @@ Measured in one run:
      next to the weights-only floor: the weights' bytes over the device copy bandwidth measured here.
      Decode steps replay CUDA graphs unless --eager is given, and each step is launched before the previous
      one's tokens are read unless --sync-scheduling is given: run with and without either to compare (every
-     line says which way the engine ran);
+     line says which way the engine ran); then, at --profile-batch, --decode-steps decode steps under the CUDA
+     profiler: the host<->device copies the device ran (HtoD and DtoH, pinned or pageable) against the
+     bridge's own count of the same steps (`engine.bridge_profile`), one each way per step;
   2. offline output tokens/s of the engine on --requests requests (prompts 64-1,024 tokens, outputs 32-512,
      seeded, greedy, ignore_eos);
   3. the same requests through the engine with zeroing skipped (a fresh engine, warmed up first), to price
@@ -22,6 +24,7 @@ Measured in one run:
   5. with --bridge-toll-us T: the same requests through an engine whose every host<->device crossing waits
      T us, one at a time (`engine.bridge`, a confidential-computing bounce buffer simulated), against run 2.
 Also the engine's load time and the bridge crossings its weights took (they cross in large pinned chunks).
+--decode-only stops after 1 (a variant's decode times in little device time).
 The targets are printed next to each figure (set for the 1b preset). Progress goes to stderr.
 
     python benchmarks/engine_gpu.py [--preset 1b|8b] [--batches 1 16 64 256] [--requests 256] [--eager] [--sync-scheduling]
@@ -41,6 +44,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Run as a script, this folder would come first on sys.path and its kernels.py would shadow the package.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -48,6 +52,10 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 
 from benchmarks.common import Workload, progress  # noqa: E402
+
+if TYPE_CHECKING:
+    from engine.bridge import CrossingCount
+    from engine.bridge_profile import ProfiledCopies
 
 DECODE_TARGET_MS = {1: 2.0, 64: 4.0, 256: 8.0}
 OFFLINE_TARGET_TOKENS_PER_S = 25_000
@@ -184,8 +192,8 @@ def make_workload(requests: int, vocab: int, seed: int) -> Workload:
     return Workload(prompts, [rng.randint(*OUTPUT_RANGE) for _ in range(requests)])
 
 
-def decode_ms_per_step(engine, batch: int, prompt_len: int, steps: int, vocab: int) -> float:
-    """Every sequence prefilled first; then the mean wall time of `steps` engine steps that only decode."""
+def start_decoding(engine, batch: int, prompt_len: int, steps: int, vocab: int) -> list[str]:
+    """`batch` sequences of `prompt_len` random prompt tokens, prefilled, each with room for `steps` decode steps."""
     from engine import SamplingParams
 
     rng = random.Random(batch)
@@ -194,17 +202,38 @@ def decode_ms_per_step(engine, batch: int, prompt_len: int, steps: int, vocab: i
     while any(seq.num_computed_tokens < seq.num_prompt_tokens for seq in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     engine.step()  # the first decode step of the last prefilled sequences
+    return requests
+
+
+def stop_decoding(engine, requests: list[str]) -> None:
+    for request_id in requests:
+        engine.abort(request_id)
+    while engine.has_unfinished():
+        engine.step()
+
+
+def decode_ms_per_step(engine, batch: int, prompt_len: int, steps: int, vocab: int) -> float:
+    """Every sequence prefilled first; then the mean wall time of `steps` engine steps that only decode."""
+    requests = start_decoding(engine, batch, prompt_len, steps, vocab)
     torch.cuda.synchronize()
     started = time.perf_counter()
     for _ in range(steps):
         engine.step()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
-    for request_id in requests:
-        engine.abort(request_id)
-    while engine.has_unfinished():
-        engine.step()
+    stop_decoding(engine, requests)
     return 1000 * elapsed / steps
+
+
+def profiled_crossings(engine, batch: int, prompt_len: int, steps: int, vocab: int) -> tuple[ProfiledCopies, CrossingCount]:
+    """`steps` decode steps under the CUDA profiler: the copies the device ran, and those the bridge counted."""
+    from engine.bridge_profile import profile_copies
+
+    requests = start_decoding(engine, batch, prompt_len, steps, vocab)
+    with engine.runner.bridge.counting() as counted:
+        copies = profile_copies(lambda: [engine.step() for _ in range(steps)])
+    stop_decoding(engine, requests)
+    return copies, counted
 
 
 def run_engine_offline(engine, workload: Workload) -> float:
@@ -274,6 +303,16 @@ def decode_line(batch: int, ms: float, floor_ms: float, targets: bool, mode: str
             f"{ms / floor_ms:6.1f}x the weights floor  {note}")
 
 
+def crossings_lines(batch: int, steps: int, mode: str, copies: ProfiledCopies, counted: CrossingCount) -> list[str]:
+    """The profiler's copies per decode step against the bridge's count: one each way, equal, none pageable."""
+    met = (copies.h2d, copies.d2h) == (counted.h2d, counted.d2h) == (steps, steps) and not copies.pageable
+    return [f"crossings under the CUDA profiler, decode batch {batch} ({mode}), {steps} steps: "
+            f"{copies.h2d / steps:.2f} HtoD + {copies.d2h / steps:.2f} DtoH per step, {copies.pageable} pageable; "
+            f"the bridge counted {counted.h2d / steps:.2f} + {counted.d2h / steps:.2f}  "
+            f"[target 1 + 1, the same as the bridge's, none pageable: {verdict(met)}]",
+            f"  copies seen: {copies.describe()}"]
+
+
 def engine_mode(engine) -> str:
     """How the engine runs decode steps: with CUDA graphs or eagerly, steps overlapped or synchronous."""
     sizes = engine.runner.graph_batch_sizes
@@ -290,6 +329,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-steps", type=int, default=20, help="decode steps timed per batch size (default: 20)")
     parser.add_argument("--decode-prompt-len", type=int, default=512,
                         help="prompt tokens of every sequence in the decode measurement (default: 512)")
+    parser.add_argument("--profile-batch", type=int, default=64,
+                        help="count the decode steps' host<->device copies under the CUDA profiler at this batch "
+                             "size, against the bridge's own count (0: skip; default: 64)")
     parser.add_argument("--requests", type=int, default=256, help="requests in the offline workload (default: 256)")
     parser.add_argument("--hf-batch-size", type=int, default=64,
                         help="static batch size for transformers.generate (default: 64)")
@@ -303,6 +345,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="engine: run every step eagerly, without CUDA graphs (compare the decode ms/step)")
     parser.add_argument("--sync-scheduling", action="store_true",
                         help="engine: read each step's tokens before launching the next (no async scheduling)")
+    parser.add_argument("--decode-only", action="store_true",
+                        help="stop after the decode step times and the profiled crossings: no offline runs (to "
+                             "compare --eager or --sync-scheduling with the default in little device time)")
     parser.add_argument("--skip-transformers", action="store_true",
                         help="leave out the transformers baseline (no ratio is printed)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the workload and the weights (default: 1234)")
@@ -350,6 +395,13 @@ def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device:
         progress(f"decode at batch {batch} ({mode}) ...")
         ms = decode_ms_per_step(engine, batch, args.decode_prompt_len, args.decode_steps, shape.vocab_size)
         lines.append(decode_line(batch, ms, floor_ms, targets, mode))
+    if args.profile_batch:
+        progress(f"decode at batch {args.profile_batch} under the CUDA profiler, counting copies ...")
+        copies, counted = profiled_crossings(engine, args.profile_batch, args.decode_prompt_len, args.decode_steps,
+                                             shape.vocab_size)
+        lines += crossings_lines(args.profile_batch, args.decode_steps, mode, copies, counted)
+    if args.decode_only:
+        return lines
     workload = make_workload(args.requests, shape.vocab_size, args.seed)
     progress(f"engine offline: {args.requests} requests, {workload.output_tokens} output tokens ...")
     engine_rate = workload.output_tokens / run_engine_offline(engine, workload)

@@ -46,7 +46,7 @@ def test_the_gpu_engine_benchmark_documents_its_options_and_refuses_to_run_witho
     out = run_benchmark("engine_gpu.py", "--help")
     for option in ("--preset", "--batches", "--decode-steps", "--decode-prompt-len", "--requests", "--hf-batch-size",
                    "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization", "--skip-transformers",
-                   "--seed"):
+                   "--seed", "--decode-only", "--profile-batch", "--bridge-toll-us"):
         assert option in out, option
     assert "Llama-3.2-1B" in out and "Llama-3.1-8B" in out
     # No device visible, whatever this machine has: the script must say so and stop before writing a model.
@@ -135,3 +135,46 @@ def test_the_speculative_benchmark_reports_acceptance_and_both_throughputs_on_th
     ratios = re.findall(rf"ratio speculative / plain: {NUMBER}x   tokens identical to plain: (yes|NO)", out)
     assert ratios and set(ratios) == {"yes"}
     assert len(re.findall(r"draft at \d+% of the target per token: break-even", out)) == 4
+
+
+def gpu_session(*arguments: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_session.py"), *arguments], cwd=REPO,
+                          env=environment, capture_output=True, text=True, timeout=300)
+
+
+def test_the_gpu_session_runs_its_stages_keeps_their_logs_and_starts_none_it_has_no_time_for(tmp_path) -> None:
+    out, wheels = tmp_path / "out", tmp_path / "no-wheels"
+    wheels.mkdir()
+    result = gpu_session("--out", str(out), "--wheels", str(wheels), "--budget", "100", "kernels", "engine-1b")
+    assert result.returncode == 1, result.stderr[-2000:]  # a stage was left out: the call is not all done
+    assert re.search(rf"zero_blocks vs memset: {NUMBER}%", result.stdout)  # a result line, printed as it ended
+    assert "device: CPU (torch reference path)" in (out / "kernels.log").read_text()
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert re.fullmatch(r"kernels +ok in \d+ s", summary[0])
+    assert summary[1].startswith("engine-1b  not started: its 270 s limit exceeds the")
+    assert not (out / "engine-1b.log").exists()
+
+
+def test_the_gpu_session_refuses_a_stage_it_does_not_know() -> None:
+    result = gpu_session("--dry-run", "kernels", "engine-2b")
+    assert result.returncode == 2 and "unknown stage(s): engine-2b" in result.stderr
+
+
+def test_the_gpu_sessions_calls_fit_their_budgets_and_pass_only_options_the_gpu_benchmark_takes() -> None:
+    from benchmarks.gpu_session import __doc__ as usage
+    from benchmarks.gpu_session import gpu_test_files, stages
+
+    known = stages()
+    calls = [line.split()[5:] for line in usage.splitlines() if "gpu_session.py --out $OUT --budget" in line]
+    assert len(calls) == 2 and sorted(name for call in calls for name in call[1:]) == sorted(known)
+    for budget, *names in calls:
+        assert sum(known[name].limit_s for name in names) < float(budget) - 30  # room for the wheels' install
+    assert "tests/test_engine_crossings.py" in gpu_test_files() and "tests/test_benchmarks.py" not in gpu_test_files()
+    # In a process of its own: the script puts the repository first on sys.path as it is imported.
+    check = "import sys\nfrom benchmarks.engine_gpu import parse_args\nparse_args(sys.argv[1:])\n"
+    for stage in known.values():
+        if stage.argv[0] == "benchmarks/engine_gpu.py":
+            parsed = subprocess.run([sys.executable, "-c", check, *stage.argv[1:]], cwd=REPO, capture_output=True,
+                                    text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+            assert parsed.returncode == 0, (stage.name, parsed.stderr[-1000:])

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.bridge import CrossingCount
+from engine.bridge_profile import profile_copies, tally
 from engine.cuda_graphs import DecodeGraphs
 from engine.logits_processors import INTS as PROCESSOR_INTS
 from engine.sampler import SETTINGS as SAMPLER_SETTINGS
@@ -358,3 +360,71 @@ def test_the_engine_reports_its_crossings_per_step_and_in_total():
     stats = llm.bridge_stats()
     assert (stats.last_step.h2d, stats.last_step.d2h) == (1, 1) and stats.last_step.h2d_bytes > 0
     assert stats.steps == 2 and stats.total.h2d >= 2 and stats.total.d2h == 2
+
+
+# ----- the count the device itself makes (CUDA profiler) ---------------------------------------------------
+
+# Copy names as the profiler gives them ("Memcpy <kind> (<source> -> <destination>)"), among a step's other
+# events: kernels, memsets, device-to-device copies and the runtime calls that queued the copies.
+PROFILED_STEP = [
+    "Memcpy HtoD (Pinned -> Device)", "Memcpy DtoD (Device -> Device)", "Memset (Device)",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "cudaMemcpyAsync",
+    "aten::copy_", "Memcpy DtoH (Device -> Pinned)",
+]
+
+
+def test_the_profiled_crossings_are_the_host_device_copies_alone():
+    copies = tally(PROFILED_STEP * 3)
+    assert (copies.h2d, copies.d2h, copies.pageable) == (3, 3, 0)
+    assert dict(copies.kinds) == {"Memcpy HtoD (Pinned -> Device)": 3, "Memcpy DtoH (Device -> Pinned)": 3,
+                                  "Memcpy DtoD (Device -> Device)": 3}
+    assert "Memcpy DtoD (Device -> Device) x3" in copies.describe()
+
+
+def test_a_copy_through_pageable_memory_is_counted_and_flagged():
+    # What `.item()` or a tensor built from a Python list does: the driver stages it again.
+    copies = tally(PROFILED_STEP + ["Memcpy DtoH (Device -> Pageable)", "Memcpy HtoD (Pageable -> Device)"])
+    assert (copies.h2d, copies.d2h, copies.pageable) == (2, 2, 2)
+    assert tally(["cudaMemcpyAsync", "Memset (Device)"]).describe() == "no copies"
+
+
+def cuda_engine(overlapped: bool, graphs: bool) -> LLMEngine:
+    return LLMEngine(tiny_model_dir(), EngineConfig(device="cuda", async_scheduling=overlapped, cuda_graphs=graphs,
+                                                    num_blocks=96, block_size=4, max_num_seqs=8,
+                                                    max_num_batched_tokens=64))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
+def test_on_cuda_the_device_copies_once_each_way_per_decode_step_as_the_bridge_counts(overlapped, graphs):
+    llm = cuda_engine(overlapped, graphs)
+    ids = [llm.add_request(prompt, greedy(40)) for prompt in random_prompts(6, 3, 14, seed=41)]
+    while llm.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in llm.scheduler.running):
+        llm.step()
+    llm.step()
+    steps = 12
+    with llm.runner.bridge.counting() as counted:
+        copies = profile_copies(lambda: [llm.step() for _ in range(steps)])
+    assert (copies.h2d, copies.d2h) == (counted.h2d, counted.d2h) == (steps, steps), copies.describe()
+    assert copies.pageable == 0, copies.describe()
+    if graphs:
+        assert llm.runner.graphs is not None and llm.runner.graphs.replays >= steps
+    for request_id in ids:
+        llm.abort(request_id)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", list(SETTINGS))
+def test_on_cuda_every_copy_of_a_whole_run_is_one_the_bridge_counted(kind):
+    # Prefill, mixed and decode steps, blocks freed and zeroed, the residue check: whatever the settings ask,
+    # no library call inside the engine copies behind the bridge's back, and nothing goes through pageable memory.
+    llm = cuda_engine(overlapped=True, graphs=True)
+    params = [SETTINGS[kind](n) for n in random_lengths(5, 2, 12, seed=42)]
+    prompts = random_prompts(5, 3, 14, seed=43)
+    with llm.runner.bridge.counting() as counted:
+        copies = profile_copies(lambda: (llm.generate(prompts, params), llm.residue_check()))
+    assert counted.h2d > 0 and (copies.h2d, copies.d2h) == (counted.h2d, counted.d2h), copies.describe()
+    assert copies.pageable == 0, copies.describe()
