@@ -7,6 +7,11 @@ aborts, samples to stop and queries in; each step's token outputs, refusals and 
 The loop makes no text: its client detokenizes, finds stop strings and holds text back
 (`engine.output_processor`), and asks it to stop a sample whose text met a stop string.
 
+A request with a constraint (structured outputs) is compiled on a worker thread and joins the loop
+when its matcher is ready: a compile can take llguidance's whole fuel (~20 ms), and on the loop it
+would hold every running request's next step that long. llguidance releases the interpreter lock
+while it compiles, so the steps go on meanwhile. An abort before then drops the compile unread.
+
 The process is spawned, never forked: a fork would copy the parent's memory, keys included, into a
 process that needs none of it. The pipe is an in-memory socket pair; nothing is written to disk, and
 no message carries more than the request itself and its output.
@@ -17,18 +22,24 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from engine.accounting import ZeroingAccount, ZeroingReport
 from engine.config import EngineConfig
-from engine.errors import EngineError, ModelLoadError, UnknownRequestError
+from engine.errors import EngineError, ModelLoadError, RequestRejected, UnknownRequestError
 from engine.llm_engine import LLMEngine
 from engine.outputs import TokenOutput
 from engine.sampling_params import SamplingParams
+from engine.structured import Guide
 
 # How long an idle core waits for a message before it looks at its clocks again.
 _IDLE_POLL_S = 0.05
+# While a constraint compiles and nothing else runs, how often the loop looks whether it is ready.
+_COMPILE_POLL_S = 0.002
+# Threads compiling constraints: two keep one long compile from holding every other constrained request.
+_COMPILE_WORKERS = 2
 # Residue found is reported within this; everything else waits for the node's own cadence anyway.
 ZEROING_REPORT_INTERVAL_S = 0.25
 
@@ -131,6 +142,14 @@ def run_core(model_dir: str, config: EngineConfig, connection: Connection) -> No
     EngineCore(engine, connection).run()
 
 
+@dataclass(frozen=True, slots=True)
+class _Compiling:
+    """A constrained request whose matcher a worker thread is making; it joins the engine once made."""
+
+    message: AddRequest
+    matcher: Future[Guide | None]
+
+
 class EngineCore:
     """The step loop: takes what the pipe brings between steps, steps while any request is unfinished."""
 
@@ -139,6 +158,8 @@ class EngineCore:
         self._connection = connection
         self._zeroing = ZeroingAccount(engine.block_manager, engine.runner)
         self._live: set[str] = set()  # requests added and not yet ended
+        self._compiling: dict[str, _Compiling] = {}  # constrained requests not yet added, by id
+        self._compiler: ThreadPoolExecutor | None = None  # started at the first constrained request
         self._steps = 0
         self._last_report = time.monotonic()
         self._running = True
@@ -147,6 +168,7 @@ class EngineCore:
         try:
             while self._running:
                 self._take_messages(wait=not self.engine.has_unfinished())
+                self._add_compiled()
                 if self._running and self.engine.has_unfinished():
                     self._step()
                 self._report_zeroing_if_due()
@@ -155,11 +177,15 @@ class EngineCore:
             pass  # the client is gone: so is every request, and this process with them
         except Exception:  # noqa: BLE001 - end quietly: a traceback on stderr is no channel for anything
             pass  # the client sees the pipe close and fails every request still waiting
+        finally:
+            self._compiling.clear()  # no compiled matcher outlives the loop
+            if self._compiler is not None:
+                self._compiler.shutdown(wait=False, cancel_futures=True)
 
     # ----- messages ---------------------------------------------------------------------------
 
     def _take_messages(self, wait: bool) -> None:
-        if wait and not self._connection.poll(_IDLE_POLL_S):
+        if wait and not self._connection.poll(_COMPILE_POLL_S if self._compiling else _IDLE_POLL_S):
             return
         while self._running and self._connection.poll():
             self._handle(self._connection.recv())
@@ -182,8 +208,34 @@ class EngineCore:
             self._running = False
 
     def _add(self, message: AddRequest) -> None:
+        if message.request_id in self._compiling:  # the engine refuses a running one's id itself
+            self._send(Refused(message.request_id, RequestRejected("duplicate_request_id",
+                                                                   "a request with this id is already running")))
+        elif message.params.structured is None:
+            self._add_to_engine(message, None)
+        else:
+            if self._compiler is None:
+                self._compiler = ThreadPoolExecutor(_COMPILE_WORKERS, thread_name_prefix="veil-constraints")
+            matcher = self._compiler.submit(self.engine.compile_constraint, message.params)
+            self._compiling[message.request_id] = _Compiling(message, matcher)
+
+    def _add_compiled(self) -> None:
+        """Adds each constrained request whose matcher is made (or refuses it, if it could not be)."""
+        for request_id in [key for key, compiling in self._compiling.items() if compiling.matcher.done()]:
+            compiling = self._compiling.pop(request_id)
+            try:
+                matcher = compiling.matcher.result()
+            except EngineError as error:
+                self._send(Refused(request_id, error))
+            except Exception:  # noqa: BLE001 - no request may end the step loop
+                self._send(Refused(request_id, EngineError("the engine refused this request")))
+            else:
+                self._add_to_engine(compiling.message, matcher)
+
+    def _add_to_engine(self, message: AddRequest, compiled: Guide | None) -> None:
         try:
-            self.engine.add_request(message.prompt, message.params, request_id=message.request_id)
+            self.engine.add_request(message.prompt, message.params, request_id=message.request_id,
+                                    compiled=compiled)
         except EngineError as error:
             self._send(Refused(message.request_id, error))
             return
@@ -193,6 +245,10 @@ class EngineCore:
         self._live.add(message.request_id)
 
     def _abort(self, request_id: str) -> None:
+        compiling = self._compiling.pop(request_id, None)
+        if compiling is not None:  # never added: its matcher, made or not, is dropped unread
+            compiling.matcher.cancel()
+            return
         if request_id not in self._live:
             return  # it ended in the meantime; its deltas are on their way and will be dropped
         self._live.discard(request_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -90,6 +91,7 @@ class LLMEngine:
         self.speculative_sampler = SpeculativeSampler(self.sampler)
         self.speculation = SpeculationStats()
         self._grammars: GrammarCompiler | None = None  # built at the first constrained request: the vocabulary only
+        self._grammars_lock = threading.Lock()
         # Speculative steps are read before the next is scheduled: how many drafts each sample accepted
         # sets the next step's positions, and its drafts come from the tokens it accepted.
         self.async_scheduling = async_scheduling_enabled(self.config, self.runner.device) and drafting is None
@@ -106,15 +108,22 @@ class LLMEngine:
     # ----- requests -------------------------------------------------------------------------
 
     def add_request(
-        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
+        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None,
+        compiled: Guide | None = None,
     ) -> str:
-        """Queues a request and returns its id; raises RequestRejected (only this request fails)."""
+        """Queues a request and returns its id; raises RequestRejected (only this request fails).
+
+        `compiled`: the matcher `compile_constraint` made for these very params, off the step loop (an
+        engine core compiles on a worker thread); without it a constraint is compiled here.
+        """
         params = params or SamplingParams()
         request_id = self._new_request_id(request_id)
         params.validate(self.model_config.vocab_size)
         prompt_ids = self._prompt_ids(prompt)
         max_tokens = self._check_fits(prompt_ids, params)
-        guide = self._compile(params)
+        if compiled is not None and params.structured is None:
+            raise EngineError("a compiled constraint was given for a request that has none")
+        guide = self._compile(params) if compiled is None else compiled
         first = self._new_sequence(request_id, 0, prompt_ids, params, max_tokens)
         first.guide = guide
         first.forks_pending = params.n - 1
@@ -531,14 +540,24 @@ class LLMEngine:
             sample.pick = request
         return request
 
+    def compile_constraint(self, params: SamplingParams) -> Guide | None:
+        """A fresh matcher for `params`' constraint, or None when it has none; any thread may call it.
+
+        Checks `params` first, so a request refused for its settings is refused for the same reason as by
+        `add_request`. Nothing of the engine's state changes but the shared vocabulary index, built once.
+        """
+        params.validate(self.model_config.vocab_size)
+        return self._compile(params)
+
     def _compile(self, params: SamplingParams) -> Guide | None:
         """A fresh matcher for this request's constraint (never one from a cache); None when it has none."""
         if params.structured is None:
             return None
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(
-                self.tokenizer.to_json(), self.model_config.vocab_size, sorted(self.eos_token_ids)
-            )
+        with self._grammars_lock:  # built once, by whichever thread comes first
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(
+                    self.tokenizer.to_json(), self.model_config.vocab_size, sorted(self.eos_token_ids)
+                )
         return self._grammars.compile(params.structured)
 
     def _fork(self, parent: Sequence) -> list[Sequence]:

@@ -113,6 +113,8 @@ def test_the_structured_outputs_benchmark_reports_compiles_masks_and_both_throug
     assert len(re.findall(rf"^\s+\w+\s+median\s+{NUMBER} ms$", out, re.M)) >= 15  # one line per shipped schema
     assert re.search(rf"compile p50: {NUMBER} ms  p99: {NUMBER} ms  \[target p99 <= 20 ms: (met|NOT met)\]", out)
     assert re.search(rf"compile CPU time \(the compiling thread's\): p50 {NUMBER} ms  p99 {NUMBER} ms", out)
+    assert re.search(rf"the step loop's time per constrained arrival \(its compile on a worker thread\): "
+                     rf"p50 {NUMBER} us  p99 {NUMBER} us, against the compile's own p99 {NUMBER} ms", out)
     mask = re.search(rf"per-step mask cost: ({NUMBER}) us a step, {NUMBER} us a row \((\d+) rows in (\d+) steps\)", out)
     assert mask and float(mask.group(1)) > 0 and int(mask.group(2)) >= int(mask.group(3)) > 0
     plain = re.search(rf"unconstrained:\s+{NUMBER} output tokens/s \((\d+) tokens", out)

@@ -3,17 +3,25 @@ falls behind; refusals, aborts, zeroing reports and a dead core reach whoever wa
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection
 
 import pytest
 
 from engine import EngineConfig, EngineError, LLMEngine, RequestRejected, SamplingParams, StreamDelta
+from engine.core import AbortRequest, AddRequest, Answer, EngineCore, Query, Refused, Shutdown
 from engine.core_client import EngineCoreClient, Failure, RequestHandle
 from engine.outputs import RequestMetrics
+from engine.sampling_params import StructuredOutput
+from engine.structured import Guide
 from tests.engine_models import SMALL_VOCAB, running_core, small_vocab_model_dir
 from tests.engine_models import tiny_model_dir as tiny_dir
 
@@ -234,3 +242,115 @@ def _zeroing_until(core: EngineCoreClient, done, timeout_s: float = 10.0):
         time.sleep(0.05)
         total = total.plus(core.take_zeroing())
     return total
+
+
+# ----- constraints compile beside the step loop ---------------------------------------------------------------
+
+CHOICE = StructuredOutput("choice", json.dumps(["alpha", "beta", "gamma"]), "guided_choice")
+PICK = SamplingParams(max_tokens=16, temperature=0.0, structured=CHOICE)
+
+
+def plain(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+class HeldCompiles:
+    """The engine's own compile, held on its worker thread until released: what a long compile looks like."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+        compile_constraint = engine.compile_constraint
+
+        def held(params: SamplingParams):
+            self.started.set()
+            assert self.release.wait(120), "the test never released the compile"
+            return compile_constraint(params)
+
+        engine.compile_constraint = held
+
+
+@contextmanager
+def core_on_a_thread(engine: LLMEngine) -> Iterator[Connection]:
+    """The core's own loop over `engine`, on a thread of this process, and the client's end of its pipe."""
+    client_end, core_end = Pipe()
+    loop = threading.Thread(target=EngineCore(engine, core_end).run, daemon=True)
+    loop.start()
+    try:
+        yield client_end
+    finally:
+        client_end.send(Shutdown())
+        loop.join(60)
+        assert not loop.is_alive()
+
+
+def read_until_ended(connection: Connection, request_id: str, seen: dict[str, list[int]]) -> object:
+    """Collects every request's tokens from the core until `request_id` ends; its end (metrics or refusal)."""
+    while True:
+        assert connection.poll(120), "the core sent nothing for two minutes"
+        message = connection.recv()
+        if isinstance(message, Refused) and message.request_id == request_id:
+            return message
+        for output in getattr(message, "outputs", ()):
+            seen.setdefault(output[0], []).extend(output[2])
+            if output[0] == request_id and output[5] is not None:
+                return output[5]
+
+
+def test_running_requests_keep_stepping_while_a_constraint_compiles(oracle: LLMEngine) -> None:
+    engine = LLMEngine(tiny_dir(), CONFIG)
+    held = HeldCompiles(engine)
+    with core_on_a_thread(engine) as connection:
+        connection.send(AddRequest("constrained", "pick one", PICK))
+        connection.send(AddRequest("plain", "keep going", plain(24)))
+        seen: dict[str, list[int]] = {}
+        read_until_ended(connection, "plain", seen)
+        # Every step of the plain request ran while the constrained one's compile was held.
+        assert held.started.is_set() and "constrained" not in seen
+        held.release.set()
+        read_until_ended(connection, "constrained", seen)
+    assert tuple(seen["plain"]) == expected_tokens(oracle, "keep going", plain(24))
+    assert tuple(seen["constrained"]) == expected_tokens(oracle, "pick one", PICK)
+    assert oracle.tokenizer.decode(seen["constrained"]) in {"alpha", "beta", "gamma"}
+
+
+def test_a_request_aborted_while_its_constraint_compiles_never_runs_and_keeps_no_matcher() -> None:
+    engine = LLMEngine(tiny_dir(), CONFIG)
+    held = HeldCompiles(engine)
+    with core_on_a_thread(engine) as connection:
+        connection.send(AddRequest("aborted", "pick one", PICK))
+        assert held.started.wait(60)
+        connection.send(AbortRequest("aborted"))
+        connection.send(Query(1, "zeroing"))  # answered after the abort is handled: the loop takes them in order
+        while not isinstance(connection.recv(), Answer):
+            pass
+        held.release.set()
+        connection.send(AddRequest("after", "then this", plain(4)))  # served: the loop lives on
+        seen: dict[str, list[int]] = {}
+        read_until_ended(connection, "after", seen)
+        assert "aborted" not in seen and not engine.has_unfinished()
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) is Guide]
+
+
+def test_a_constraint_refused_on_the_worker_reaches_its_client_and_nothing_else_stops() -> None:
+    engine = LLMEngine(tiny_dir(), CONFIG)
+    held = HeldCompiles(engine)
+    bad = SamplingParams(max_tokens=8, structured=StructuredOutput("regex", "(secret", "guided_regex"))
+    with core_on_a_thread(engine) as connection:
+        connection.send(AddRequest("bad", "hello", bad))
+        assert held.started.wait(60)
+        connection.send(AddRequest("bad", "hello again", plain(4)))  # its id is taken while it compiles
+        duplicate = read_until_ended(connection, "bad", {})
+        held.release.set()
+        invalid = read_until_ended(connection, "bad", {})
+        connection.send(AddRequest("good", "hello", plain(4)))
+        assert isinstance(read_until_ended(connection, "good", {}), RequestMetrics)
+    assert duplicate.error.reason == "duplicate_request_id" and invalid.error.reason == "invalid_structured_output"
+    assert "secret" not in str(invalid.error)
+
+
+def test_a_constrained_request_through_the_core_process_answers_in_its_language(core: EngineCoreClient,
+                                                                                oracle: LLMEngine) -> None:
+    choice = SamplingParams(max_tokens=16, temperature=0.7, seed=5, structured=CHOICE)
+    handle = core.submit("which one", choice)
+    assert all_tokens(list(handle.delta_batches())) == expected_tokens(oracle, "which one", choice)
