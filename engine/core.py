@@ -28,8 +28,8 @@ from multiprocessing.connection import Connection
 
 from engine.accounting import ZeroingAccount, ZeroingReport
 from engine.config import EngineConfig
-from engine.errors import EngineError, ModelLoadError, RequestRejected, UnknownRequestError
-from engine.llm_engine import LLMEngine
+from engine.errors import EngineError, ModelLoadError, UnknownRequestError
+from engine.llm_engine import LLMEngine, duplicate_request_id
 from engine.outputs import TokenOutput
 from engine.sampling_params import SamplingParams
 from engine.structured import Guide
@@ -209,8 +209,7 @@ class EngineCore:
 
     def _add(self, message: AddRequest) -> None:
         if message.request_id in self._compiling:  # the engine refuses a running one's id itself
-            self._send(Refused(message.request_id, RequestRejected("duplicate_request_id",
-                                                                   "a request with this id is already running")))
+            self._send(Refused(message.request_id, duplicate_request_id()))
         elif message.params.structured is None:
             self._add_to_engine(message, None)
         else:

@@ -41,6 +41,11 @@ from engine.tokenizer import Tokenizer
 _MAX_REQUEST_ID_LENGTH = 128
 
 
+def duplicate_request_id() -> RequestRejected:
+    """The refusal of a request whose id a running one holds (an engine core's compiling ones too)."""
+    return RequestRejected("duplicate_request_id", "a request with this id is already running")
+
+
 @dataclass(eq=False, slots=True)
 class Request:
     request_id: str
@@ -398,7 +403,7 @@ class LLMEngine:
         if not request_id or len(request_id) > _MAX_REQUEST_ID_LENGTH or not request_id.isprintable():
             raise RequestRejected("invalid_request_id", "request ids must be 1-128 printable characters")
         if request_id in self._requests:
-            raise RequestRejected("duplicate_request_id", "a request with this id is already running")
+            raise duplicate_request_id()
         return request_id
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
