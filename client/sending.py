@@ -17,6 +17,7 @@ import httpx
 
 from client import wire
 from client.errors import UNREACHABLE, GatewayError, ResponseIntegrityError
+from protocol import codes
 from protocol.constants import INFER_PATH, NODE_ID_HEADER
 
 
@@ -50,6 +51,17 @@ def served(sealed: Sequence[wire.SealedRequest], response: httpx.Response) -> wi
         if candidate.node_id == node_id:
             return candidate
     raise ResponseIntegrityError(None, "the gateway names a node this request was not encrypted to")
+
+
+# The gateway's refusals that it decides before any node takes the request, giving the token back (gateway.auth):
+# the client keeps that token for its next attempt instead of spending a new one.
+TOKEN_GIVEN_BACK = {(503, "overloaded"), (503, "token_store_unavailable"), (404, codes.NO_CANDIDATE),
+                    (502, codes.NODE_FAILED)}
+
+
+def token_given_back(refusal: GatewayError) -> bool:
+    """Whether the gateway refused before spending, or gave the token back (see TOKEN_GIVEN_BACK)."""
+    return (refusal.status, refusal.code) in TOKEN_GIVEN_BACK
 
 
 def gateway_refusal(response: httpx.Response) -> GatewayError:

@@ -5,7 +5,13 @@ so the issuer learns the account and the number of tokens but never the
 tokens themselves; each answer is unblinded and verified under the issuer's
 published key before it is kept. Tokens are bound to the gateway's origin
 and the issuer named in the client's policy, kept in memory only, and handed
-out one per request attempt, never twice: a retried request takes a new one.
+out one per request, never twice: a retried request takes a new one, unless the
+gateway gave the first back unspent (`give_back`: it refused before any node took
+the request), which links the two attempts no more than their timing already does.
+
+Refills run on a background thread, a batch at a time, started when the wallet falls
+to `refill_at` tokens, so a request takes a token without waiting for the issuer,
+and never waits behind another thread's refill while tokens are left.
 
 A wallet is bound to a policy's `[authorization]` section: it fetches tokens
 only under a key that section lists (a policy listing none gets no wallet),
@@ -37,6 +43,7 @@ from ohttp.privacypass import (
     decode_directory,
     encode_authorization,
     finish_issuance,
+    parse_authorization,
 )
 from policy import AuthorizationPolicy, Policy
 from policy.shipped import resolve_policy
@@ -60,10 +67,15 @@ class TokenWallet:
         policy: str | Policy,
         origin: str,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        refill_at: int | None = None,
         http: httpx.Client | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        # Refill ahead of need: when this many are left (half a batch unless given), not when none is.
+        self.refill_at = batch_size // 2 if refill_at is None else refill_at
+        if not 0 <= self.refill_at < batch_size:
+            raise ValueError("refill_at must be at least 0 and below batch_size")
         self.bound_to = _listed_keys(policy if isinstance(policy, Policy) else resolve_policy(policy))
         self.challenge = TokenChallenge(issuer_name=self.bound_to.issuer_name, origin_info=(origin,))
         self.batch_size = batch_size
@@ -71,20 +83,61 @@ class TokenWallet:
         self._credential = credential  # called for a fresh account JWT before each batch
         self._http = keep_no_cookies(http or httpx.Client(timeout=30.0, trust_env=False))
         self._tokens: deque[Token] = deque()
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()  # guards _tokens, _refilling and _failure; held only briefly
+        self._refilling = False
+        self._failure: TokenIssuanceError | None = None
 
     def authorization(self) -> str:
-        """An `Authorization` value carrying a token never handed out before (refills when empty)."""
-        with self._lock:
-            if not self._tokens:
-                self._tokens.extend(self._obtain(self.batch_size))
-            return encode_authorization(self._tokens.popleft())
+        """An `Authorization` value carrying a token never handed out before.
+
+        Waits only when the wallet is empty, for the refill under way; raises TokenIssuanceError if it failed.
+        """
+        with self._changed:
+            while not self._tokens:
+                if self._failure is not None:
+                    failure, self._failure = self._failure, None
+                    raise failure
+                self._start_refill()
+                self._changed.wait()
+            token = self._tokens.popleft()
+            if len(self._tokens) <= self.refill_at:
+                self._start_refill()
+        return encode_authorization(token)
+
+    def give_back(self, authorization: str) -> None:
+        """Keep a token the gateway gave back unspent; the next request sends it."""
+        with self._changed:
+            self._tokens.appendleft(parse_authorization(authorization))
+            self._changed.notify()
+
+    def _start_refill(self) -> None:
+        """Start one batch's refill on a background thread, unless one is under way (the lock is held)."""
+        if self._refilling:
+            return
+        self._refilling, self._failure = True, None
+        threading.Thread(target=self._refill, name="veil-token-refill", daemon=True).start()
+
+    def _refill(self) -> None:
+        """Obtain a batch outside the lock, then add it and wake the waiting."""
+        tokens: list[Token] = []
+        failure = None
+        try:
+            tokens = self._obtain(self.batch_size)
+        except TokenIssuanceError as error:
+            failure = error
+        except Exception as error:  # noqa: BLE001 - a dead refill thread would leave waiters waiting forever
+            failure = TokenIssuanceError(f"the token refill failed ({type(error).__name__})")
+        with self._changed:
+            self._tokens.extend(tokens)
+            self._refilling, self._failure = False, failure
+            self._changed.notify_all()
 
     def __len__(self) -> int:
         return len(self._tokens)
 
     def close(self) -> None:
-        self._tokens.clear()
+        with self._changed:
+            self._tokens.clear()
         self._http.close()
 
     def _obtain(self, count: int) -> list[Token]:

@@ -22,7 +22,7 @@ from fastapi.responses import Response
 from audit.metrics import Metrics, MetricsSink
 from audit.sink import AuditSink, open_sink
 from gateway.audit import GatewayAuditor, TokenTallyReporter
-from gateway.auth import Admission, TokenGate, authorize_anonymously
+from gateway.auth import Admission, TokenGate, authorize_anonymously, token_back_unless_taken
 from gateway.backpressure import InFlightLimiter
 from gateway.directory import DirectoryCache
 from gateway.discovery import Resolver, resolve_addresses
@@ -163,24 +163,26 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
 
     @app.post(INFER_PATH, responses=_ERRORS, openapi_extra=_body_schema(InferBody), dependencies=from_relays,
               summary="Forward one of the client's encapsulations to a uniformly chosen healthy candidate")
-    async def infer(request: Request, _: Admission = Depends(authorize_anonymously),
+    async def infer(request: Request, admission: Admission = Depends(authorize_anonymously),
                     __: None = Depends(refuse_expectations)) -> Response:
-        body = await read_bounded(request, settings.max_body_bytes)
-        candidates = parse_infer_body(body, settings.max_candidates)
-        return relay_response(await runtime.forwarder.open(candidates))
+        async with token_back_unless_taken(runtime.token_gate, admission):
+            body = await read_bounded(request, settings.max_body_bytes)
+            candidates = parse_infer_body(body, settings.max_candidates)
+            return relay_response(await runtime.forwarder.open(candidates))
 
     @app.post(NODE_OHTTP_PATH, responses=_ERRORS, dependencies=from_relays,
               summary="Forward a standard RFC 9458 or chunked OHTTP request to one node")
     async def ohttp(request: Request, node_id: str = Path(max_length=64),
-                    _: Admission = Depends(authorize_anonymously),
+                    admission: Admission = Depends(authorize_anonymously),
                     __: None = Depends(refuse_expectations)) -> Response:
-        media_type = request_media_type(request)
-        if not _is_node_id(node_id):
-            raise NoCandidateError("that path does not name an admitted node; fetch /v1/nodes")
-        body = await read_bounded(request, min(settings.max_body_bytes, MAX_ENCAPSULATED_BYTES))
-        if not body:
-            raise MalformedRequestError("the body must be the encapsulated OHTTP request")
-        return relay_response(await runtime.forwarder.open((Candidate(node_id, media_type, body),)))
+        async with token_back_unless_taken(runtime.token_gate, admission):
+            media_type = request_media_type(request)
+            if not _is_node_id(node_id):
+                raise NoCandidateError("that path does not name an admitted node; fetch /v1/nodes")
+            body = await read_bounded(request, min(settings.max_body_bytes, MAX_ENCAPSULATED_BYTES))
+            if not body:
+                raise MalformedRequestError("the body must be the encapsulated OHTTP request")
+            return relay_response(await runtime.forwarder.open((Candidate(node_id, media_type, body),)))
 
     @app.post(NODE_ATTEST_PATH, responses=_ERRORS, dependencies=from_relays,
               summary="Fresh evidence from one node, bound to the client's own nonce")

@@ -12,6 +12,15 @@ The token is unlinkable to its issuance (blind signatures), and the hook keeps
 it that way structurally: it receives the Authorization value and nothing else
 about the connection (no address, no other header), and stores nothing but the
 (key id, nonce) pair the spent-token store needs to refuse a second spend.
+
+A token pays for a request a node took. The token is spent before the body is
+read (so a replay is refused at once), and given back (its spend forgotten)
+when the gateway refuses the request before any node took it: the gateway or
+every candidate at its bound (503), no admitted candidate (404), every candidate
+failed before accepting (502), or a bad body. Only the request that spent the
+token gives it back, once, after it has ended, so at no time are two requests
+served on one token. A store outage spends nothing: 503 with Retry-After, and
+the client sends the same token again.
 """
 
 from __future__ import annotations
@@ -20,7 +29,8 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, NoReturn
 
@@ -28,7 +38,7 @@ from fastapi import Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
 from audit import TokenRefusal
-from gateway.errors import GatewayError, SpentTokensError
+from gateway.errors import FinalRefusalError, GatewayError, SpentTokensError
 from gateway.spent_tokens import SpentTokens
 from ohttp.privacypass import (
     PrivacyPassError,
@@ -54,6 +64,8 @@ class Admission:
     admitted: bool
     scheme: str
     key_id: bytes | None = None  # which issuer key signed the token (the same for every user of that key)
+    # The token's nonce, for giving it back if no node takes the request; it dies with the request.
+    nonce: bytes | None = field(default=None, repr=False)
 
 
 class TokenRequiredError(GatewayError):
@@ -84,6 +96,10 @@ class ProcessSpentTokens:
                 return False
             self._spent[(key_id, nonce)] = expires_at
             return True
+
+    def give_back(self, key_id: bytes, nonce: bytes) -> None:
+        with self._lock:
+            self._spent.pop((key_id, nonce), None)
 
     def close(self) -> None:
         self._spent.clear()
@@ -132,6 +148,7 @@ class TokenGate:
     spent: SpentTokens
     retention_s: float = DEFAULT_RETENTION_S
     clock: Callable[[], float] = time.time
+    retry_after_s: int = 1  # what a client waits before sending its token again when the store is out
     # What the gateway's audit tally reports (see gateway.audit): counts per listed key and reason.
     decisions: TokenDecisionCounts = field(default_factory=TokenDecisionCounts)
     _challenge_header: str = field(init=False, default="")
@@ -152,14 +169,24 @@ class TokenGate:
             self._refuse(key_id, TokenRefusal.WRONG_CHALLENGE, _not_acceptable(error))
         try:
             first_spend = self.spent.spend(token.token_key_id, token.nonce, self._expiry())
-        except SpentTokensError:
+        except SpentTokensError as error:
             self.decisions.count(key_id, TokenRefusal.STORE_UNREACHABLE)
-            raise
+            raise SpentTokensError(error.message, self.retry_after_s) from None
         if not first_spend:
             self._refuse(key_id, TokenRefusal.SPENT,
                          "the token was spent already: every request needs a fresh token")
         self.decisions.count(key_id, None)
-        return Admission(admitted=True, scheme="privacypass", key_id=token.token_key_id)
+        return Admission(admitted=True, scheme="privacypass", key_id=token.token_key_id, nonce=token.nonce)
+
+    def give_back(self, admission: Admission) -> None:
+        """Forget the spend of `admission`'s token (no node took its request); where the store is out, it stays
+        spent: the client loses one token, and no token is ever spent twice."""
+        if admission.key_id is None or admission.nonce is None:
+            return
+        try:
+            self.spent.give_back(admission.key_id, admission.nonce)
+        except SpentTokensError:
+            pass
 
     def _verified(self, authorization: str) -> Token:
         """The token, signed under a listed key; a refusal counted under no key otherwise."""
@@ -202,3 +229,18 @@ async def authorize_anonymously(
         return _OPEN_ADMISSION
     # Verification and a store round trip may block; the event loop keeps serving meanwhile.
     return await run_in_threadpool(gate.admit, authorization)
+
+
+@asynccontextmanager
+async def token_back_unless_taken(gate: TokenGate | None, admission: Admission) -> AsyncIterator[None]:
+    """Run the forwarding of a request; give its token back if the gateway refuses it before any node took it.
+
+    A `FinalRefusalError` came from a node that had the request (it could not decrypt it, or may hold it):
+    the token stays spent. Any other refusal was decided before a node took anything.
+    """
+    try:
+        yield
+    except GatewayError as error:
+        if gate is not None and not isinstance(error, FinalRefusalError):
+            await run_in_threadpool(gate.give_back, admission)
+        raise

@@ -157,10 +157,16 @@ class NodeBusyError(NodeUnreachableError):
 
 
 class SpentTokensError(GatewayError):
-    """The spent-token store could not record a spend: the token is refused, never admitted unrecorded."""
+    """The spent-token store could not record a spend: the token is refused, never admitted unrecorded.
+
+    Nothing was spent, so the client keeps its token and sends it again after `retry_after_s`."""
 
     status = 503
     code = "token_store_unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class GatewayUnreachableError(GatewayError):

@@ -23,6 +23,7 @@ from gateway.errors import (
     NotFoundError,
     OverloadedError,
     RequestTooLargeError,
+    SpentTokensError,
     UnknownKeyError,
 )
 from gateway.forwarding import RelayedAnswer
@@ -80,8 +81,10 @@ PROBLEM_JSON = "application/problem+json"
 
 
 def error_response(error: GatewayError) -> JSONResponse:
-    """The JSON answer for `error`: its fixed code and message, plus Retry-After when overloaded."""
-    headers = {"retry-after": str(error.retry_after_s)} if isinstance(error, OverloadedError) else None
+    """The JSON answer for `error`: its fixed code and message, plus Retry-After when overloaded or the
+    spent-token store is out."""
+    retry_after = isinstance(error, (OverloadedError, SpentTokensError))
+    headers = {"retry-after": str(error.retry_after_s)} if retry_after else None
     if isinstance(error, TokenRequiredError):
         headers = {"www-authenticate": error.www_authenticate, "cache-control": "no-store"}
     body = error_body(error.status, error.code, error.message)  # OpenAI's shape; `param` is always null here

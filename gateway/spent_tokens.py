@@ -20,6 +20,12 @@ Two stores: SQLite in WAL mode, the embedded default, shared by every gateway
 process on one host through one file; and Redis, shared by gateways on many
 hosts (the `redis` package, imported only when a Redis store is opened: install
 the `redis` extra). `open_spent_tokens(url)` opens either by URL.
+
+A store must not acknowledge a spend it can lose: a spend forgotten in a crash lets its
+token be spent again. SQLite syncs each spend to disk before answering; Redis does so only
+with `appendonly yes`, `appendfsync always` and `no-appendfsync-on-rewrite no` (its default
+`everysec` acknowledges writes it may not have written yet), so a Redis store reads those
+settings with CONFIG GET when it opens and refuses a Redis that could lose a spend.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
@@ -41,6 +48,10 @@ MAX_KEY_ID_BYTES = 32
 MAX_NONCE_BYTES = 64
 REDIS_NAMESPACE = "veil:spent"
 
+# The Redis settings under which an acknowledged SET is on disk (fsynced) before its reply is sent.
+DURABLE_REDIS = {"appendonly": "yes", "appendfsync": "always", "no-appendfsync-on-rewrite": "no"}
+_DURABLE_FORM = " ".join(f"{name} {value}" for name, value in DURABLE_REDIS.items())
+
 _UNREACHABLE = "the spent-token store cannot be reached; the token is not accepted, retry later"
 _URL_FORMS = "a spent-token store is sqlite:PATH or redis://HOST:PORT/DB (rediss:// for TLS)"
 
@@ -53,6 +64,13 @@ class SpentTokens(Protocol):
 
         An expired pair is never spendable (False). Raises SpentTokensError when the store cannot be
         reached: the caller then refuses the token, it never admits one it could not record.
+        """
+        ...
+
+    def give_back(self, key_id: bytes, nonce: bytes) -> None:
+        """Forget a spend of the pair: only the gateway that spent it calls this, for a request no node took.
+
+        Raises SpentTokensError when the store cannot be reached: the token then stays spent, never more.
         """
         ...
 
@@ -90,6 +108,7 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS spent_by_expiry ON spent (expires_at)",
 )
 _SPEND = "INSERT OR IGNORE INTO spent (key_id, nonce, expires_at) VALUES (?, ?, ?)"
+_GIVE_BACK = "DELETE FROM spent WHERE key_id = ? AND nonce = ?"
 _PURGE = ("DELETE FROM spent WHERE (key_id, nonce) IN "
           "(SELECT key_id, nonce FROM spent WHERE expires_at <= ? LIMIT ?)")
 
@@ -141,6 +160,14 @@ class SqliteSpentTokens:
                 self._purge_batch(now)
         return first
 
+    def give_back(self, key_id: bytes, nonce: bytes) -> None:
+        _check_pair(key_id, nonce)
+        with self._lock:
+            try:
+                self._db.execute(_GIVE_BACK, (key_id, nonce))
+            except sqlite3.Error:
+                raise SpentTokensError(_UNREACHABLE) from None
+
     def purge_expired(self, now: float | None = None) -> int:
         """Delete one batch (at most `purge_batch`) of entries expired by `now`; the number deleted."""
         with self._lock:
@@ -162,6 +189,7 @@ class RedisSpentTokens:
 
     `NX` makes the first spend the only one that sets the key; `EXAT` lets Redis forget it at the
     (rounded) expiry. Keys are `veil:spent:<key id hex>:<nonce hex>`, so one Redis can serve others.
+    Opening one checks that Redis syncs every write before acknowledging it (`DURABLE_REDIS`).
     """
 
     def __init__(self, url: str, *, namespace: str = REDIS_NAMESPACE, timeout_s: float = 2.0) -> None:
@@ -176,6 +204,22 @@ class RedisSpentTokens:
             self._redis: Any = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         except ValueError:
             raise GatewaySettingsError(_URL_FORMS) from None
+        self._check_durability()
+
+    def _check_durability(self) -> None:
+        """Refuse a Redis that may lose an acknowledged spend; warn where its settings cannot be read."""
+        try:
+            settings = {name: str(self._redis.config_get(name).get(name, "")) for name in DURABLE_REDIS}
+        except self._connection_error:
+            # Unreachable for now, or CONFIG renamed away (managed Redis services often do).
+            print("veil gateway: cannot read the Redis spent-token store's settings (CONFIG GET); make sure it "
+                  f"runs with {_DURABLE_FORM}, or a crash can forget spent tokens", file=sys.stderr)
+            return
+        wrong = [name for name, value in DURABLE_REDIS.items() if settings[name].lower() != value]
+        if wrong:
+            raise GatewaySettingsError(
+                f"the Redis spent-token store can lose acknowledged spends ({', '.join(wrong)}), and a lost spend "
+                f"lets its token be spent again: run Redis with {_DURABLE_FORM}")
 
     def key(self, key_id: bytes, nonce: bytes) -> str:
         return f"{self.namespace}:{key_id.hex()}:{nonce.hex()}"
@@ -186,6 +230,13 @@ class RedisSpentTokens:
             return False
         try:
             return bool(self._redis.set(self.key(key_id, nonce), b"1", nx=True, exat=stored_expiry(expires_at)))
+        except self._connection_error:
+            raise SpentTokensError(_UNREACHABLE) from None
+
+    def give_back(self, key_id: bytes, nonce: bytes) -> None:
+        _check_pair(key_id, nonce)
+        try:
+            self._redis.delete(self.key(key_id, nonce))
         except self._connection_error:
             raise SpentTokensError(_UNREACHABLE) from None
 

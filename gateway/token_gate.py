@@ -45,7 +45,7 @@ def token_gate_for(policy: Policy, settings: GatewaySettings) -> TokenGate | Non
               "or give every process the same --spent-tokens store", file=sys.stderr)
         spent = ProcessSpentTokens()
     challenge = TokenChallenge(issuer_name=authorization.issuer_name, origin_info=(settings.origin,))
-    return TokenGate(challenge=challenge, trusted=trusted, spent=spent)
+    return TokenGate(challenge=challenge, trusted=trusted, spent=spent, retry_after_s=settings.retry_after_s)
 
 
 def listed_keys(published: tuple[TokenKey, ...], listed_ids: tuple[str, ...]) -> dict[bytes, TokenKey]:

@@ -42,6 +42,15 @@ def test_the_ohttp_benchmark_prints_costs_next_to_bare_aes_gcm() -> None:
     assert "64 B chunks as a token stream" in out
 
 
+def test_the_issuer_signing_benchmark_prints_its_rate_beside_the_pure_python_path() -> None:
+    out = run_benchmark("issuer_signing.py", "--seconds", "0.2")
+    assert re.search(rf"pure-Python path \(before\)\s+{NUMBER} tokens/s", out)
+    assert re.search(rf"issuer path \((openssl|gmp)\s*\)\s+{NUMBER} tokens/s", out)
+    assert re.search(rf"issuer path, GMP fallback\s+{NUMBER} tokens/s", out)
+    assert re.search(rf"speed-up over the pure-Python path: {NUMBER}x", out)
+    assert re.search(rf"\[target >= 2000/s per core: (met|NOT met)\]", out)
+
+
 def test_the_gpu_engine_benchmark_documents_its_options_and_refuses_to_run_without_cuda() -> None:
     out = run_benchmark("engine_gpu.py", "--help")
     for option in ("--preset", "--batches", "--decode-steps", "--decode-prompt-len", "--requests", "--hf-batch-size",

@@ -7,7 +7,10 @@ tokens only under those, and a `Client` accepts only a wallet bound to its own p
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,3 +91,46 @@ def test_the_client_refuses_a_wallet_bound_to_keys_its_policy_does_not_list(issu
     assert issuer.counted() == counted_before
     with Client(UNUSED_GATEWAY, policy=str(client_policy), tokens=wallet(issuer, client_policy)) as accepted:
         assert accepted.policy.authorization.issuer_keys == (issuer.current.token_key.key_id.hex(),)
+
+
+class ParkingIssuer:
+    """The real issuer behind a gate: while `open` is clear, each token request waits in it (`parked` is set)."""
+
+    def __init__(self, app: object) -> None:
+        self.app = app
+        self.open, self.parked = threading.Event(), threading.Event()
+        self.open.set()
+
+    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 - ASGI
+        if scope["type"] == "http" and scope["method"] == "POST" and not self.open.is_set():
+            self.parked.set()
+            await asyncio.to_thread(self.open.wait, 300)
+        await self.app(scope, receive, send)
+
+
+def test_a_thread_takes_a_token_while_a_refill_waits_on_the_issuer(tmp_path: Path) -> None:
+    key = add_key(tmp_path / "keys", 1_000)
+    issuer = ParkingIssuer(create_issuer_app(issuer_config([ALICE], tokens_per_period=100),
+                                             load_keyring(tmp_path / "keys")))
+    with served(issuer) as url:
+        tokens = TokenWallet(url, ALICE.credential, policy=str(policy_listing(tmp_path / "policy.toml", [key])),
+                             origin=ORIGIN, batch_size=4, refill_at=1)
+        taken = [tokens.authorization()]  # the first batch: three left
+        issuer.open.clear()  # from now on a refill waits in the issuer until released
+        taken += [tokens.authorization(), tokens.authorization()]  # one left: the refill starts ahead of need
+        assert issuer.parked.wait(300), "no refill started ahead of need"
+        with ThreadPoolExecutor(1) as other:  # another thread, while that refill is parked in the issuer
+            taken.append(other.submit(tokens.authorization).result(timeout=300))
+        assert not issuer.open.is_set()  # it was served by the batch in hand, not by the parked refill
+        issuer.open.set()
+        taken.append(tokens.authorization())  # from the refilled batch
+        tokens.close()
+    assert len({parse_authorization(value).nonce for value in taken}) == 5
+
+
+def test_a_token_given_back_is_the_next_one_handed_out(issuer: Issuer, tmp_path: Path) -> None:
+    tokens = wallet(issuer, policy_listing(tmp_path / "policy.toml", [issuer.current]), batch_size=3)
+    first = tokens.authorization()
+    tokens.give_back(first)
+    assert tokens.authorization() == first
+    assert tokens.authorization() != first

@@ -72,8 +72,9 @@ class RecordingWallet(TokenWallet):
 
 def test_a_client_with_tokens_is_served_and_a_replayed_token_refused(stack) -> None:
     fleet, issuer_url, issuer, _ = stack
+    # Refilled once empty (refill_at=0), so that three requests take exactly two batches.
     wallet = RecordingWallet(issuer_url, ALICE.credential, policy=str(fleet.settings.policy), origin=ORIGIN,
-                             batch_size=2)
+                             batch_size=2, refill_at=0)
     with Client(fleet.gateway_url, policy=str(fleet.settings.policy), tokens=wallet) as client:
         for attempt in range(3):
             answer = client.completions.create(model=MODEL, prompt=f"hello {attempt}", max_tokens=3)

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import signal
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from gateway.spent_tokens import (
     stored_expiry,
 )
 from tests.spent_tokens_support import RedisServer, recorded, spend_and_record
+from tests.conftest import HANG_S
 
 KEY_ID = bytes(range(32))
 ATTEMPTS = 1000
@@ -89,7 +91,7 @@ def test_two_processes_hammering_the_same_nonces_spend_each_exactly_once(store_u
     records = [tmp_path / "first.txt", tmp_path / "second.txt"]
     replicas = run_replicas(store_url, [(shared, records[0], 0.0), (shared, records[1], 0.0)], in_step=True)
     for replica in replicas:
-        replica.join(120)
+        replica.join(HANG_S)
         assert replica.exitcode == 0
     won = [recorded(record) for record in records]
     assert not set(won[0]) & set(won[1]), "a nonce was admitted by both processes"
@@ -104,7 +106,7 @@ def test_a_thousand_double_spends_through_another_handle_are_all_refused(store_u
     # And from another process: a replica of its own records no win.
     record = tmp_path / "replica.txt"
     (replica,) = run_replicas(store_url, [(batch, record, 0.0)])
-    replica.join(120)
+    replica.join(HANG_S)
     assert replica.exitcode == 0 and recorded(record) == []
     first.close()
     second.close()
@@ -119,13 +121,13 @@ def test_a_replica_killed_mid_run_loses_and_doubles_nothing(store_url: str, tmp_
     # In opposite orders, so that each wins a share and they race where they meet.
     survivor, victim = run_replicas(store_url, [(shared[::-1], survivor_record, 0.001),
                                                 (shared + tail, victim_record, 0.001)])
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while len(recorded(victim_record)) < 100 and victim.is_alive() and time.monotonic() < deadline:
         time.sleep(0.005)
     assert victim.is_alive() and len(recorded(victim_record)) >= 100, "the victim never got going"
     os.kill(victim.pid, signal.SIGKILL)
-    victim.join(10)
-    survivor.join(120)
+    victim.join(HANG_S)
+    survivor.join(HANG_S)
     assert victim.exitcode == -signal.SIGKILL
     assert survivor.exitcode == 0
     wanted = {nonce.hex() for nonce in shared}
@@ -234,3 +236,65 @@ def test_an_unwritable_sqlite_path_is_a_settings_error(tmp_path: Path) -> None:
     with pytest.raises(GatewaySettingsError) as raised:
         open_spent_tokens(f"sqlite:{tmp_path / 'missing-folder' / 'spent.db'}")
     assert "writable path" in raised.value.message
+
+
+@pytest.mark.parametrize("persistence, named", [
+    (["--appendonly", "yes", "--appendfsync", "everysec"], "appendfsync"),
+    (["--appendonly", "no", "--appendfsync", "always"], "appendonly"),
+    (["--appendonly", "yes", "--appendfsync", "always", "--no-appendfsync-on-rewrite", "yes"],
+     "no-appendfsync-on-rewrite"),
+])
+def test_a_redis_that_can_lose_an_acknowledged_spend_is_refused_at_start(persistence: list[str], named: str,
+                                                                         tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, persistence=[*persistence, "--save", ""])
+    try:
+        with pytest.raises(GatewaySettingsError) as refused:
+            open_spent_tokens(server.url)
+        assert f"({named})" in refused.value.message and "appendfsync always" in refused.value.message
+    finally:
+        server.stop()
+
+
+def test_a_redis_whose_settings_cannot_be_read_is_used_with_a_clear_warning(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    server = RedisServer(tmp_path, persistence=["--appendonly", "no", "--save", "", "--rename-command", "CONFIG", ""])
+    try:
+        store = open_spent_tokens(server.url)
+        assert "cannot read the Redis spent-token store's settings" in capsys.readouterr().err
+        assert store.spend(KEY_ID, os.urandom(32), in_an_hour())
+        store.close()
+    finally:
+        server.stop()
+
+
+def test_the_shipped_redis_keeps_every_acknowledged_spend_across_a_crash(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)  # persisting as deploy/k8s/base/redis.yaml does
+    try:
+        assert server.client().config_get("appendfsync") == {"appendfsync": "always"}
+        store = open_spent_tokens(server.url)
+        acknowledged: list[bytes] = []
+
+        def spend_until_the_crash() -> None:
+            for nonce in nonces(100 * ATTEMPTS):
+                try:
+                    if store.spend(KEY_ID, nonce, in_an_hour()):
+                        acknowledged.append(nonce)
+                except SpentTokensError:
+                    return
+
+        spender = threading.Thread(target=spend_until_the_crash)
+        spender.start()
+        deadline = time.monotonic() + HANG_S
+        while len(acknowledged) < 300 and spender.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert spender.is_alive() and len(acknowledged) >= 300, "the spender never got going"
+        server.crash()  # while spends are in flight
+        spender.join(HANG_S)
+        server.restart()
+        again = open_spent_tokens(server.url)
+        forgotten = [nonce for nonce in acknowledged if again.spend(KEY_ID, nonce, in_an_hour())]
+        assert forgotten == [], f"{len(forgotten)} acknowledged spends were forgotten in the crash"
+        store.close()
+        again.close()
+    finally:
+        server.stop()

@@ -34,6 +34,7 @@ from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     gateway_settings,
     sim_root,
 )
+from tests.spent_tokens_support import RedisServer
 from tests.token_support import ISSUER_NAME, make_keys, node_evidence, policy_listing, write_directory
 
 ORIGIN = "gateway.veil.test"
@@ -220,3 +221,44 @@ def test_the_reporter_tallies_on_its_interval_and_at_stop(keys) -> None:
         (None, 60, 0, refusals(missing=1)), (keys[0].token_key.key_id.hex(), 60, 1, refusals())]
     assert [(e.key_id, e.period_s, e.accepted, dict(e.refused)) for e in events[2:]] == [
         (None, 1, 0, refusals(malformed=1))]
+
+
+def test_a_request_refused_before_any_node_took_it_costs_no_token(gateway, node, keys) -> None:
+    token = _token(keys[0])
+    with client(gateway.url) as http:  # no admitted candidate: 404
+        refused = http.post("/v1/infer", json={"candidates": [candidate("ab" * 8, b"sealed")]},
+                            headers={"authorization": token})
+    assert refused.status_code == 404
+    limiter = gateway.runtime.forwarder.limiter
+    held = [limiter.admit_request() for _ in range(limiter.max_total - limiter.in_flight)]  # the gateway is full
+    try:
+        overloaded = _infer(gateway, node, token)
+    finally:
+        for permit in held:
+            permit.release()
+    assert overloaded.status_code == 503 and overloaded.json()["error"]["code"] == "overloaded"
+    before = len(node.servicer.received)
+    assert _infer(gateway, node, token).status_code == 200, "the token was spent on a refused request"
+    assert len(node.servicer.received) == before + 1
+    assert _infer(gateway, node, token).status_code == 401  # served once, spent for good
+
+
+def test_a_store_outage_answers_503_with_retry_after_and_spends_nothing(node, keys, policy_file: Path,
+                                                                         tmp_path: Path) -> None:
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis")
+    settings = gateway_settings([node.address], policy=str(policy_file), origin=ORIGIN, retry_after_s=2,
+                                issuer_directory=str(write_directory(tmp_path / "directory.json", keys)),
+                                spent_tokens=server.url)
+    try:
+        with LiveGateway(settings) as live:
+            live.wait_for(lambda: len(live.runtime.pool) == 1)
+            token = _token(keys[0])
+            server.crash()
+            outage = _infer(live, node, token)
+            assert outage.status_code == 503 and outage.json()["error"]["code"] == "token_store_unavailable"
+            assert outage.headers["retry-after"] == "2"
+            server.restart()
+            assert _infer(live, node, token).status_code == 200
+    finally:
+        server.stop()

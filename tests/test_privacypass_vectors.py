@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from ohttp.privacypass import blind_rsa
+from ohttp.privacypass import blind_rsa, openssl_rsa
 from ohttp.privacypass.issuance import answer_token_request, begin_issuance, finish_issuance, issuer_key, verify_token
 from ohttp.privacypass.pss import emsa_pss_encode
 from ohttp.privacypass.token_key import decode_token_key
@@ -102,3 +102,27 @@ def test_rfc9578_challenges_decode_to_the_published_fields() -> None:
         ("origin.example",), ("origin.example",), ("foo.example", "bar.example"), (), (),
     ]
     assert [c.digest()[:4].hex() for c in challenges] == ["5969f643", "11e15c91", "0042eee4", "b741ec1b", "bb8a8cf1"]
+
+
+def _private_operations(private_key: object) -> list[object]:
+    """Every private-operation backend this machine has: GMP always, OpenSSL where libcrypto 3 is found."""
+    backends = [blind_rsa.GmpCrt.of(private_key)]
+    if openssl_rsa.load() is not None:
+        backends.append(blind_rsa.OpenSSLCrt(openssl_rsa.OpenSSLRawSigner.of(openssl_rsa.load(), private_key)))
+    return backends
+
+
+def test_the_issuer_uses_openssl_where_this_machine_has_libcrypto_3() -> None:
+    private_key = _private_key(RFC9474[0])
+    expected = "gmp" if openssl_rsa.load() is None else "openssl"
+    assert blind_rsa.BlindSigner.of(private_key).private.name == expected
+
+
+@pytest.mark.parametrize("vector", RFC9474, ids=[v["name"] for v in RFC9474])
+def test_rfc9474_blind_signature_from_each_private_operation(vector: dict) -> None:
+    private_key = _private_key(vector)
+    public = private_key.public_key().public_numbers()
+    for private in _private_operations(private_key):
+        signer = blind_rsa.BlindSigner(blind_rsa.gmpy2.mpz(public.n), blind_rsa.gmpy2.mpz(public.e), private,
+                                       (private_key.key_size + 7) // 8)
+        assert signer.sign(_h(vector, "blinded_msg")) == _h(vector, "blind_sig"), private.name

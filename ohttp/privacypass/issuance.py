@@ -40,14 +40,16 @@ class PendingToken:
 
 @dataclass(frozen=True, slots=True)
 class IssuerKey:
-    """An issuer's private key with its published public form."""
+    """An issuer's private key with its published public form, and its signer (the key's numbers, read once)."""
 
     private_key: rsa.RSAPrivateKey = field(repr=False)
     token_key: TokenKey
+    signer: blind_rsa.BlindSigner = field(repr=False, compare=False)
 
 
 def issuer_key(private_key: rsa.RSAPrivateKey) -> IssuerKey:
-    return IssuerKey(private_key=private_key, token_key=token_key_from_public_key(private_key.public_key()))
+    return IssuerKey(private_key=private_key, token_key=token_key_from_public_key(private_key.public_key()),
+                     signer=blind_rsa.BlindSigner.of(private_key))
 
 
 def begin_issuance(
@@ -86,7 +88,7 @@ def answer_token_request(keys: Iterable[IssuerKey], request_body: bytes) -> byte
     request = decode_token_request(request_body)
     for key in keys:
         if key.token_key.truncated_key_id == request.truncated_token_key_id:
-            return blind_rsa.blind_sign(key.private_key, request.blinded_msg)
+            return key.signer.sign(request.blinded_msg)
     raise UnknownTokenKeyError("the token request names a key this issuer does not hold: fetch its directory")
 
 
