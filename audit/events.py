@@ -74,6 +74,25 @@ class EvidenceOutcome(enum.StrEnum):
     VERIFICATION_FAILED = "verification_failed"
 
 
+class ProofRefreshOutcome(enum.StrEnum):
+    """How a node's refresh of its stapled transparency proofs went."""
+
+    OK = "ok"
+    LOG_UNREACHABLE = "log_unreachable"
+    LOG_REFUSED = "log_refused"
+    RELEASE_NOT_LOGGED = "release_not_logged"
+
+
+class ProofFreshness(enum.StrEnum):
+    """How close a node's stapled proofs are to the policy's max_checkpoint_age_s (after the refresh)."""
+
+    FRESH = "fresh"  # younger than half the allowed age
+    AGING = "aging"  # older than half: refreshes are failing, clients still accept them
+    EXPIRING = "expiring"  # in the last tenth of the allowed age: the node reads not ready
+    EXPIRED = "expired"  # clients refuse the node
+    NONE = "none"  # no proofs stapled, or no age to keep (the policy requires no witness)
+
+
 class RequestStatus(enum.StrEnum):
     """How one inference request ended on a node."""
 
@@ -159,6 +178,17 @@ class EvidenceRefreshed(AuditEvent):
     kind: ClassVar[str] = "evidence_refreshed"
     node_id: NodeId
     outcome: EvidenceOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class ProofsRefreshed(AuditEvent):
+    """A node tried to refresh the transparency proofs it staples to its evidence (on its timer, with backoff
+    after a failure): how it went, and how fresh the proofs it staples are afterwards."""
+
+    kind: ClassVar[str] = "proofs_refreshed"
+    node_id: NodeId
+    outcome: ProofRefreshOutcome
+    proofs: ProofFreshness
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +327,7 @@ class EventsDropped(AuditEvent):
 EVENT_TYPES: Mapping[str, type[AuditEvent]] = types.MappingProxyType({
     cls.kind: cls
     for cls in (NodeStarted, NodeStopped, EvidenceRefreshed, RequestFinished, BlocksZeroed,
-                RouteDecision, NodeAdmitted, NodeEvicted, TokenDecisions, EventsDropped)
+                RouteDecision, NodeAdmitted, NodeEvicted, TokenDecisions, EventsDropped, ProofsRefreshed)
 })
 
 

@@ -33,6 +33,7 @@ from audit.events import (
     NodeAdmitted,
     NodeEvicted,
     NodeStopped,
+    ProofsRefreshed,
     RequestFinished,
     RouteDecision,
     TokenDecisions,
@@ -66,6 +67,8 @@ METRICS: dict[str, MetricSpec] = {
     "veil_node_residue_blocks": MetricSpec("counter", (), "zeroed blocks a residue check found not all-zero (a red line)"),
     "veil_node_evidence_refreshes": MetricSpec("counter", ("outcome",), "evidence collections, by outcome"),
     "veil_node_stops": MetricSpec("counter", ("reason",), "node stops (engine core lost, shutdown), by reason"),
+    "veil_node_proof_refreshes": MetricSpec("counter", ("outcome", "proofs"), "transparency proof refreshes, by "
+                                            "outcome and the stapled proofs' freshness after it (alert on aging)"),
     "veil_node_in_flight": MetricSpec("gauge", (), "requests in flight on this node (its queue depth)"),
     "veil_node_capacity": MetricSpec("gauge", (), "concurrent requests this node serves"),
     # a gateway
@@ -145,6 +148,7 @@ _OBSERVERS: dict[type, Callable[[Metrics, AuditEvent], None]] = {
     BlocksZeroed: _zeroed,  # type: ignore[dict-item]
     EvidenceRefreshed: lambda m, e: m.counter("veil_node_evidence_refreshes").labels(e.outcome.value).inc(),
     NodeStopped: lambda m, e: m.counter("veil_node_stops").labels(e.reason.value).inc(),
+    ProofsRefreshed: lambda m, e: m.counter("veil_node_proof_refreshes").labels(e.outcome.value, e.proofs.value).inc(),
     RouteDecision: lambda m, e: m.counter("veil_gateway_routes").labels(e.outcome.value, e.latency_bucket).inc(),
     NodeAdmitted: lambda m, e: m.counter("veil_gateway_admissions").inc(),
     NodeEvicted: lambda m, e: m.counter("veil_gateway_evictions").labels(e.reason.value).inc(),
@@ -186,3 +190,15 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+def serve_metrics(metrics: Metrics, listen: str) -> MetricsServer:
+    """A `MetricsServer` for `metrics` on `listen` (`--metrics-listen` HOST:PORT, port 0 picks a free one);
+    OSError saying what to change when the address is malformed or cannot be bound."""
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise OSError("--metrics-listen must look like HOST:PORT (for example 127.0.0.1:9400)")
+    try:
+        return MetricsServer(metrics, host.strip("[]"), int(port))
+    except OSError as error:
+        raise OSError(f"cannot serve metrics on {listen} ({error.strerror}); choose another address") from None

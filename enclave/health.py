@@ -3,6 +3,9 @@
 A node answers SERVING only while three things hold: its engine core runs, its evidence is fresh
 (a self-attestation over a fresh nonce passed within the last two check intervals), and it is not
 draining. Anything else is NOT_SERVING, for the whole server ("") and for `veil.node.v1.Node` alike.
+`veil.node.v1.Node` is also NOT_SERVING while `ready` says no (the transparency proofs the node staples
+are about to expire, so clients are about to refuse it): not ready, yet alive, for a restart would not
+bring the log back. A readiness probe asks for that service, a liveness probe for "".
 The core's death is pushed here by the engine client's exit callback; a watcher thread polls the
 same conditions a few times a second as a backstop, so a dead core reads NOT_SERVING well within
 a second whichever way it is noticed. The answer carries a status and nothing else.
@@ -27,8 +30,10 @@ class NodeHealth:
     """The node's health status, kept true by a watcher thread; `add_to` serves it on a gRPC server."""
 
     def __init__(self, core_alive: Callable[[], bool], check_evidence: Callable[[], None],
-                 evidence_check_s: float = DEFAULT_EVIDENCE_CHECK_S, poll_s: float = POLL_S) -> None:
+                 evidence_check_s: float = DEFAULT_EVIDENCE_CHECK_S, poll_s: float = POLL_S,
+                 ready: Callable[[], bool] = lambda: True) -> None:
         self._core_alive = core_alive
+        self._ready = ready
         self._check_evidence = check_evidence
         self._evidence_check_s = evidence_check_s
         self._poll_s = poll_s
@@ -64,7 +69,8 @@ class NodeHealth:
         """Publish the status the conditions give now (called on every change and by the watcher)."""
         with self._lock:
             serving = self.serving
-            self._set(health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING)
+            self._servicer.set("", _status(serving))
+            self._servicer.set(NODE_SERVICE, _status(serving and self._ready()))
 
     def stop(self) -> None:
         """NOT_SERVING for good (watchers are told so) and the watcher ends."""
@@ -95,3 +101,7 @@ class NodeHealth:
     def _set(self, status: int) -> None:
         for service in SERVICES:
             self._servicer.set(service, status)
+
+
+def _status(serving: bool) -> int:
+    return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

@@ -5,13 +5,17 @@ through the operator's log (`veil log serve --key`), which appends it only with 
 over the statement. It then fetches tlog-proofs for its release statement and its key statement and
 serves them with its evidence (AttestResponse.transparency_proofs). A background thread refreshes
 them as the log grows and witnesses cosign: never on the request path, each exchange bounded by a
-timeout. What leaves the node is the statement and its evidence, both public by design.
+timeout, and after a failure again with backoff (RETRY_S, doubling up to refresh_s). Each attempt is
+reported (`on_refresh`: the node's `proofs_refreshed` audit event and metric) with how fresh the stapled
+proofs are then (`enclave.proof_expiry`), a failed one also as a log line, so a log outage is seen well
+before clients refuse the node. What leaves the node is the statement and its evidence, both public by design.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,15 +24,28 @@ from dataclasses import dataclass
 import httpx
 
 from attestation.measurement import Measurement
-from attestation.transparency.client_check import parse_bundle
+from attestation.transparency.client_check import TransparencyRequirement, parse_bundle
 from attestation.transparency.errors import NotLoggedError, TransparencyError
 from attestation.transparency.node_append import APPEND_PATH, AppendRequest, append_nonce
 from attestation.transparency.statements import NodeKeyStatement, encode_statement
+from audit.events import ProofFreshness, ProofRefreshOutcome
+from enclave.proof_expiry import freshness, proofs_expire_at
+
+_log = logging.getLogger("veil.node")
 
 CLOCK_ALLOWANCE_S = 60  # a statement's window starts this early, for clients whose clocks run behind
 UNROTATED_KEY_WINDOW_S = 86_400  # a key that is never rotated is logged for a day at a time, then again
 EXCHANGE_TIMEOUT_S = 30.0  # the log verifies evidence and asks its witnesses before it answers an append
-RETRY_S = 5.0  # after a failed refresh, the next comes this soon (at most refresh_s)
+RETRY_S = 5.0  # after a failed refresh, the next comes this soon, then twice as late each time (at most refresh_s)
+NOT_READY = frozenset({ProofFreshness.EXPIRING, ProofFreshness.EXPIRED})
+OnRefresh = Callable[[ProofRefreshOutcome, ProofFreshness], None]
+
+
+def retry_delay_s(failures: int, refresh_s: float) -> float:
+    """How long to wait before the next refresh after `failures` failed ones in a row (0: the regular wait)."""
+    if failures <= 0:
+        return refresh_s
+    return min(refresh_s, RETRY_S * 2 ** min(failures - 1, 32))
 
 
 def node_key_statement(key_config: bytes, measurement: Measurement, now: float, lifetime_s: float,
@@ -57,7 +74,8 @@ class TransparencyStapler:
 
     def __init__(self, log_url: str, measurement: Measurement, key_config: Callable[[], bytes],
                  attest: Callable[[bytes], str], key_lifetime_s: float, refresh_s: float,
-                 receipt_key: bytes) -> None:
+                 receipt_key: bytes, requirement: TransparencyRequirement | None = None,
+                 on_refresh: OnRefresh = lambda outcome, proofs: None, clock: Callable[[], float] = time.time) -> None:
         self.log_url = log_url.rstrip("/")
         self.measurement = measurement
         self._key_config = key_config
@@ -68,6 +86,11 @@ class TransparencyStapler:
         self._logged: Logged | None = None
         self._proofs = ""
         self.last_error: str | None = None  # why the last refresh failed, None after one that worked
+        self.failures = 0  # failed refreshes in a row
+        self.requirement = requirement  # the policy's: how old clients let the proofs be (None: no age applies)
+        self._on_refresh = on_refresh
+        self._clock = clock
+        self._expire_at: float | None = None  # when clients start refusing the proofs stapled now
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -84,6 +107,18 @@ class TransparencyStapler:
         with self._lock:
             return self._proofs
 
+    @property
+    def freshness(self) -> ProofFreshness:
+        """How fresh the stapled proofs are now (NONE without proofs, or where the policy asks for no witness)."""
+        if self.requirement is None or not self.proofs:
+            return ProofFreshness.NONE
+        return freshness(self._expire_at, self._clock(), self.requirement.max_age_s)
+
+    @property
+    def ready(self) -> bool:
+        """False once the stapled proofs are in the last tenth of their allowed age: clients are about to refuse them."""
+        return self.freshness not in NOT_READY
+
     def refresh(self) -> None:
         """Log the served key if it is not (or its window nears its end), then fetch both proofs."""
         with httpx.Client(timeout=EXCHANGE_TIMEOUT_S, trust_env=False) as http:
@@ -92,8 +127,10 @@ class TransparencyStapler:
             parts = {"release": None if release is None else self._proof(http, release),
                      "node_key": self._proof(http, logged.index)}
         bundle = parse_bundle(json.dumps(parts))  # what the client will parse: refuse to serve anything else
+        expire_at = None if self.requirement is None else proofs_expire_at(bundle, self.requirement)
         with self._lock:
             self._proofs = bundle.to_json() if self._key_config() == logged.key_config else ""
+            self._expire_at = expire_at
         if release is None:  # the key's proof is stapled; the release's is looked for again soon
             raise NotLoggedError("no release statement in the log lists this node's code, policy and model")
 
@@ -111,23 +148,35 @@ class TransparencyStapler:
         self._wake.set()
 
     def _run(self) -> None:
-        worked = self.last_error is None
         while not self._stop.is_set():
-            self._wake.wait(self.refresh_s if worked else min(self.refresh_s, RETRY_S))
+            self._wake.wait(retry_delay_s(self.failures, self.refresh_s))
             self._wake.clear()
             if not self._stop.is_set():
-                worked = self.refresh_quietly()
+                self.refresh_quietly()
 
     def refresh_quietly(self) -> bool:
         """`refresh()`; True if it worked, else False with `last_error` saying why (the log's word or the
-        exchange's type, nothing else). The node logs nothing itself: its command line reports this."""
+        exchange's type, nothing else). Either way reported to `on_refresh`; a failure also logged."""
         try:
             self.refresh()
         except (TransparencyError, httpx.HTTPError) as error:
             self.last_error = str(error) if isinstance(error, TransparencyError) else type(error).__name__
+            self.failures += 1
+            self._report(_outcome(error))
             return False
-        self.last_error = None
+        self.last_error, self.failures = None, 0
+        self._report(ProofRefreshOutcome.OK)
         return True
+
+    def _report(self, outcome: ProofRefreshOutcome) -> None:
+        proofs = self.freshness
+        self._on_refresh(outcome, proofs)
+        if outcome is ProofRefreshOutcome.OK:
+            return
+        level = logging.ERROR if proofs in NOT_READY else logging.WARNING
+        _log.log(level, "veil node: transparency proofs not refreshed (%s: %s); the stapled proofs are %s; "
+                 "retrying in %g s", outcome.value, self.last_error, proofs.value,
+                 retry_delay_s(self.failures, self.refresh_s))
 
     def _ensure_logged(self, http: httpx.Client) -> Logged:
         key_config, now = self._key_config(), time.time()
@@ -171,6 +220,14 @@ class TransparencyStapler:
         if not isinstance(value, dict):
             raise TransparencyError(f"the log's answer to {what} is not a JSON object")
         return value
+
+
+def _outcome(error: Exception) -> ProofRefreshOutcome:
+    if isinstance(error, httpx.HTTPError):
+        return ProofRefreshOutcome.LOG_UNREACHABLE
+    if isinstance(error, NotLoggedError):
+        return ProofRefreshOutcome.RELEASE_NOT_LOGGED
+    return ProofRefreshOutcome.LOG_REFUSED
 
 
 def _reason(answer: httpx.Response) -> str:

@@ -12,7 +12,9 @@ A policy is a TOML file with four sections:
   (``max_ocsp_age_s``, ``max_crl_age_s``).
 - ``[engine]``: maximum context, KV budget, prefix sharing (``request`` or
   ``off``: nothing is shared across requests), the model weights allowed by
-  digest, and the knobs of forbidden optimizations, fixed to their safe value.
+  digest, whether text users send may spell control tokens
+  (``control_tokens_in_content``; false: it is encoded as text), and the knobs
+  of forbidden optimizations, fixed to their safe value.
 - ``[routing]``: the number K of candidates a client encrypts each request to
   (a client may ask for fewer, never more: the gateway chooses among them),
   capacity weighting (``true`` only: clients draw in proportion to capacity),

@@ -142,7 +142,7 @@ def note_key(where: str, value: Any) -> str:
 
 
 def witness_keys(where: str, value: Any) -> tuple[WitnessKey, ...]:
-    """Inline tables {name, key}, each name once, sorted by name."""
+    """Inline tables {name, key}, each name and each key once, sorted by name; key "" is a placeholder."""
     if not isinstance(value, list) or not all(isinstance(item, dict) and set(item) == {"name", "key"}
                                               for item in value):
         raise InvalidValueError(f"{where} must be a list of tables such as {{ name = \"w1\", key = \"w1+...\" }}")
@@ -151,9 +151,14 @@ def witness_keys(where: str, value: Any) -> tuple[WitnessKey, ...]:
         if not isinstance(item["name"], str) or not _NAME.fullmatch(item["name"]):
             raise InvalidValueError(f"{where}[{index}].name must be 1-64 lowercase letters, digits or '-'")
         witnesses.append(WitnessKey(item["name"], note_key(f"{where}[{index}].key", item["key"])))
-    if len({witness.name for witness in witnesses}) != len(witnesses) or \
-            len({witness.key for witness in witnesses}) != len(witnesses):
-        raise InvalidValueError(f"{where} names a witness or a key twice; list each once")
+    if len({witness.name for witness in witnesses}) != len(witnesses):
+        raise InvalidValueError(f"{where} names a witness twice; list each once")
+    # A key's text holds its name and a hash of it: compare the key itself (base64 of type and key, after
+    # the second '+'). A cosignature does not cover the witness's name (c2sp.org/tlog-cosignature), so one
+    # key under two names would count twice toward the quorum.
+    keys = [witness.key.split("+", 2)[2] for witness in witnesses if witness.key]
+    if len(set(keys)) != len(keys):
+        raise InvalidValueError(f"{where} lists one witness key under two names; each witness needs a key of its own")
     return tuple(sorted(witnesses, key=lambda witness: witness.name))
 
 

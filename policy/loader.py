@@ -48,6 +48,8 @@ SCHEMA: dict[str, dict[str, fields.Reader]] = {
         "kv_budget_mib": fields.integer(1, 1 << 20),
         "allowed_model_digests": fields.digest_set,
         "accept_unlisted_models": fields.boolean,
+        # true: text in messages and prompts that spells a control token (`<|eot_id|>`) is that token.
+        "control_tokens_in_content": fields.boolean,
     },
     "routing": {
         # The most nodes a client encrypts one request to; no more than the gateway accepts.
@@ -167,7 +169,17 @@ def _check_consistency(policy: Policy) -> None:
 
 
 def _check_transparency(transparency: TransparencyPolicy) -> None:
+    placeholders = [witness.name for witness in transparency.witnesses if not witness.key]
     if transparency.quorum > len(transparency.witnesses):
         raise InvalidValueError("transparency.quorum is larger than the number of transparency.witnesses")
-    if transparency.witnesses and not transparency.log_key:
+    if transparency.required and transparency.quorum == 0:
+        # Only cosignatures carry a time, and only witnesses show that every client sees one history.
+        raise InvalidValueError("transparency.quorum = 0 with transparency.required = true trusts the log's signature "
+                                "alone: nothing shows that other clients see the same log, nor how old a checkpoint "
+                                "is; list the witnesses and a quorum of at least 1")
+    if transparency.log_key and placeholders:
+        raise InvalidValueError(f"transparency.witnesses {', '.join(placeholders)} have no key yet: fill in each "
+                                "one's key (as `veil witness --new-key` prints it), or remove it, before naming "
+                                "the log")
+    if len(placeholders) < len(transparency.witnesses) and not transparency.log_key:
         raise InvalidValueError("transparency.witnesses are listed but transparency.log_key names no log")

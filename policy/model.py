@@ -56,6 +56,9 @@ class EnginePolicy:
     prefix_sharing: str  # "request" or "off"
     allowed_model_digests: tuple[str, ...]
     accept_unlisted_models: bool  # development: any weights pass, labelled as such
+    # Whether users may write control tokens: false, a request's text is encoded as text, so a pasted
+    # `<|im_end|>` cannot end its turn; only the chat template writes control tokens.
+    control_tokens_in_content: bool
     kv_offload: str
     kv_replication: str
     kv_migration: str
@@ -108,13 +111,13 @@ class TransparencyPolicy:
 
     The keys are C2SP note verifier keys; `attestation.transparency.requirement` reads them in the
     c2sp.org/tlog-policy shape (one log, the witnesses, a group of `quorum` of them). Required with no
-    log key named: no node passes until the release process names the log.
+    log key named: no node passes until the release process names the log (and fills in its witnesses).
     """
 
     required: bool
     log_key: str  # the log's Ed25519 note verifier key, "" while none is named
-    witnesses: tuple[WitnessKey, ...]  # sorted by name
-    quorum: int  # how many of `witnesses` must cosign a checkpoint; 0: the log's signature alone
+    witnesses: tuple[WitnessKey, ...]  # sorted by name; a key "" is a placeholder, refused once the log is named
+    quorum: int  # how many of `witnesses` must cosign a checkpoint; at least 1 where required
     max_checkpoint_age_s: int  # the quorum's cosignatures must be at most this old
 
 

@@ -18,6 +18,7 @@ from audit import (
     NodeEvicted,
     NodeStarted,
     NodeStopped,
+    ProofsRefreshed,
     RequestFinished,
     RequestStatus,
     RouteDecision,
@@ -56,6 +57,7 @@ def sample_events() -> list:
         NodeEvicted(GATEWAY, NODE_B, "evidence_expired"),
         TokenDecisions(GATEWAY, ISSUER_KEY, period_s=60, accepted=41, refused=refusals(spent=2, wrong_challenge=1)),
         EventsDropped(dropped=3),
+        ProofsRefreshed(NODE_A, "log_unreachable", "aging"),
     ]
 
 

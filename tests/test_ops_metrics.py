@@ -21,6 +21,9 @@ from audit.events import (
     EvictionReason,
     NodeAdmitted,
     NodeEvicted,
+    ProofFreshness,
+    ProofRefreshOutcome,
+    ProofsRefreshed,
     RequestFinished,
     RequestStatus,
     RouteDecision,
@@ -33,9 +36,9 @@ from audit.sink import MemorySink
 from client.sdk import Client
 from client.tokens import TokenWallet
 from engine.tiny import write_tiny_model
-from tests.conftest import REPO_ROOT
+from tests.conftest import HANG_S, REPO_ROOT
 from tests.fleet_support import running_fleet
-from veil.fleet import Fleet, FleetSettings
+from veil.fleet import Fleet, FleetProcess, FleetSettings
 
 CANARY = "CANARY-41d7-metrics-OCELOT"
 NODE_ID = "ab" * 32
@@ -76,6 +79,7 @@ def test_the_metric_names_and_labels_are_the_fixed_set() -> None:
         "veil_node_residue_blocks": ("counter", ()),
         "veil_node_evidence_refreshes": ("counter", ("outcome",)),
         "veil_node_stops": ("counter", ("reason",)),
+        "veil_node_proof_refreshes": ("counter", ("outcome", "proofs")),
         "veil_node_in_flight": ("gauge", ()),
         "veil_node_capacity": ("gauge", ()),
         "veil_gateway_routes": ("counter", ("outcome", "latency_bucket")),
@@ -117,8 +121,10 @@ def test_every_event_is_counted_by_its_enum_and_bucket_fields_only() -> None:
     sink.emit(NodeEvicted(GATEWAY_ID, NODE_ID, EvictionReason.DRAINED))
     sink.emit(TokenDecisions(GATEWAY_ID, "ee" * 32, 60, 3, {reason: (2 if reason is TokenRefusal.SPENT else 0)
                                                             for reason in TokenRefusal}))
+    sink.emit(ProofsRefreshed(NODE_ID, ProofRefreshOutcome.LOG_UNREACHABLE, ProofFreshness.AGING))
     text = metrics.exposition()
     assert_only_listed(text)
+    assert sample(text, "veil_node_proof_refreshes_total", outcome="log_unreachable", proofs="aging") == 1
     assert sample(text, "veil_node_requests_total", status="ok", latency_bucket=LATENCY_BUCKETS[3]) == 1
     assert sample(text, "veil_node_prompt_tokens_total", bucket=TOKEN_BUCKETS[1]) == 2
     assert sample(text, "veil_node_output_tokens_total", bucket="0") == 1
@@ -141,7 +147,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("ops-metrics")
     settings = FleetSettings(nodes=2, model_dir=write_tiny_model(root / "tiny-model"), workdir=root / "fleet",
                              torch_threads=1, tokens=True, relay=True,
-                             extra_node_args=("--metrics-listen", "127.0.0.1:0"))
+                             extra_node_args=("--metrics-listen", "127.0.0.1:0"),
+                             extra_relay_args=("--metrics-listen", "127.0.0.1:0"))
     with running_fleet(settings) as running:
         yield running
 
@@ -159,15 +166,13 @@ class RecordingWallet(TokenWallet):
         return value
 
 
-def node_metrics_urls(fleet: Fleet) -> list[str]:
-    urls = []
-    for node in fleet.nodes:
-        deadline = time.monotonic() + 30
-        while (found := re.search(r"metrics on (\S+)", node.stderr_path.read_text())) is None:
-            assert time.monotonic() < deadline, "a node did not say where its metrics are"
-            time.sleep(0.1)
-        urls.append(f"http://{found.group(1)}/metrics")
-    return urls
+def metrics_url(process: FleetProcess) -> str:
+    """Where a process's --metrics-listen serves, as it logged it."""
+    deadline = time.monotonic() + HANG_S
+    while (found := re.search(r"metrics on (\S+)", process.stderr_path.read_text())) is None:
+        assert time.monotonic() < deadline, f"{process.name} did not say where its metrics are"
+        time.sleep(0.1)
+    return f"http://{found.group(1)}/metrics"
 
 
 @pytest.mark.slow
@@ -188,9 +193,10 @@ def test_no_scrape_of_a_canary_fleet_holds_a_canary_an_id_an_address_or_a_token(
     fleet.wait_for_pool(2)
     time.sleep(1.2)  # the nodes' audit tallies (and so their counters) cover at least a second
     scrapes = {name: httpx.get(url, timeout=10).text for name, url in (
-        ("gateway", f"{fleet.gateway_url}/metrics"), ("relay", f"{fleet.relay_url}/metrics"),
+        ("gateway", f"{fleet.gateway_url}/metrics"), ("relay", metrics_url(fleet.relay)),
         ("issuer", f"{fleet.issuer_url}/metrics"),
-        *((f"node-{i}", url) for i, url in enumerate(node_metrics_urls(fleet))))}
+        *((f"node-{i}", metrics_url(node)) for i, node in enumerate(fleet.nodes)))}
+    assert httpx.get(f"{fleet.relay_url}/metrics", timeout=10).status_code == 404  # not on the public port
 
     forbidden = [CANARY, "127.0.0", fleet.account.name, *node_ids, *(node_id[:12] for node_id in node_ids)]
     forbidden += list(fleet.issuer_key_ids)

@@ -47,6 +47,8 @@ def _value(value: object) -> str:
         return str(value)
     if isinstance(value, str):
         return '"' + value + '"'
+    if isinstance(value, dict):  # an inline table, as `strict`'s witness placeholders
+        return "{ " + ", ".join(f"{key} = {_value(item)}" for key, item in value.items()) + " }"
     return "[" + ", ".join(_value(item) for item in value) + "]"
 
 

@@ -17,6 +17,7 @@ from enclave.transparency import TransparencyStapler
 from gateway.transparency.apps import log_app
 from gateway.transparency.writer import LogWriter
 from tests.http_stand_in import served
+from tests.conftest import HANG_S
 
 APPEND = AppendRequest(b"an entry", "{}").to_json()
 
@@ -30,7 +31,7 @@ class HeldWriter(LogWriter):
 
     def append_node_key(self, request: AppendRequest) -> int:
         self.entered.release()
-        assert self.release.wait(60)
+        assert self.release.wait(HANG_S)
         return 7
 
 
@@ -73,12 +74,12 @@ def test_a_sender_trickling_its_body_in_holds_no_slot(tmp_path: Path) -> None:
     def trickled():
         yield APPEND[:10]
         first_sent.set()  # asked for more: the headers and the first bytes are on the wire
-        assert go_on.wait(60)
+        assert go_on.wait(HANG_S)
         yield APPEND[10:]
 
     with served(log_app(tmp_path, writer, max_appends_in_flight=1)) as url, ThreadPoolExecutor(1) as pool:
         slow = pool.submit(httpx.post, f"{url}{APPEND_PATH}", content=trickled(), timeout=60.0)
-        assert first_sent.wait(60)
+        assert first_sent.wait(HANG_S)
         # The trickling sender is connected and sending, yet the one slot is free for this append.
         assert httpx.post(f"{url}{APPEND_PATH}", content=APPEND, timeout=60.0).json() == {"index": 7}
         go_on.set()

@@ -33,11 +33,10 @@ from attestation.transparency.note import generate_signer
 from attestation.transparency.policy import parse_policy
 from attestation.transparency.proof import TlogProof, parse_proof
 from attestation.transparency.statements import NodeKeyStatement, ReleaseStatement, encode_statement
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.log import add_cosignatures, append_entries, init_log
 from gateway.transparency.reader import LogReader
 from gateway.transparency.staple import proof_bundle, stapled_entry
 from gateway.transparency.witness import Witness
+from tests.transparency_support import witnessed_log
 
 NOW = 1_800_000_000
 LOG = generate_signer("log.example/veil")
@@ -61,11 +60,7 @@ REQUIREMENT = TransparencyRequirement(parse_policy(
 
 
 def _build(directory: Path, entries: list[bytes], witnesses: list[Witness]) -> LogReader:
-    init_log(directory, LOG)
-    signed = append_entries(directory, LOG, entries)
-    note = (directory / "checkpoint").read_bytes()
-    add_cosignatures(directory, LOG, signed.checkpoint, [w.add_checkpoint(0, (), note) for w in witnesses])
-    return LogReader(directory_fetch(directory), LOG.verifier)
+    return witnessed_log(directory, LOG, entries, witnesses)
 
 
 def _witnesses(state: Path, clock: float = NOW) -> list[Witness]:
@@ -130,6 +125,16 @@ def test_a_checkpoint_older_than_the_policy_allows_is_refused(reader: LogReader)
         check_node(bundle, NODE, REQUIREMENT, NOW - 3600)
 
 
+def test_a_policy_without_a_witness_quorum_accepts_no_proof(tmp_path: Path) -> None:
+    """The log's signature alone says nothing of a checkpoint's age (only cosignatures carry a time), nor that
+    others see the same tree: under `quorum none`, a proof no witness saw would pass at any age."""
+    log_alone = TransparencyRequirement(parse_policy(f"log {LOG.verifier.encode()}\nquorum none\n"), max_age_s=60)
+    unwitnessed = proof_bundle(_build(tmp_path / "log", ENTRIES, []), 1, 3)
+    for now in (NOW, NOW + 3000):
+        with pytest.raises(WitnessQuorumError, match="no witness quorum"):
+            check_node(unwitnessed, NODE, log_alone, now)
+
+
 def test_a_forked_log_is_refused(reader: LogReader, tmp_path: Path) -> None:
     """Witnesses that would cosign anything (fresh state) show a second tree of size 4: the client,
     holding both views, refuses it, within one bundle and across nodes."""
@@ -142,6 +147,8 @@ def test_a_forked_log_is_refused(reader: LogReader, tmp_path: Path) -> None:
     check_node(proof_bundle(reader, 1, 3), NODE, REQUIREMENT, NOW, memory)
     with pytest.raises(ForkError):
         check_node(proof_bundle(forked, 1, 3), NODE, REQUIREMENT, NOW, memory)
+    with pytest.raises(ForkError, match="log.example/veil is forked"):  # the view seen first is no better
+        check_node(proof_bundle(reader, 1, 3), NODE, REQUIREMENT, NOW, memory)
 
 
 def test_the_checkpoint_memory_is_bounded_and_forgets_the_oldest_first() -> None:

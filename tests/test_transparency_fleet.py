@@ -38,7 +38,7 @@ from client.errors import NoVerifiedNodeError
 from client.sdk import Client
 from client.transparency import TransparencyCheck
 from client.verify import CandidateVerifier
-from gateway.transparency.errors import WitnessRequestError
+from gateway.transparency.errors import StaleSizeError, WitnessRequestError
 from gateway.transparency.keys import read_signer
 from gateway.transparency.protocol import AddCheckpoint, request_cosignature
 from policy import load_policy, parse_policy
@@ -193,8 +193,11 @@ def test_the_fleets_witnesses_refuse_a_rollback_and_a_fork(fleet: Fleet) -> None
     fork = Checkpoint(current.origin, current.size, hashlib.sha256(b"another tree").digest())
     with httpx.Client(timeout=30.0) as http:
         for url in fleet.witness_urls:
-            for forged, reason in ((rollback, "older than the one this witness cosigned"), (fork, "two trees")):
-                with pytest.raises(WitnessRequestError, match="409") as refused:
+            with pytest.raises(StaleSizeError) as stale:  # c2sp.org/tlog-witness: 409 with the witness's size
+                request_cosignature(http, url, AddCheckpoint(1, (), _log_signed(fleet, rollback)))
+            assert stale.value.size == current.size
+            for forged, reason in ((rollback, "400: old size"), (fork, "422: the log shows two trees")):
+                with pytest.raises(WitnessRequestError) as refused:
                     request_cosignature(http, url, AddCheckpoint(current.size, (), _log_signed(fleet, forged)))
                 assert reason in str(refused.value)
 
@@ -289,8 +292,9 @@ def test_a_policy_requiring_transparency_without_a_log_admits_no_node(fleet: Fle
     assert record.ok
     text = open(fleet.policy, encoding="utf-8").read()
     section = text[text.index("[transparency]"):]
-    unnamed = parse_policy(text.replace(section, "[transparency]\nrequired = true\nlog_key = \"\"\nwitnesses = []\n"
-                                                 "quorum = 0\nmax_checkpoint_age_s = 900\n"))
+    unnamed = parse_policy(text.replace(section, "[transparency]\nrequired = true\nlog_key = \"\"\n"
+                                                 "witnesses = [{ name = \"w1\", key = \"\" }]\n"
+                                                 "quorum = 1\nmax_checkpoint_age_s = 900\n"))
     refused = TransparencyCheck(unnamed).check(record, entry.transparency, time.time())
     assert (refused.ok, refused.failed_check) == (False, "transparency/not-logged")
     assert "names no log key" in (refused.failure or "")
@@ -303,7 +307,7 @@ def test_only_a_development_policy_may_run_without_transparency() -> None:
     with pytest.raises(InvalidValueError, match="transparency.required = false is a development setting"):
         parse_policy(text.replace("required = true", "required = false"))
     with pytest.raises(InvalidValueError, match="quorum is larger"):
-        parse_policy(text.replace("quorum = 0", "quorum = 1"))
+        parse_policy(text.replace("quorum = 2", "quorum = 4"))
     assert parse_policy(text).transparency.required
 
 

@@ -52,6 +52,7 @@ from attestation.transparency.tiles import (
     parse_bundle,
     parse_tile,
     parse_tile_path,
+    tile_count,
     tiles_for,
 )
 from gateway.transparency.protocol import parse_add_checkpoint
@@ -125,9 +126,12 @@ def test_tile_paths_full_partial_and_entries() -> None:
     assert TileName(None, 1000, 3).path() == "tile/entries/x001/000.p/3"
     for name in (TileName(0, 1234067), TileName(1, 5, 8), TileName(None, 1000, 3)):
         assert parse_tile_path(name.path()) == name
-    assert tiles_for(70000, 0)[-1] == TileName(0, 273, 112) and len(tiles_for(70000, 0)) == 274
-    assert tiles_for(70000, 1) == [TileName(1, 0), TileName(1, 1, 17)]  # 70000 >> 8 = 273 hashes
-    assert tiles_for(70000, 2) == [TileName(2, 0, 1)] and tiles_for(70000, 3) == []
+    assert list(tiles_for(70000, 0))[-1] == TileName(0, 273, 112) and tile_count(70000, 0) == 274
+    assert list(tiles_for(70000, 1)) == [TileName(1, 0), TileName(1, 1, 17)]  # 70000 >> 8 = 273 hashes
+    assert list(tiles_for(70000, 2)) == [TileName(2, 0, 1)] and list(tiles_for(70000, 3)) == []
+    assert [tile_count(size, None) for size in (0, 1, 256, 257)] == [0, 1, 1, 2]
+    # Lazy: a checkpoint signed over 2**40 leaves names its first tile at once and its last by arithmetic.
+    assert next(tiles_for(2**40, None)) == TileName(None, 0) and tile_count(2**40, None) == 2**32
 
 
 @pytest.mark.parametrize("path", ["tile/0/x001", "tile/0/0005", "tile/0/x000/005", "tile/0/005.p/256",

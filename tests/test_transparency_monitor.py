@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,9 +20,9 @@ from attestation.transparency.checkpoint import Checkpoint
 from attestation.transparency.merkle import leaf_hash, root_of
 from attestation.transparency.note import generate_signer, sign_note
 from attestation.transparency.statements import IssuerKeyStatement, encode_statement
-from attestation.transparency.tiles import encode_bundle, parse_bundle
+from attestation.transparency.tiles import TileName, encode_bundle, parse_bundle
 from gateway.transparency.log import append_entries, init_log
-from tests.transparency_support import veil_server
+from tests.transparency_support import REPO_ROOT, veil_server
 from veil.cli import main
 
 ORIGIN = "log.example/veil"
@@ -325,3 +328,30 @@ def test_a_tampered_log_fails_the_audit_over_http(case: str, template: Path, ser
     tamper, expected = CASES[case]
     tamper(directory)
     _expect_failure(url, tmp_path / "state.json", expected, capsys)
+
+
+# ----- a checkpoint signed over far more entries than the log holds ------------------------------------------
+
+HUGE = 2**40
+NO_HANG_S = 300  # bounds a hang, not a speed: the audit needs one fetch to fail
+AUDIT_MEMORY_BYTES = 4 << 30  # a regression that names every tile must not take the machine down with it
+
+
+def _bounded_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (AUDIT_MEMORY_BYTES, AUDIT_MEMORY_BYTES))
+
+
+def test_a_checkpoint_signed_over_2_to_the_40_fails_the_audit_instead_of_hanging(tmp_path: Path) -> None:
+    """The operator under audit signs one checkpoint of size 2**40 over its real log: `veil log audit`, over
+    HTTP from `veil log serve`, prints FAILED naming the bundle the log lacks, and does not stall."""
+    log = _build(tmp_path / "log", [_entry(number) for number in range(FIRST_BATCH)])
+    _checkpoint(HUGE, FAKE)(log)
+    with veil_server("log", "serve", str(log), port_file=tmp_path / "port") as url:
+        audit = subprocess.run([sys.executable, "-m", "veil", "log", "audit", url, "--log-key", LOG_KEY, "--state",
+                                str(tmp_path / "state.json")], cwd=REPO_ROOT, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=NO_HANG_S,
+                               preexec_fn=_bounded_memory)
+    last_bundle = TileName(None, HUGE // 256 - 1).path()
+    assert audit.returncode == 1 and audit.stdout == ""
+    assert f"veil log audit: FAILED: the log has no {last_bundle}" in audit.stderr, audit.stderr
+    assert not (tmp_path / "state.json").exists()

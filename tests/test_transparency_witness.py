@@ -16,7 +16,6 @@ from attestation.transparency.errors import (
     ConsistencyProofError,
     ForkError,
     NoteSignatureError,
-    RollbackError,
 )
 from attestation.transparency.note import generate_signer, parse_note, sign_note
 from gateway.transparency.errors import StaleSizeError, UnknownLogError, WitnessRequestError
@@ -74,7 +73,10 @@ def test_refuses_a_rollback_and_remembers_across_restarts(log: Path, tmp_path: P
     reader = _grow(log, 4)
     _witness(state).add_checkpoint(3, reader.consistency_proof(3), _note(log))
     restarted = _witness(state)  # a new process reading the same state file
-    with pytest.raises(RollbackError):
+    with pytest.raises(StaleSizeError) as stale:  # the log is told the size it must prove from
+        restarted.add_checkpoint(3, (), old_note)
+    assert stale.value.size == 7
+    with pytest.raises(WitnessRequestError, match="above the checkpoint's size"):
         restarted.add_checkpoint(7, (), old_note)
     assert json.loads(state.read_text())["logs"]["log.example/veil"]["size"] == 7
 
@@ -105,7 +107,7 @@ def test_refuses_what_it_cannot_check(log: Path, tmp_path: Path) -> None:
     impostor = Checkpoint("log.example/veil", 2, hashlib.sha256(b"x").digest())
     with pytest.raises(NoteSignatureError):
         witness.add_checkpoint(0, (), sign_note(impostor.body(), generate_signer("log.example/veil")).encode())
-    with pytest.raises(WitnessRequestError):
+    with pytest.raises(ConsistencyProofError, match="takes no consistency proof"):
         witness.add_checkpoint(0, (b"\x00" * 32,), _note(log))
     with pytest.raises(CheckpointFormatError):
         witness.add_checkpoint(0, (), sign_note("log.example/veil\nnot a size\n", LOG).encode())
@@ -115,7 +117,7 @@ def test_refuses_what_it_cannot_check(log: Path, tmp_path: Path) -> None:
 def test_refuses_a_tree_of_size_zero_with_any_root_but_the_empty_one(log: Path, tmp_path: Path) -> None:
     witness = _witness(tmp_path / "state.json")
     empty_but_wrong = Checkpoint("log.example/veil", 0, hashlib.sha256(b"not nothing").digest())
-    with pytest.raises(WitnessRequestError, match="empty tree's root"):
+    with pytest.raises(ForkError, match="empty tree's root"):
         witness.add_checkpoint(0, (), sign_note(empty_but_wrong.body(), LOG).encode())
     assert not (tmp_path / "state.json").exists()
     witness.add_checkpoint(0, (), _note(log))  # the log's own empty checkpoint carries SHA-256 of nothing

@@ -1,6 +1,6 @@
 """`veil witness` over HTTP, as a log reaches it: it cosigns only consistent growth, refuses a rollback, a
-fork and a wrong consistency proof each with its own status, keeps refusing them after a restart from its
-state file, and keeps the logs it follows apart."""
+fork and a wrong consistency proof each with the status c2sp.org/tlog-witness gives it, keeps refusing them after
+a restart from its state file, and keeps the logs it follows apart."""
 
 from __future__ import annotations
 
@@ -70,19 +70,18 @@ def _refusals(url: str, log: Path, old_note: bytes, forked: Path, scratch: Path)
     """What the witness at `url`, which cosigned `log` at its current size, must refuse, each in its own way."""
     reader = _reader(log)
     size = reader.size
-    rollback = _post(url, size, (), old_note)  # a genuine, older checkpoint of the same log
-    assert rollback.status_code == 409 and "older than the one this witness cosigned" in rollback.text
+    rollback = _post(url, 3, (), old_note)  # a genuine, older checkpoint of the same log: the witness is further
+    assert rollback.status_code == 409 and rollback.headers["content-type"].startswith(SIZE_MEDIA_TYPE)
+    assert rollback.text == f"{size}\n"
     fork = _post(url, size, (), _signed(log, size, hashlib.sha256(b"another tree").digest()))
-    assert fork.status_code == 409 and f"two trees of size {size}" in fork.text
+    assert fork.status_code == 422 and f"two trees of size {size}" in fork.text
     # A forked history that grew: its own consistency proof cannot lead from the root the witness holds.
     forked_reader = _reader_of(forked, log)
     assert forked_reader.size > size
     fork_grown = _post(url, size, tuple(forked_reader.consistency_proof(size)), forked_reader.checkpoint_note)
     assert fork_grown.status_code == 422 and "consistency proof" in fork_grown.text
     # The honest next checkpoint (grown in a copy), with its proof spoiled: a hash changed, dropped or added.
-    grown_log = shutil.copytree(log, scratch, ignore=shutil.ignore_patterns(".lock"))
-    append_entries(grown_log, read_signer(_key(log)), [b"next entry %d" % i for i in range(5)])
-    grown = _reader_of(grown_log, log)
+    grown = _reader_of(_grown_copy(log, scratch, 5), log)
     proof = tuple(grown.consistency_proof(size))
     for spoiled in ((bytes([proof[0][0] ^ 1]) + proof[0][1:], *proof[1:]), proof[:-1], (*proof, proof[0])):
         answer = _post(url, size, spoiled, grown.checkpoint_note)
@@ -158,3 +157,49 @@ def test_a_witness_refuses_two_log_keys_of_one_origin(tmp_path: Path, capsys: py
                    str(tmp_path / "w.state")])
     assert status == 2
     assert "two --log keys name the same log one.example/veil" in capsys.readouterr().err
+
+
+def test_each_refusal_has_the_status_c2sp_tlog_witness_gives_it(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """c2sp.org/tlog-witness, add-checkpoint, item by item, against a witness that cosigned the log at size 3."""
+    log, log_key = _new_log(tmp_path, "a", capsys)
+    assert main(["witness", "--key", str(tmp_path / "w.key"), "--new-key", "w.example"]) == 0
+    capsys.readouterr()
+    with veil_server("witness", "--key", str(tmp_path / "w.key"), "--log", log_key, "--state",
+                     str(tmp_path / "w.state"), port_file=tmp_path / "w.port") as url:
+        at_three = _append(log, 3, url, capsys)
+        grown = _reader_of(_grown_copy(log, tmp_path / "grown", 4), log)
+        proof = tuple(grown.consistency_proof(3))
+        other_root = hashlib.sha256(b"another tree").digest()
+        # "The old size MUST be equal to or lower than the checkpoint size. Otherwise ... 400 Bad Request."
+        assert _post(url, 8, proof, grown.checkpoint_note).status_code == 400
+        # "If it doesn't match, ... 409 Conflict ... the tree size of the latest cosigned checkpoint in decimal,
+        # followed by a newline ... Content-Type of text/x.tlog.size": a checkpoint older than the witness's too.
+        for stale in (_post(url, 0, (), grown.checkpoint_note), _post(url, 2, (), _signed(log, 2, other_root)),
+                      _post(url, 0, (), _signed(log, 0, other_root))):
+            assert stale.status_code == 409 and stale.headers["content-type"] == SIZE_MEDIA_TYPE
+            assert stale.text == "3\n"
+        # "If the old size matches the checkpoint size ... root hashes ... If they don't match, ... 422".
+        fork = _post(url, 3, (), _signed(log, 3, other_root))
+        assert fork.status_code == 422 and "two trees of size 3" in fork.text
+        # "If a Merkle Consistency Proof doesn't verify, ... 422 Unprocessable Entity".
+        assert _post(url, 3, proof[:-1], grown.checkpoint_note).status_code == 422
+        assert _state(tmp_path / "w.state") == {"a.example/veil": 3}
+        assert _post(url, 3, proof, grown.checkpoint_note).status_code == 200
+        assert (log / "checkpoint").read_bytes() == at_three
+    with veil_server("witness", "--key", str(tmp_path / "w.key"), "--log", log_key, "--state",
+                     str(tmp_path / "fresh.state"), port_file=tmp_path / "w.port") as url:  # a witness at size 0
+        # "A checkpoint of size zero MUST have the root hash of the empty tree ... Otherwise, ... 422".
+        empty_but_wrong = _post(url, 0, (), _signed(log, 0, other_root))
+        assert empty_but_wrong.status_code == 422 and "empty tree" in empty_but_wrong.text
+        # "If the proof is not empty when the old size is zero, ... 422 Unprocessable Entity".
+        assert _post(url, 0, proof, grown.checkpoint_note).status_code == 422
+        assert not (tmp_path / "fresh.state").exists()
+        assert _post(url, 0, (), grown.checkpoint_note).status_code == 200
+
+
+def _grown_copy(log: Path, scratch: Path, count: int) -> Path:
+    """A copy of `log` grown by `count` entries: the log's honest next checkpoint, not yet published."""
+    grown = shutil.copytree(log, scratch, ignore=shutil.ignore_patterns(".lock"))
+    append_entries(grown, read_signer(_key(log)), [b"next entry %d" % i for i in range(count)])
+    return grown

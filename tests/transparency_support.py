@@ -1,4 +1,5 @@
-"""The transparency servers as tests run them: `veil log serve` and `veil witness` as real processes on loopback."""
+"""The transparency servers as tests run them: `veil log serve` and `veil witness` as real processes on loopback,
+and a log built in a directory with the log's own code and cosigned by real `Witness` objects."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+from attestation.transparency.note import NoteSigner
+from gateway.transparency.fetch import directory_fetch
+from gateway.transparency.log import add_cosignatures, append_entries, init_log
+from gateway.transparency.reader import LogReader
+from gateway.transparency.witness import Witness
+from tests.conftest import HANG_S
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +30,7 @@ def veil_server(*args: str, port_file: Path) -> Iterator[str]:
                                 str(port_file)], cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while not port_file.exists():
             if process.poll() is not None or time.monotonic() > deadline:
                 process.kill()
@@ -32,5 +40,17 @@ def veil_server(*args: str, port_file: Path) -> Iterator[str]:
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
+        _, stderr = process.communicate(timeout=HANG_S)
     assert process.returncode == 0, stderr
+
+
+def witnessed_log(directory: Path, signer: NoteSigner, entries: list[bytes], witnesses: Sequence[Witness]) -> LogReader:
+    """A new log of `entries` under `signer`, its checkpoint cosigned by each of `witnesses`.
+
+    Witnesses with fresh state files cosign whatever they are shown first: with the log's key, that is
+    how a colluding operator and its witnesses make a second view of one log (a fork)."""
+    init_log(directory, signer)
+    signed = append_entries(directory, signer, entries)
+    note = (directory / "checkpoint").read_bytes()
+    add_cosignatures(directory, signer, signed.checkpoint, [w.add_checkpoint(0, (), note) for w in witnesses])
+    return LogReader(directory_fetch(directory), signer.verifier)

@@ -5,10 +5,11 @@ the key statement of the OHTTP key configuration it serves. The client needs no 
 or the witnesses (a lookup would tell them who is about to send a request). It checks, each with its
 own error: both proofs are there (NotLoggedError), each leads from its entry to a checkpoint signed
 by the policy's log (WrongEntryError otherwise), the checkpoint carries the quorum of witness
-cosignatures (WitnessQuorumError), recent enough (CheckpointAgeError), and no two checkpoints seen
-for the log have one size and two roots (ForkError). Then the logged statements must be this
-node's: the attested code, policy and model digests, the served key configuration and measurement,
-and the receipt key its evidence binds (so a receipt checks against the log as against the evidence).
+cosignatures (WitnessQuorumError), recent enough (CheckpointAgeError), and the log has never shown
+the client's memory two roots for one size (ForkError; from then on the log is forked and nothing of
+it passes). Then the logged statements must be this node's: the attested code, policy and model
+digests, the served key configuration and measurement, and the receipt key its evidence binds (so a
+receipt checks against the log as against the evidence).
 """
 
 from __future__ import annotations
@@ -87,23 +88,36 @@ def _stapled(value: object) -> StapledEntry | None:
 
 @dataclass(slots=True)
 class CheckpointMemory:
-    """The roots a client has seen per log and size: two roots for one size is a fork.
+    """The roots a client has seen per log and size: two roots for one size is a fork, and the log stays forked.
 
-    Bounded: a long-lived client sees a new size every time the log grows, and its memory must not
-    grow with the log. The oldest sizes are forgotten first; a fork is caught among the last `limit`
+    Which of two views is the honest one cannot be told, and the view shown first may well be the fork:
+    once a log has shown two trees of one size, no checkpoint of it is accepted again (`forked` is never
+    forgotten; it holds at most the logs whose keys the client trusts, whose signatures it checked).
+    Bounded otherwise: a long-lived client sees a new size every time the log grows, and its memory must
+    not grow with the log. The oldest sizes are forgotten first; a fork is caught among the last `limit`
     checkpoints seen, which covers every node a client draws from at one time.
     """
 
     roots: dict[tuple[str, int], bytes] = field(default_factory=dict)
+    forked: dict[str, int] = field(default_factory=dict)  # origin -> a size it showed two trees of
     limit: int = 4096
 
     def remember(self, checkpoint: Checkpoint) -> None:
         key = (checkpoint.origin, checkpoint.size)
-        known = self.roots.setdefault(key, checkpoint.root)
-        if known != checkpoint.root:
-            raise ForkError(f"the log shows two trees of size {checkpoint.size}: it is forked; refuse it")
+        if self.roots.setdefault(key, checkpoint.root) != checkpoint.root:
+            self.forked.setdefault(checkpoint.origin, checkpoint.size)
+        if (fork := self.fork(checkpoint.origin)) is not None:
+            raise fork
         while len(self.roots) > self.limit:
             del self.roots[next(iter(self.roots))]  # dicts keep insertion order: the oldest goes first
+
+    def fork(self, origin: str) -> ForkError | None:
+        """The error to refuse the log `origin` with once it has shown two trees of one size; else None."""
+        size = self.forked.get(origin)
+        if size is None:
+            return None
+        return ForkError(f"the transparency log {origin} is forked: it showed this client two trees of size {size}, "
+                         "so no node proven from it is used; report it to the log's monitors")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +143,8 @@ def check_node(bundle: ProofBundle | None, node: NodeIdentity, requirement: Tran
                memory: CheckpointMemory | None = None) -> LoggedNode:
     """Raise the failing check's TransparencyError unless the node's release and key are logged and witnessed."""
     memory = memory if memory is not None else CheckpointMemory()
+    if (fork := memory.fork(requirement.policy.log.name)) is not None:  # a checkpoint's origin is its key's name
+        raise fork
     if bundle is None or bundle.release is None:
         raise NotLoggedError("the node's release is not logged: it offers no inclusion proof for it")
     if bundle.node_key is None:
@@ -159,8 +175,9 @@ def verify_stapled(stapled: StapledEntry, requirement: TransparencyRequirement, 
 
 def _check_witnessed(note: Note, requirement: TransparencyRequirement, now: float) -> None:
     policy = requirement.policy
-    if policy.quorum is None:
-        return  # development: no witness required, so no cosignature time either
+    if policy.quorum is None:  # only cosignatures carry a time: with none required, no age could be checked
+        raise WitnessQuorumError("the policy names no witness quorum: the log's signature alone shows neither "
+                                 "that others see this tree nor how old it is; name witnesses and a quorum")
     times = {name: verifier.timestamp(note) for name, verifier in policy.witnesses.items()}
     cosigned = {name for name, when in times.items() if when is not None}
     if not policy.satisfied_by(cosigned):

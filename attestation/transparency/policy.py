@@ -97,6 +97,10 @@ class _Parsing:
         key = parse_verifier(args[1])
         if not isinstance(key, CosignatureVerifier) or key.key_type != COSIGNATURE_TYPE:
             raise PolicyFormatError("a witness key must be a cosignature/v1 key (type 0x04)")
+        if any(known.public == key.public for known in self.witnesses.values()):
+            # c2sp.org/tlog-cosignature: the signed message does not commit to the cosigner's name, so one
+            # witness's signature line, copied under the other name, would count twice toward a quorum.
+            raise PolicyFormatError("one witness key under two names: each witness needs a key of its own")
         self.witnesses[args[0]] = key
 
     def _group(self, args: list[str]) -> None:

@@ -11,7 +11,7 @@ server or cache can serve a log.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from attestation.transparency.errors import TileError
@@ -87,13 +87,20 @@ def _decimal(text: str, what: str) -> int:
     return int(text)
 
 
-def tiles_for(size: int, level: int | None) -> list[TileName]:
-    """The tiles of one level (None: entry bundles) that a tree of `size` leaves has, the last maybe partial."""
+def tile_count(size: int, level: int | None) -> int:
+    """How many tiles one level (None: entry bundles) of a tree of `size` leaves has, the last maybe partial."""
+    return -(-(size >> (TILE_HEIGHT * (level or 0))) // TILE_WIDTH)
+
+
+def tiles_for(size: int, level: int | None) -> Iterator[TileName]:
+    """The tiles of one level (None: entry bundles) that a tree of `size` leaves has, the last maybe partial.
+
+    Named one at a time: a checkpoint is untrusted input, and one signed over 2**40 leaves would make
+    a list of 2**32 names before the first fetch showed that the log holds none of them.
+    """
     count = size >> (TILE_HEIGHT * (level or 0))
-    names = [TileName(level, index) for index in range(count // TILE_WIDTH)]
-    if count % TILE_WIDTH:
-        names.append(TileName(level, count // TILE_WIDTH, count % TILE_WIDTH))
-    return names
+    for index in range(tile_count(size, level)):
+        yield TileName(level, index, min(TILE_WIDTH, count - index * TILE_WIDTH))
 
 
 def parse_tile(data: bytes, width: int) -> list[bytes]:

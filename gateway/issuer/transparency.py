@@ -15,7 +15,7 @@ from pathlib import Path
 from attestation.transparency.errors import StatementFormatError
 from attestation.transparency.note import NoteSigner
 from attestation.transparency.statements import IssuerKeyStatement, decode_statement, encode_statement
-from attestation.transparency.tiles import tiles_for
+from attestation.transparency.tiles import tile_count
 from gateway.issuer.keys import DatedKey
 from gateway.transparency.fetch import directory_fetch
 from gateway.transparency.log import append_entries
@@ -32,7 +32,7 @@ def logged_issuer_keys(directory: Path, signer: NoteSigner) -> frozenset[str]:
     """The token key ids of every issuer key statement in the log (read back through its signed checkpoint)."""
     reader = LogReader(directory_fetch(directory), signer.verifier)
     ids = set()
-    for index in range(len(tiles_for(reader.size, None))):
+    for index in range(tile_count(reader.size, None)):
         for entry in reader.bundle(index):
             try:
                 statement = decode_statement(entry)

@@ -22,13 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from attestation.transparency.errors import (
-    ConsistencyProofError,
-    ForkError,
-    NoteSignatureError,
-    RollbackError,
-    TransparencyError,
-)
+from attestation.transparency.errors import ForkError, NoteSignatureError, ProofError, TransparencyError
 from attestation.transparency.node_append import APPEND_PATH, MAX_APPEND_BYTES, AppendRefusedError, parse_append_request
 from attestation.transparency.tiles import TILE_WIDTH, parse_tile_path
 from gateway.errors import OverloadedError
@@ -124,10 +118,12 @@ def _node_routes(app: FastAPI, writer: LogWriter, max_appends_in_flight: int) ->
         return JSONResponse({"index": index})
 
 
-# Each refusal of the witness, and the status tlog-witness gives it.
+# Each refusal of the witness, and the status c2sp.org/tlog-witness gives it (a stale `old`, 409 with the
+# witness's size, is answered apart). A fork (another root at the witness's size, or a size-0 tree with a
+# root but the empty one) and any proof that cannot lead from the witness's tree are 422.
 _STATUS: tuple[tuple[type[Exception], int], ...] = (
-    (UnknownLogError, 404), (NoteSignatureError, 403), (RollbackError, 409), (ForkError, 409),
-    (ConsistencyProofError, 422), (LogStoreError, 500), (TransparencyError, 400),
+    (UnknownLogError, 404), (NoteSignatureError, 403), (ForkError, 422), (ProofError, 422),
+    (LogStoreError, 500), (TransparencyError, 400),
 )
 
 
@@ -143,7 +139,8 @@ def witness_app(witness: Witness) -> FastAPI:
             parsed = parse_add_checkpoint(body)
             signature = await run_in_threadpool(witness.add_checkpoint, parsed.old_size, parsed.proof, parsed.note)
         except StaleSizeError as error:
-            return Response(f"{error.size}\n", status_code=409, media_type=SIZE_MEDIA_TYPE)
+            # Exactly the spec's type: Starlette would append "; charset=utf-8" to a text/ media type.
+            return Response(f"{error.size}\n", status_code=409, headers={"content-type": SIZE_MEDIA_TYPE})
         except TransparencyError as error:
             status = next(code for kind, code in _STATUS if isinstance(error, kind))
             return PlainTextResponse(f"{error}\n", status_code=status)

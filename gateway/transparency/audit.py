@@ -26,7 +26,7 @@ from attestation.transparency.errors import (
 from attestation.transparency.merkle import HASH_SIZE, leaf_hash, root_of, subtree_hash, verify_consistency
 from attestation.transparency.note import NoteVerifier
 from attestation.transparency.statements import IssuerKeyStatement, ReleaseStatement, Statement, decode_statement
-from attestation.transparency.tiles import TILE_WIDTH, Fetch, TileName, tile_root, tiles_for
+from attestation.transparency.tiles import TILE_WIDTH, Fetch, TileName, tile_count, tile_root, tiles_for
 from gateway.transparency.difference import describe_difference
 from gateway.transparency.errors import LogStoreError
 from gateway.transparency.reader import LogReader
@@ -68,7 +68,10 @@ def audit_log(fetch: Fetch, log_key: NoteVerifier, state_path: Path, trusted_cod
     """
     reader = LogReader(fetch, log_key)
     checkpoint = reader.signed.checkpoint
-    entries = [entry for index in range(len(tiles_for(reader.size, None))) for entry in reader.bundle(index)]
+    bundles = tile_count(reader.size, None)
+    if bundles:  # the last bundle first: a checkpoint signed over more entries than the log holds fails at once
+        reader.bundle(bundles - 1)
+    entries = [entry for index in range(bundles) for entry in reader.bundle(index)]
     leaves = [leaf_hash(entry) for entry in entries]
     if root_of(leaves) != checkpoint.root:
         raise _unsigned_entries(reader, leaves)

@@ -9,6 +9,10 @@ class LogStoreError(TransparencyError):
     """The log's directory or key cannot be read or written, or is not a log's."""
 
 
+class LogGrewError(LogStoreError):
+    """Cosignatures came back for a checkpoint that an append has since replaced: ask the witnesses again."""
+
+
 class LogFetchError(TransparencyError):
     """A log could not be fetched (connection, status, oversized answer)."""
 

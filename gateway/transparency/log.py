@@ -29,7 +29,7 @@ from attestation.transparency.tiles import (
     parse_tile,
     tile_root,
 )
-from gateway.transparency.errors import LogStoreError
+from gateway.transparency.errors import LogGrewError, LogStoreError
 from gateway.transparency.fetch import directory_fetch
 
 
@@ -75,7 +75,7 @@ def add_cosignatures(directory: Path, signer: NoteSigner, expected: Checkpoint,
     with _locked(directory):
         current = read_checkpoint(directory, signer)
         if current.checkpoint != expected:
-            raise LogStoreError("the log grew while its witnesses cosigned; ask them again")
+            raise LogGrewError("the log grew while its witnesses cosigned; ask them again")
         # A witness's newer cosignature replaces its older one: its timestamp is what makes a proof fresh.
         fresh = {(signature.name, signature.key_id): signature for signature in cosignatures}
         kept = [signature for signature in current.note.signatures if (signature.name, signature.key_id) not in fresh]

@@ -4,7 +4,12 @@ For each log it follows, the witness keeps the size and root it last cosigned in
 written durably before any cosignature leaves. A checkpoint must be signed by the log, the log
 must say which size it thinks the witness is at (`old`), and a consistency proof must lead from
 the witness's root to the new one. A smaller checkpoint is a rollback, one of the same size with
-another root is a fork: both are refused, and the state is left as it was.
+another root is a fork: both are refused, and the state is left as it was. The checks run in the
+order c2sp.org/tlog-witness lists them, each refusal with its error type, which `apps` answers with
+the spec's status: `old` above the checkpoint's size 400; `old` not the witness's size 409 with that
+size (`text/x.tlog.size`), which is how a rollback shows; a size-0 checkpoint with another root than
+the empty tree's, a proof after `old 0`, a proof that does not verify, or another root at the
+witness's own size 422.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 
 from attestation.transparency.checkpoint import Checkpoint, parse_checkpoint
 from attestation.transparency.cosignature import CosignatureSigner
-from attestation.transparency.errors import ForkError, RollbackError
+from attestation.transparency.errors import ConsistencyProofError, ForkError
 from attestation.transparency.merkle import HASH_SIZE, verify_consistency
 from attestation.transparency.note import NoteVerifier, Signature, open_note, parse_note
 from gateway.transparency.errors import (
@@ -84,19 +89,19 @@ def _by_origin(logs: Sequence[NoteVerifier]) -> dict[str, NoteVerifier]:
 
 
 def _check_extends(seen: Seen, old_size: int, proof: Sequence[bytes], checkpoint: Checkpoint) -> None:
+    if old_size > checkpoint.size:
+        raise WitnessRequestError(f"old size {old_size} is above the checkpoint's size {checkpoint.size}")
+    if old_size != seen.size:  # also a rollback (a checkpoint below the witness's size): the log learns the size
+        raise StaleSizeError(f"this witness is at size {seen.size}, not {old_size}", seen.size)
     if checkpoint.size == 0 and checkpoint.root != EMPTY_ROOT:
         # No tree of size 0 has another root: cosigning one would vouch for a history no log can have.
-        raise WitnessRequestError("a checkpoint of size 0 must carry the empty tree's root")
-    if checkpoint.size < seen.size:
-        raise RollbackError(f"the checkpoint is older than the one this witness cosigned (size {seen.size})")
-    if checkpoint.size == seen.size and seen.size and checkpoint.root != seen.root:
-        raise ForkError(f"the log shows two trees of size {seen.size}: this witness cosigned another root")
-    if old_size != seen.size:
-        raise StaleSizeError(f"this witness is at size {seen.size}, not {old_size}", seen.size)
+        raise ForkError("a checkpoint of size 0 must carry the empty tree's root")
     if seen.size == 0:
         if proof:
-            raise WitnessRequestError("a checkpoint extending the empty tree takes no proof")
+            raise ConsistencyProofError("a checkpoint extending the empty tree takes no consistency proof")
         return  # the first checkpoint of a log is trusted on first use, as any witness does
+    if checkpoint.size == seen.size and checkpoint.root != seen.root:
+        raise ForkError(f"the log shows two trees of size {seen.size}: this witness cosigned another root")
     verify_consistency(seen.size, checkpoint.size, proof, seen.root, checkpoint.root)
 
 

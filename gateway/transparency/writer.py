@@ -1,7 +1,12 @@
 """`veil log serve --key`: the log appends attested nodes' key statements and keeps its checkpoint cosigned.
 
-One writer per log directory; its lock serializes appends and cosigning, so the witnesses are always
-asked about the checkpoint that is current. After each append, and every `cosign_every_s` while
+One writer per log directory. Its lock serializes appends and is held only while the log's files are
+read or written, never across a witness's HTTP call: nodes' `/proof` and `/release-index` wait for it,
+and a witness may take its full timeout (30 s) to answer. Witness rounds are serialized by a lock of
+their own (a witness keeps one size per log, so two rounds at once would contradict each other). A
+round staples its cosignatures only if the checkpoint it showed is still the current one
+(`add_cosignatures` checks under the log's file lock); one that an append overtook is dropped, and the
+append's own round cosigns the newer checkpoint. After each append, and every `cosign_every_s` while
 the log does not grow, the witnesses are asked again: fresh cosignatures are what lets nodes staple
 proofs younger than the policy's max_checkpoint_age_s.
 """
@@ -22,7 +27,7 @@ from attestation.transparency.node_append import AppendRequest, check_append
 from attestation.transparency.note import NoteSigner
 from attestation.transparency.statements import encode_statement
 from gateway.transparency.cosign import cosign_checkpoint
-from gateway.transparency.errors import LogStoreError
+from gateway.transparency.errors import LogGrewError, LogStoreError
 from gateway.transparency.fetch import directory_fetch
 from gateway.transparency.log import append_entries
 from gateway.transparency.log_index import LogIndex
@@ -39,7 +44,9 @@ class LogWriter:
     signer: NoteSigner
     policy: Policy  # evidence of appending nodes is verified under it
     witness_urls: Sequence[str] = ()
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    witness_timeout_s: float = 30.0  # each witness call's; a round asks the witnesses in turn
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # appends and reads; never held over HTTP
+    _cosign_lock: threading.Lock = field(default_factory=threading.Lock)  # one witness round at a time
     _index: LogIndex = field(default_factory=LogIndex)  # read and caught up under the lock
 
     def append_node_key(self, request: AppendRequest) -> int:
@@ -52,15 +59,21 @@ class LogWriter:
             if logged is not None:  # a node asking twice gets the entry it has
                 return logged
             index = append_entries(self.directory, self.signer, [entry]).checkpoint.size - 1
-            try:
-                self._cosign_locked()
-            except TransparencyError as error:  # appended all the same: the next round gets it cosigned
-                _log.warning("veil log serve: the witnesses did not cosign: %s", error)
+        try:  # outside the lock: the proofs nodes fetch meanwhile are against the checkpoint as it stands
+            self.cosign()
+        except TransparencyError as error:  # appended all the same: the next round gets it cosigned
+            _log.warning("veil log serve: the witnesses did not cosign: %s", error)
         return index
 
     def cosign(self) -> None:
-        with self._lock:
-            self._cosign_locked()
+        """Ask the witnesses to cosign the current checkpoint and staple their cosignatures, if it still is."""
+        if not self.witness_urls:
+            return
+        with self._cosign_lock, httpx.Client(timeout=self.witness_timeout_s, trust_env=False) as client:
+            try:
+                cosign_checkpoint(self.directory, self.signer, self.witness_urls, client)
+            except LogGrewError:  # an append overtook this round; its own round (next on the lock) cosigns it
+                _log.info("veil log serve: the log grew while its witnesses cosigned; the next round covers it")
 
     def stapled(self, index: int) -> StapledEntry:
         """Entry `index` with its tlog-proof against the current (cosigned) checkpoint."""
@@ -83,12 +96,6 @@ class LogWriter:
                 self.cosign()
             except TransparencyError as error:
                 _log.warning("veil log serve: the witnesses did not cosign: %s", error)
-
-    def _cosign_locked(self) -> None:
-        if not self.witness_urls:
-            return
-        with httpx.Client(timeout=30.0, trust_env=False) as client:
-            cosign_checkpoint(self.directory, self.signer, self.witness_urls, client)
 
     def _reader(self) -> LogReader:
         return LogReader(directory_fetch(self.directory), self.signer.verifier)
