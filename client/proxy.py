@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from client.errors import GatewayError, ModelNotFoundError, NodeError, NoVerifiedNodeError, VeilClientError
+from client.response_types import ResponseStreamEvent
 from client.sdk import Client
 from client.streaming import Stream
 from protocol.constants import MAX_INNER_BODY_BYTES
@@ -60,6 +61,27 @@ def create_proxy_app(client: Client) -> FastAPI:
         return await _forward(lambda: client.completions.create(**_arguments(body, "prompt", "")),
                               include_usage=_include_usage(body))
 
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        body = await _json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        return await _forward(lambda: client.responses.create(**_arguments(body, "input", "")))
+
+    @app.api_route("/v1/responses/{response_id:path}", methods=["GET", "POST", "DELETE"])
+    async def stored_response(response_id: str) -> Any:
+        return _error(404, "not_found", "responses are never stored (no state outlives a request on a Veil node), "
+                      "so there is none to retrieve, cancel or delete by id")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Any:
+        body = await _json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        rest = {name: value for name, value in body.items() if name not in ("model", "input")}
+        return await _forward(lambda: client.embeddings.create(model=body.get("model", ""), input=body.get("input", ""),
+                                                               extra_body=rest))
+
     @app.get("/v1/models")
     async def models() -> Any:
         return await _forward(client.models.list)
@@ -84,7 +106,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
         if error.status_code == 404:
-            return _error(404, "not_found", "no such path; use /v1/chat/completions, /v1/completions or /v1/models")
+            return _error(404, "not_found", "no such path; use /v1/chat/completions, /v1/completions, "
+                          "/v1/responses, /v1/embeddings or /v1/models")
         if error.status_code == 405:
             return _error(405, "method_not_allowed", "this path does not accept that method")
         return _error(error.status_code, "invalid_request", "the request does not follow OpenAI's API")
@@ -144,13 +167,18 @@ def _sse(stream: Stream, include_usage: bool) -> Iterator[bytes]:
     """OpenAI's event stream; a failure mid-stream ends it with an error event instead of [DONE].
 
     With `include_usage`, every chunk has a `usage` field, null but in the last (which has no choices).
+    A Responses stream's events are named (`event: response.created`) and end with its last event, as
+    OpenAI's do, without [DONE].
     """
+    named = False
     try:
         for chunk in stream:
             data = chunk.to_dict()
             if include_usage:
                 data.setdefault("usage", None)
-            yield f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+            named = isinstance(chunk, ResponseStreamEvent)
+            event = f"event: {chunk.type}\n" if named else ""
+            yield f"{event}data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
     except VeilClientError as error:
         status = getattr(error, "status", 0)
         payload = error_body(status if status >= 400 else 502, _code(error), str(error), getattr(error, "param", None))
@@ -158,7 +186,8 @@ def _sse(stream: Stream, include_usage: bool) -> Iterator[bytes]:
         return
     finally:
         stream.close()
-    yield b"data: [DONE]\n\n"
+    if not named:
+        yield b"data: [DONE]\n\n"
 
 
 def _client_error(error: VeilClientError) -> JSONResponse:

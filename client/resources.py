@@ -1,4 +1,4 @@
-"""The OpenAI-shaped surface of `Client`: `chat.completions`, `completions` and `models`.
+"""The OpenAI-shaped surface of `Client`: `chat.completions`, `completions`, `responses` and `models`.
 
 Each resource turns OpenAI's keyword arguments into the inner request's JSON body, sends it
 through the client (which verifies, seals and retries) and parses the node's answer into the typed
@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 from client.errors import ModelNotFoundError, ResponseIntegrityError
+from client.response_types import Response, ResponseStreamEvent
 from client.streaming import AnswerHandle, Stream
 from client.types import ChatCompletion, ChatCompletionChunk, Completion, Model, ModelList, Route
 
@@ -110,6 +111,33 @@ class Completions:
                      top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, stream_options=stream_options,
                      logprobs=logprobs, **_extras(sampling)) | (extra_body or {})
         return _create(self._client, "/v1/completions", body, stream, Completion.from_dict, Completion.from_dict)
+
+
+class Responses:
+    """`client.responses`: OpenAI's Responses API, served statelessly (`store` is always false)."""
+
+    def __init__(self, client: Sender) -> None:
+        self._client = client
+
+    def create(
+        self,
+        *,
+        model: str,
+        input: str | Sequence[Any],  # noqa: A002 - OpenAI's name for it
+        stream: bool = False,
+        extra_body: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> Response | Stream[ResponseStreamEvent]:
+        """A Response, or with `stream=True` an iterator of its events (`response.created` ... `response.completed`).
+
+        Every other keyword is sent as the Responses field of that name (`instructions`, `tools`, `tool_choice`,
+        `text`, `max_output_tokens`, `temperature`, ...): the node applies it or refuses it by name. Nodes keep no
+        state, so `store=True` and `previous_response_id` are refused; send the whole conversation in `input`."""
+        if not isinstance(input, (str, list, tuple)):
+            raise ValueError("input must be a string or a list of items")
+        body = _body(model=model, input=input if isinstance(input, str) else list(input), stream=stream or None,
+                     **fields) | (extra_body or {})
+        return _create(self._client, "/v1/responses", body, stream, ResponseStreamEvent.from_dict, Response.from_dict)
 
 
 class Models:

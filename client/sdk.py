@@ -33,6 +33,7 @@ from attestation.binding import NONCE_SIZE
 from attestation.receipts import Receipt
 from client import wire
 from client.directory import DirectoryCache, DirectoryEntry, capped, listed_models, sample_candidates, serving
+from client.embeddings import Embeddings
 from client.errors import (
     CandidateFailure,
     ModelNotFoundError,
@@ -43,9 +44,9 @@ from client.errors import (
     VeilClientError,
 )
 from client.receipts import ReceiptCheck
-from client.resources import SAMPLING_EXTRAS, Chat, Completions, Models
+from client.resources import SAMPLING_EXTRAS, Chat, Completions, Models, Responses
 from client.retries import MAX_RETRY_AFTER_S, send_with_retries
-from client.sending import gateway_refusal, keep_no_cookies, post_candidates, served
+from client.sending import gateway_refusal, keep_no_cookies, post_candidates, served, token_given_back
 from client.streaming import Stream, StreamedAnswer
 from client.tokens import TokenWallet, bound_wallet
 from client.types import CandidateRecord, Route
@@ -121,6 +122,8 @@ class Client:
         self._clock_skew_s = 0.0
         self.chat = Chat(self)
         self.completions = Completions(self)
+        self.responses = Responses(self)
+        self.embeddings = Embeddings(self)
         self.models = Models(self)
 
     # ----- lifecycle ------------------------------------------------------------------------
@@ -196,7 +199,10 @@ class Client:
         authorization = self._tokens.authorization() if self._tokens is not None else None
         response = post_candidates(self._http, sealed, authorization, self._answer_timeout)
         if not response.is_success:
-            raise gateway_refusal(response)
+            refusal = gateway_refusal(response)
+            if authorization is not None and token_given_back(refusal):
+                self._tokens.give_back(authorization)  # unspent: the next attempt sends it again
+            raise refusal
         try:
             return served(sealed, response), response, route
         except VeilClientError:
@@ -217,11 +223,12 @@ class Client:
         if directory.entries and not pool:
             raise ModelNotFoundError()
         entries = capped(pool, self.policy.routing.max_node_capacity)
-        records = one_per_chip([check(entry) for entry in sample_candidates(entries, self.candidates)])
+        checked = [check(entry) for entry in sample_candidates(entries, self.candidates)]
+        records = one_per_chip(self._verifier.transparency.refuse_if_forked(checked))
         route = Route(None, tuple(records), self.policy.name)
         verified = [record for record in records if record.ok]
         if not verified:
-            raise _nothing_verified(records)
+            raise _nothing_verified(records, self._verifier.transparency.fork())
         inner = wire.build_request(method, path, body, now=time.time() + self._clock_skew_s)
         sealed = [wire.seal(r.node_id, r.verified.key_config, inner, streaming) for r in verified]
         return sealed, route
@@ -266,8 +273,8 @@ def _candidate_count(requested: int | None, policy: Policy) -> int:
     return requested
 
 
-def _nothing_verified(records: Sequence[CandidateRecord]) -> NoVerifiedNodeError:
+def _nothing_verified(records: Sequence[CandidateRecord], fork: Exception | None = None) -> NoVerifiedNodeError:
     if not records:
         return NoVerifiedNodeError([], "the gateway lists no node with capacity; nothing was sent")
     failures = [CandidateFailure(r.node_id, r.failed_check or "unknown", r.failure or "") for r in records]
-    return NoVerifiedNodeError(failures)
+    return NoVerifiedNodeError(failures, None if fork is None else f"{fork}; nothing was sent")

@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from engine import EngineCoreClient, EngineError, RequestOutput, RequestRejected, SamplingParams, StreamDelta, Tokenizer
-from enclave import request_fields, tool_fields
+from engine import EngineCoreClient, EngineError, PoolingKind, RequestOutput, RequestRejected, SamplingParams, StreamDelta, Tokenizer
+from enclave import answer_parts, embeddings, request_fields, responses_answer, responses_request, template_fields, tool_fields
 from enclave.api_types import ApiError, InnerResponse, error_response
 from enclave.openai_shapes import ResponseShape
 from enclave.replay_window import REQUEST_DATE_WINDOW_S, DateOutOfWindow, check_date
+from enclave.tool_calls import tool_format
 from ohttp.bhttp import Request
 from ohttp.dates import format_http_date
 from protocol.constants import MAX_INNER_BODY_BYTES
@@ -32,14 +33,21 @@ __all__ = ["REQUEST_DATE_WINDOW_S", "ApiError", "InnerApi", "InnerResponse", "er
 class InnerApi:
     engine: EngineCoreClient
     tokenizer: Tokenizer
-    model_name: str
+    model_name: str  # the id answers name; `aliases`: other ids it is asked for by (`--model-name` given again)
+    aliases: tuple[str, ...] = ()
+    tool_call_format: str | None = None  # the operator's named format (`--tool-call-format`); None: the template's
     date_window_s: float = REQUEST_DATE_WINDOW_S
     clock: Callable[[], float] = time.time
     created: int = field(default_factory=lambda: int(time.time()))  # OpenAI's `created`: when the node began serving
+    pooling: PoolingKind | None = None  # an embedding model's pooling (`veil node --task embed`); None: generation
 
     @property
     def max_tokens_limit(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.model_name, *self.aliases)
 
     def handle(self, request: Request) -> InnerResponse:
         try:
@@ -53,7 +61,7 @@ class InnerApi:
         except ApiError as error:
             return error_response(error)
         except RequestRejected as error:
-            return error_response(ApiError(400, error.reason, str(error), param=_param_of(str(error))))
+            return error_response(_rejection(error, _PROMPT_FIELDS.get(request.path.split(b"?", 1)[0])))
         except EngineError:
             return error_response(ApiError(500, "engine_error", "the engine failed this request"))
         except Exception:  # noqa: BLE001 - an unforeseen bug answers inside the encryption, saying nothing
@@ -65,30 +73,77 @@ class InnerApi:
             b"/v1/models": (b"GET", self._models),
             b"/v1/chat/completions": (b"POST", self._chat),
             b"/v1/completions": (b"POST", self._completions),
+            b"/v1/responses": (b"POST", self._responses),
+            b"/v1/embeddings": (b"POST", self._embeddings),
         }
+        if path.startswith(b"/v1/responses/"):
+            raise ApiError(404, "not_found", f"responses are never stored ({responses_request.NO_STATE}), so there "
+                           "is none to retrieve, cancel or delete by id")
         if path not in routes:
-            raise ApiError(404, "not_found", "no such endpoint; use /v1/chat/completions, /v1/completions or /v1/models")
+            raise ApiError(404, "not_found", "no such endpoint; use /v1/chat/completions, /v1/completions, "
+                           "/v1/responses, /v1/embeddings or /v1/models")
         method, handler = routes[path]
         if request.method.upper() != method:
             raise ApiError(405, "method_not_allowed", f"use {method.decode()} for this endpoint")
+        if self.pooling is not None and path in _GENERATION_PATHS:
+            raise embeddings.not_a_generation_model(self.model_name)
         return handler(request)
 
     def _models(self, request: Request) -> InnerResponse:
-        model = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "veil"}
-        body = {"object": "list", "data": [model]}
+        task = {"task": "generate"} if self.pooling is None else {"task": "embed", "pooling": self.pooling.value}
+        models = [{"id": name, "object": "model", "created": self.created, "owned_by": "veil"} | task
+                  for name in self.model_names]
+        body = {"object": "list", "data": models}
         return InnerResponse(200, json.dumps(body).encode())
 
-    def _chat(self, request: Request) -> InnerResponse:
+    def _embeddings(self, request: Request) -> InnerResponse:
+        """OpenAI's embeddings (`enclave.embeddings`): an embedding node's pooled final states."""
         body = self._json_body(request)
+        if self.pooling is None:
+            raise embeddings.not_an_embedding_model(self.model_name)
+        call = embeddings.read_call(body, self.pooling)
+        outputs = embeddings.embed(call, self.engine, self.tokenizer)
+        body = embeddings.answer(outputs, call, self.model_name)
+        return InnerResponse(200, json.dumps(body).encode(), metrics=embeddings.call_metrics(outputs))
+
+    def _chat(self, request: Request) -> InnerResponse:
+        return self._chat_answer(self._json_body(request))
+
+    def _responses(self, request: Request) -> InnerResponse:
+        """OpenAI's Responses API, served as the chat completion it describes (`responses_request`)."""
+        body = self._json_body(request)
+        call = responses_request.translate(body)
+        try:
+            answer = self._chat_answer(call.chat)
+        except RequestRejected as error:
+            raise responses_request.renamed(_rejection(error, "messages")) from None
+        except ApiError as error:
+            raise responses_request.renamed(error) from None
+        ident = responses_answer.response_id()
+        if answer.streaming:
+            builder = responses_answer.ResponseBuilder(call, ident, self.model_name, int(time.time()))
+            answer.events = responses_answer.events(answer.events, responses_answer.ResponseStream(builder))
+        else:
+            answer.body = json.dumps(responses_answer.whole(json.loads(answer.body), call, ident)).encode()
+        return answer
+
+    def _chat_answer(self, body: dict) -> InnerResponse:
         tools = tool_fields.tool_request(body)
         messages = request_fields.messages(body.get("messages"))
-        prompt = self.tokenizer.encode_chat(messages, tools=tools.tools)
-        return self._generate(body, prompt, chat=True, tools=tools)
+        template = self.tokenizer.chat_template(with_tools=tools.tools is not None)
+        kwargs = template_fields.template_kwargs(body, template)
+        prompt = self.tokenizer.encode_chat(messages, tools=tools.tools, template_kwargs=kwargs)
+        reasoning = answer_parts.reasons(template)
+        # Whether the template's generation prompt opened the block: read from the prompt's last few tokens.
+        opened = reasoning and answer_parts.prompt_opens_reasoning(self._prompt_text(prompt[-4:]))
+        return self._generate(body, prompt, chat=True, tools=tools, reasoning=(reasoning, opened))
 
     def _completions(self, request: Request) -> InnerResponse:
         body = self._json_body(request)
         prompt = request_fields.prompt(body)
         echo = self._prompt_text(prompt) if request_fields.echo(body) else ""
+        if isinstance(prompt, str) and prompt:  # encoded here: a control token the text spells stays text
+            prompt = self.tokenizer.encode_prompt(prompt)
         return self._generate(body, prompt, chat=False, echo=echo)
 
     def _prompt_text(self, prompt: str | list[int]) -> str:
@@ -112,21 +167,26 @@ class InnerApi:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise ApiError(400, "invalid_request", "'model' must be a string", param="model")
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.model_names:
             raise ApiError(404, "model_not_found", "this node does not serve the requested model; see /v1/models",
                            param="model")
         return body
 
     def _generate(self, body: dict, prompt: str | list[int], chat: bool, echo: str = "",
-                  tools: tool_fields.ToolRequest | None = None) -> InnerResponse:
+                  tools: tool_fields.ToolRequest | None = None,
+                  reasoning: tuple[bool, bool] = (False, False)) -> InnerResponse:
+        """`reasoning`: whether the model reasons in `<think>` blocks, and whether the prompt opened one."""
         tools = tools or tool_fields.ToolRequest()
         params = _with_tool_grammar(request_fields.sampling_params(body, chat, self.max_tokens_limit), tools)
-        call_format = tools.call_format(self.tokenizer.chat_template(with_tools=True))
+        template = self.tokenizer.chat_template(with_tools=True)
+        call_format = tools.call_format(template, self.tool_call_format)
         handle = self.engine.submit(prompt, params)
         completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         shape = ResponseShape(completion_id, self.model_name, chat, int(time.time()),
                               logprobs=params.logprobs is not None, token_text=self._token_text, echo=echo,
-                              tool_format=call_format, parallel_tool_calls=tools.parallel)
+                              tool_format=call_format, parallel_tool_calls=tools.parallel,
+                              tool_call_ids=self.tool_call_format or tool_format(template),
+                              reasoning=reasoning[0], reasoning_opened=reasoning[1])
         include_usage = request_fields.include_usage(body)
         if body.get("stream") is True:
             batches = handle.delta_batches()
@@ -162,6 +222,20 @@ def _with_tool_grammar(params: SamplingParams, tools: tool_fields.ToolRequest) -
         raise ApiError(400, "unsupported_parameter", "a forced 'tool_choice' cannot be combined with another "
                        "constraint on the answer (response_format, structured_outputs, guided_*)", param="tool_choice")
     return dataclasses.replace(params, structured=grammar)
+
+
+# The endpoints an embedding node refuses: its model generates nothing.
+_GENERATION_PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/responses"})
+
+# The field a refusal of the whole prompt (too long for the context) names, by endpoint.
+_PROMPT_FIELDS = {b"/v1/chat/completions": "messages", b"/v1/completions": "prompt", b"/v1/responses": "input",
+                  b"/v1/embeddings": "input"}
+
+
+def _rejection(error: RequestRejected, prompt_field: str | None) -> ApiError:
+    """An engine refusal in OpenAI's shape, naming the field it is about where its words say."""
+    param = _param_of(str(error)) or (prompt_field if error.reason == "prompt_too_long" else None)
+    return ApiError(400, error.reason, str(error), param=param)
 
 
 def _param_of(message: str) -> str | None:

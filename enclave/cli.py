@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from audit.logs import add_operation_options, configure_logging
+from enclave.tool_calls import FORMATS
 
 _log = logging.getLogger("veil.node")
 
@@ -31,7 +32,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="audit sink: stdout, stderr, file:PATH, jsonl:PATH or none (default: the policy's audit.sink)")
     node.add_argument("--key-rotation-s", type=float, default=3600.0, help="HPKE key lifetime (0 = never rotate)")
     node.add_argument("--key-grace-s", type=float, default=300.0, help="how long the previous key still opens requests")
-    node.add_argument("--model-name", default=None, help="the model id clients ask for (default: the folder name)")
+    node.add_argument("--model-name", action="append", default=None, metavar="ID",
+                      help="a model id clients ask for; repeat it for aliases (the first is the id answers name; "
+                           "/v1/models lists each; default: the folder name)")
+    node.add_argument("--task", choices=("generate", "embed"), default="generate",
+                      help="what the model serves: generate (chat, completions, responses) or embed (/v1/embeddings "
+                           "only; default: %(default)s)")
+    node.add_argument("--pooling", choices=("last", "mean"), default=None,
+                      help="with --task embed: last-token or mean pooling of the final hidden states (default: what "
+                           "the folder's sentence-transformers modules.json states, else last)")
+    node.add_argument("--tool-call-format", choices=FORMATS,
+                      default=None, help="the tool-call format the model writes, read with tool_choice \"auto\" "
+                           "(default: the one its chat template shows; a template that shows none refuses \"auto\")")
     node.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size on CPU (default: the policy's budget)")
     node.add_argument("--eager", action="store_true",
                       help="CUDA: run every engine step eagerly, no decode graphs (default: graphs on CUDA)")
@@ -87,7 +99,9 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
     return NodeSettings(
         model=args.model, policy=args.policy, attestation=args.attestation, listen=args.listen,
         port_file=args.port_file, capacity=args.capacity, audit=args.audit, key_rotation_s=args.key_rotation_s,
-        key_grace_s=args.key_grace_s, model_name=args.model_name, kv_cache_gib=args.kv_cache_gib,
+        key_grace_s=args.key_grace_s, model_name=_first(args.model_name),
+        model_aliases=tuple(dict.fromkeys(args.model_name or ()))[1:], kv_cache_gib=args.kv_cache_gib,
+        tool_call_format=args.tool_call_format, task=args.task, pooling=args.pooling,
         cuda_graphs=not args.eager, async_scheduling=not args.sync_scheduling, bridge_toll_us=args.bridge_toll_us,
         drain_s=args.drain_s, evidence_check_s=args.evidence_check_s, metrics_listen=args.metrics_listen,
         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -96,6 +110,10 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
         sampling_draw=args.sampling_draw, transparency_log=args.transparency_log,
         transparency_refresh_s=args.transparency_refresh_s,
     )
+
+
+def _first(names: list[str] | None) -> str | None:
+    return names[0] if names else None
 
 
 def _run_node(args: argparse.Namespace) -> int:

@@ -16,6 +16,9 @@ from attestation.backends import get_backend
 from attestation.bundle import EvidenceBundle
 from attestation.measurement import measure
 from attestation.receipts import ReceiptSigner
+from attestation.transparency.client_check import TransparencyRequirement
+from attestation.transparency.errors import TransparencyError
+from attestation.transparency.requirement import transparency_requirement
 from attestation.verifier import node_id_for, verify
 from audit.buckets import bucket_latency_ms, bucket_tokens
 from audit.events import (
@@ -25,11 +28,12 @@ from audit.events import (
     EvidenceRefreshed,
     NodeStarted,
     NodeStopped,
+    ProofsRefreshed,
     RequestFinished,
     RequestStatus,
     StopReason,
 )
-from audit.metrics import Metrics, MetricsServer, MetricsSink
+from audit.metrics import Metrics, MetricsServer, MetricsSink, serve_metrics
 from audit.sink import open_sink
 from enclave.api import InnerApi
 from enclave.health import NodeHealth
@@ -38,8 +42,10 @@ from enclave.selfcheck import EngineLimits, check_node_settings
 from enclave.service import NodeService, Outcome
 from enclave.settings import NodeSettings
 from enclave.transparency import TransparencyStapler
-from engine import EngineConfig, EngineCoreClient, Tokenizer, ZeroingReport
+from engine import EngineConfig, EngineCoreClient, PoolingKind, Tokenizer, ZeroingReport
+from engine.pooling import model_pooling
 from policy import resolve_policy
+from policy.model import Policy
 from policy.shipped import resolve_policy_path
 from protocol import node_pb2_grpc
 from protocol.constants import MAX_GRPC_MESSAGE_BYTES
@@ -77,6 +83,11 @@ class ZeroingTally:
         return age >= ZEROED_REPORT_INTERVAL_S and self.requests >= ZEROED_REPORT_MIN_REQUESTS
 
 
+def request_tokenizer(settings: NodeSettings, policy: Policy) -> Tokenizer:
+    """The tokenizer requests' text is encoded with: control tokens it spells are text, unless the policy allows."""
+    return Tokenizer(settings.model, control_tokens_in_content=policy.engine.control_tokens_in_content)
+
+
 def engine_config(settings: NodeSettings, limits: EngineLimits) -> EngineConfig:
     """The node's engine: the policy's limits; graphs and async steps where CUDA has them unless turned off."""
     optional = {name: value for name in ("gpu_memory_utilization", "max_num_batched_tokens")
@@ -89,6 +100,15 @@ def engine_config(settings: NodeSettings, limits: EngineLimits) -> EngineConfig:
         speculative=settings.speculative, num_speculative_tokens=settings.num_speculative_tokens,
         sampling_draw=settings.sampling_draw, **optional,
     )
+
+
+def node_pooling(settings: NodeSettings) -> PoolingKind | None:
+    """An embedding node's pooling (`--task embed`): the operator's, else the model folder's, else last-token."""
+    if settings.task != "embed":
+        return None
+    if settings.pooling is not None:
+        return PoolingKind(settings.pooling)
+    return model_pooling(settings.model) or PoolingKind.LAST
 
 
 class NodeServer:
@@ -105,7 +125,8 @@ class NodeServer:
         self.stapler = None if settings.transparency_log is None else TransparencyStapler(
             settings.transparency_log, self.measurement, lambda: self.keys.current.config.encode(), self._attest,
             settings.key_rotation_s + settings.key_grace_s if settings.key_rotation_s > 0 else 0,
-            settings.transparency_refresh_s, self.receipts.public_key)
+            settings.transparency_refresh_s, self.receipts.public_key, _requirement(self.policy),
+            on_refresh=lambda outcome, proofs: self.audit.emit(ProofsRefreshed(self.node_id, outcome, proofs)))
         # The operator's --audit overrides the sink the measured policy names.
         # Metrics count the audit events as they are emitted, so they hold nothing the audit does not.
         self.metrics = Metrics()
@@ -117,9 +138,12 @@ class NodeServer:
         self._zeroed = ZeroingTally()
         self._zeroed_lock = threading.Lock()
         self.engine.on_exit(self._engine_lost)
-        api = InnerApi(self.engine, Tokenizer(settings.model), settings.model_name or Path(settings.model).name)
+        api = InnerApi(self.engine, request_tokenizer(settings, self.policy), settings.model_name or Path(settings.model).name,
+                       aliases=settings.model_aliases, tool_call_format=settings.tool_call_format,
+                       pooling=node_pooling(settings))
         # grpc.health.v1: SERVING only while the core runs, the evidence is fresh and the node is not draining.
-        self.health = NodeHealth(lambda: self.engine.alive, self.self_attest, settings.evidence_check_s)
+        self.health = NodeHealth(lambda: self.engine.alive, self.self_attest, settings.evidence_check_s,
+                                 ready=lambda: self.stapler is None or self.stapler.ready)
         self.service = NodeService(
             keyring=lambda: self.keys.keyring, api=api, attest=self._attest, node_id=lambda: self.node_id,
             sign_receipt=self._sign_receipt,
@@ -164,7 +188,7 @@ class NodeServer:
             raise OSError(f"cannot listen on {self.settings.listen}: the port is taken or the address is not "
                           "this machine's; choose another")
         if self.settings.metrics_listen is not None:  # bound before the model loads: a taken port fails fast
-            self.metrics_server = _metrics_server(self.metrics, self.settings.metrics_listen)
+            self.metrics_server = serve_metrics(self.metrics, self.settings.metrics_listen)
         self.engine.start()  # loads the model; only a node that passed its self-checks spends that time
         if self.stapler is not None:  # proofs before the first Attest, so the gateway lists them from the start
             self.stapler.refresh_quietly()
@@ -270,14 +294,12 @@ class NodeServer:
         ))
 
 
-def _metrics_server(metrics: Metrics, listen: str) -> MetricsServer:
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit() or int(port) > 65535:
-        raise OSError("--metrics-listen must look like HOST:PORT (for example 127.0.0.1:9400)")
+def _requirement(policy: Policy) -> TransparencyRequirement | None:
+    """How old the policy lets stapled proofs be (None: it requires none, or names no log yet)."""
     try:
-        return MetricsServer(metrics, host.strip("[]"), int(port))
-    except OSError as error:
-        raise OSError(f"cannot serve metrics on {listen} ({error.strerror}); choose another address") from None
+        return transparency_requirement(policy.transparency)
+    except TransparencyError:  # required, but no log named: no node passes, and no proof has an age to watch
+        return None
 
 
 def _write_atomically(path: Path, text: str) -> None:

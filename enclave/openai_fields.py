@@ -19,7 +19,8 @@ _COMMON = frozenset({
     "top_k", "min_p", "stop_token_ids", "ignore_eos",
 })
 CHAT_ONLY = frozenset({"messages", "top_logprobs", "max_completion_tokens", "modalities", "safety_identifier",
-                       "tools", "tool_choice", "parallel_tool_calls"})  # `tool_fields` reads the last three
+                       "tools", "tool_choice", "parallel_tool_calls",  # `tool_fields` reads these three
+                       "chat_template_kwargs", "reasoning_effort"})  # `template_fields` reads these two
 COMPLETIONS_ONLY = frozenset({"prompt", "echo", "best_of", "suffix"})
 
 # The engine part of issue 20 applies these; `request_fields.engine_fields` reads them (one place).
@@ -32,7 +33,6 @@ ENGINE_FIELDS = frozenset({
 REFUSED = {
     "audio": "audio output is not supported: nodes generate text only",
     "prediction": "predicted outputs are not supported",
-    "reasoning_effort": "the served models have no reasoning-effort setting",
     "verbosity": "the served models have no verbosity setting",
     "web_search_options": "web search is not supported: a node reaches no network on a request's behalf",
     "functions": "'functions' is deprecated and not supported; use 'tools'",

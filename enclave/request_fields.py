@@ -6,7 +6,7 @@ why). Every check names the field that was wrong in the error's `param` and neve
 
 from __future__ import annotations
 
-from engine import DEFAULT_MAX_TOKENS, ChatMessage, SamplingParams
+from engine import ChatMessage, SamplingParams
 from enclave import structured_fields, tool_fields
 from enclave.api_types import ApiError
 from enclave.openai_fields import check_names
@@ -38,8 +38,9 @@ def sampling_params(body: dict, chat: bool, max_tokens_limit: int) -> SamplingPa
     return SamplingParams(**fields)
 
 
-def _max_tokens(body: dict, limit: int) -> int:
-    """`max_tokens`, or its newer name `max_completion_tokens` (chat); both given must agree."""
+def _max_tokens(body: dict, limit: int) -> int | None:
+    """`max_tokens`, or its newer name `max_completion_tokens` (chat); both given must agree. Neither: None,
+    the rest of the context window (as vLLM does), which the engine works out from the prompt."""
     plain = _number(body, "max_tokens", int, None)
     alias = _number(body, "max_completion_tokens", int, None)
     if plain is not None and alias is not None and plain != alias:
@@ -48,7 +49,7 @@ def _max_tokens(body: dict, limit: int) -> int:
     name, value = ("max_completion_tokens", alias) if alias is not None else ("max_tokens", plain)
     if value is not None and value > limit:
         raise ApiError(400, "invalid_request", f"'{name}' may be at most {limit} on this node", param=name)
-    return DEFAULT_MAX_TOKENS if value is None else value
+    return value
 
 
 def _samples(body: dict) -> int:

@@ -18,6 +18,13 @@ class NodeSettings:
     key_rotation_s: float = 3600.0
     key_grace_s: float = 300.0
     model_name: str | None = None
+    model_aliases: tuple[str, ...] = ()  # more ids the model is asked for by; answers name `model_name`
+    # The tool-call format the model writes (`enclave.tool_calls.FORMATS`), for a template that shows none; None: the template's.
+    tool_call_format: str | None = None
+    # "generate", or "embed": the model serves /v1/embeddings only, pooled as `pooling` says ("last" or
+    # "mean"; None: what the folder's sentence-transformers config states, else "last"; `engine.pooling`).
+    task: str = "generate"
+    pooling: str | None = None
     kv_cache_gib: float | None = None  # default: the policy's KV budget
     # On CUDA the engine replays decode graphs and launches each step before reading the previous one.
     # Turning either off is an operator's escape hatch; neither changes what is zeroed or audited.

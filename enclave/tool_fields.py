@@ -33,17 +33,18 @@ class ToolRequest:
     def forced(self) -> bool:
         return self.choice in ("required", "function")
 
-    def call_format(self, template: str | None) -> str | None:
-        """The format the answer's calls are read in; None: none are read. `template`: the chat template."""
+    def call_format(self, template: str | None, named: str | None = None) -> str | None:
+        """The format the answer's calls are read in; None: none are read. `template`: the chat template;
+        `named`: the format the operator named for the model (`veil node --tool-call-format`), which wins."""
         if self.choice == "none":
             return None
         if self.forced:
             return FORCED_JSON
-        format = tool_format(template)
+        format = named or tool_format(template)
         if format is None:
             raise ApiError(400, "unsupported_parameter", "this model's chat template shows it no tool-call format "
                            "this node reads, so \"auto\" cannot tell calls from text; use \"required\", a named "
-                           "function or \"none\"", param="tool_choice")
+                           "function or \"none\" (or the operator names one: --tool-call-format)", param="tool_choice")
         return format
 
     def grammar(self) -> StructuredOutput | None:
@@ -66,7 +67,8 @@ def _call_schema(function: dict) -> dict:
 
 def tool_request(body: dict) -> ToolRequest:
     tools = _tools(body.get("tools"))
-    parallel = body.get("parallel_tool_calls", True)
+    parallel = body.get("parallel_tool_calls")
+    parallel = True if parallel is None else parallel  # null is the default, as for every optional field
     if not isinstance(parallel, bool):
         raise ApiError(400, "invalid_request", "'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
     choice, function = _choice(body.get("tool_choice"), tools)

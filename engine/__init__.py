@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 _EXPORTS = {
     "ChatMessage": "engine.tokenizer",
     "CompletionOutput": "engine.outputs",
-    "DEFAULT_MAX_TOKENS": "engine.sampling_params",
+    "EmbeddingOutput": "engine.pooling",
     "EngineConfig": "engine.config",
     "EngineCoreClient": "engine.core_client",
     "EngineError": "engine.errors",
@@ -26,6 +26,8 @@ _EXPORTS = {
     "LLMEngine": "engine.llm_engine",
     "ModelConfig": "engine.config",
     "ModelLoadError": "engine.errors",
+    "PoolingKind": "engine.pooling",
+    "PoolingParams": "engine.pooling",
     "RequestHandle": "engine.core_client",
     "RequestMetrics": "engine.outputs",
     "RequestOutput": "engine.outputs",
@@ -49,7 +51,8 @@ if TYPE_CHECKING:
     from engine.errors import EngineError, ModelLoadError, RequestRejected, UnknownRequestError
     from engine.llm_engine import LLMEngine
     from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, StreamDelta
-    from engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams, StructuredOutput
+    from engine.pooling import EmbeddingOutput, PoolingKind, PoolingParams
+    from engine.sampling_params import SamplingParams, StructuredOutput
     from engine.sequence import FinishReason, TokenLogprob
     from engine.chat_template import ToolCall
     from engine.tokenizer import ChatMessage, Tokenizer

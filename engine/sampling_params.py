@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 from engine.errors import RequestRejected
 
-# What a request that names no max_tokens gets, in the engine and through the node's API alike.
-DEFAULT_MAX_TOKENS = 128
 MAX_SAMPLES = 16
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 8
@@ -57,7 +55,8 @@ class SamplingParams:
     the most likely token every time, with no random draw.
     """
 
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    # None: the rest of the context (as vLLM does), as far as the KV pool holds it; never a lower cap.
+    max_tokens: int | None = None
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
@@ -92,7 +91,8 @@ class SamplingParams:
         """Raises RequestRejected naming the first setting of the wrong type or out of range."""
         # Each check is a thunk so a type check guards the range check after it.
         checks = (
-            (lambda: is_integer(self.max_tokens) and self.max_tokens >= 1, "max_tokens must be an integer >= 1"),
+            (lambda: self.max_tokens is None or (is_integer(self.max_tokens) and self.max_tokens >= 1),
+             "max_tokens must be an integer >= 1"),
             (lambda: _is_number(self.temperature) and 0.0 <= self.temperature <= 100.0,
              "temperature must be a number between 0 and 100"),
             (lambda: is_integer(self.top_k) and self.top_k >= 0, "top_k must be an integer >= 0"),

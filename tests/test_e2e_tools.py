@@ -92,3 +92,21 @@ def test_a_malformed_tool_field_is_refused_naming_it(oa: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as raised:
         ask(oa, tool_choice={"type": "function", "function": {"name": "get_news"}})
     assert raised.value.body["param"] == "tool_choice"
+
+
+STRICT = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+HERMES_CALL = r'Checking\.\n<tool_call>\n\{"name": "get_forecast", "arguments": \{"city": "Oslo", "days": 2\}\}\n</tool_call>'
+
+
+@pytest.mark.parametrize("fields", [{"tool_choice": "required"}, {"extra_body": {"guided_regex": HERMES_CALL}}])
+def test_the_sdk_stream_helper_closes_every_call(oa: openai.OpenAI, fields: dict) -> None:
+    """`chat.completions.stream` with a strict tool fires `tool_calls.function.arguments.done` (a forced call,
+    and a Hermes call the model wrote after text), with arguments that parse."""
+    with oa.chat.completions.stream(model="tiny-qwen", messages=QUESTION, tools=STRICT, max_tokens=1000,
+                                    parallel_tool_calls=False, **fields) as stream:
+        done = [event for event in stream if event.type == "tool_calls.function.arguments.done"]
+        final = stream.get_final_completion()
+    [event] = done
+    assert event.name == "get_forecast" and event.parsed_arguments == json.loads(event.arguments)
+    jsonschema.validate(event.parsed_arguments, FORECAST)
+    assert final.choices[0].finish_reason == "tool_calls"

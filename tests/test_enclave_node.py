@@ -22,7 +22,6 @@ from enclave.node import NodeServer
 from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
 from enclave.settings import NodeSettings
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.sampling_params import DEFAULT_MAX_TOKENS
 from engine.tiny import write_tiny_model
 from engine.tokenizer import ChatMessage
 from ohttp import ChunkedRequestSealer, ClientRequest, bhttp
@@ -30,6 +29,7 @@ from ohttp.bhttp_stream import StreamingResponseDecoder
 from ohttp.keys import KeyConfig
 from policy import shipped_policy
 from protocol import node_pb2, node_pb2_grpc
+from tests.conftest import HANG_S
 
 CANARY = "CANARY-7f3a9c-PURPLE-GIRAFFE"
 
@@ -246,7 +246,7 @@ def test_over_capacity_is_refused_not_queued(node, stub):
     for stream in held:
         stream.cancel()
     # The node frees each slot when it sees the cancellation: wait for that, not for a guessed half second.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_S
     while stub.Health(node_pb2.HealthRequest(), timeout=10).in_flight and time.monotonic() < deadline:
         time.sleep(0.05)
     assert call_whole(stub, config, inner_request("/v1/models", None, method=b"GET")).status == 200
@@ -377,7 +377,7 @@ def _zeroed_events(node) -> list[dict]:
 
 def test_a_zeroing_report_never_covers_a_lone_request_within_the_minute(node, stub):
     config = attest(stub)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_S
     while node.engine.in_flight and time.monotonic() < deadline:  # earlier tests' requests end first
         time.sleep(0.05)
     node.flush_audit()  # whatever earlier tests left is reported now; the tally starts empty
@@ -453,7 +453,7 @@ def test_a_node_whose_engine_core_dies_stops_serving_and_says_why(sim_root, mode
         health = node_pb2_grpc.NodeStub(channel).Health
         assert health(node_pb2.HealthRequest()).serving
         os.kill(node.engine._process.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_S
         while health(node_pb2.HealthRequest()).serving and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not health(node_pb2.HealthRequest()).serving
@@ -468,7 +468,7 @@ def test_a_node_whose_engine_core_dies_stops_serving_and_says_why(sim_root, mode
 
 
 @pytest.mark.parametrize(("chat", "body", "expected"), [
-    (True, {}, {"max_tokens": DEFAULT_MAX_TOKENS, "top_k": 0, "min_p": 0.0, "logprobs": None, "ignore_eos": False}),
+    (True, {}, {"max_tokens": None, "top_k": 0, "min_p": 0.0, "logprobs": None, "ignore_eos": False}),
     (True, {"top_k": 5, "min_p": 0.2, "top_p": 0.9}, {"top_k": 5, "min_p": 0.2, "top_p": 0.9}),
     (True, {"top_k": -1}, {"top_k": 0}),
     (True, {"stop_token_ids": [3, 9], "ignore_eos": True}, {"stop_token_ids": (3, 9), "ignore_eos": True}),
@@ -480,7 +480,7 @@ def test_a_node_whose_engine_core_dies_stops_serving_and_says_why(sim_root, mode
 def test_the_inner_api_passes_every_sampling_setting(chat, body, expected):
     params = sampling_params(body, chat, max_tokens_limit=4096)
     assert {name: getattr(params, name) for name in expected} == expected
-    assert SamplingParams().max_tokens == DEFAULT_MAX_TOKENS  # one default, engine and API alike
+    assert SamplingParams().max_tokens is None  # one default, the rest of the context: engine and API alike
 
 
 @pytest.mark.parametrize(("chat", "body", "message"), [

@@ -54,9 +54,18 @@ def qwen_style_model(root: Path) -> Path:
     return folder
 
 
+def toolless_model(root: Path) -> Path:
+    """The tiny model with a chat template that shows no tool-call format (the tiny model's own shows Hermes')."""
+    folder = root / "tiny-toolless"
+    shutil.copytree(tiny_model_dir(), folder)
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    return folder
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> tuple[Path, Path]:
-    return qwen_style_model(tmp_path_factory.mktemp("tools")), tiny_model_dir()
+    root = tmp_path_factory.mktemp("tools")
+    return qwen_style_model(root), toolless_model(root)
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,14 @@ from enclave.tool_calls import (
     FORCED_JSON,
     HERMES,
     LLAMA_JSON,
+    MISTRAL_ARGS,
     MISTRAL_JSON,
     Parsed,
     parse_whole,
     parser_for,
     tool_format,
 )
-from engine.tiny import CHAT_TEMPLATE
+from tests.family_support import MODELS, family_folder
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
@@ -65,8 +66,34 @@ def test_the_format_is_read_from_the_chat_template(template: str, format: str | 
     assert tool_format((TEMPLATES / f"{template}.jinja").read_text()) == format
 
 
+def family_template(name: str) -> str:
+    return json.loads((family_folder(name) / "tokenizer_config.json").read_text())["chat_template"]
+
+
+def more_template(name: str) -> str:
+    return json.loads((MODELS / "more-chat-templates" / "templates.json").read_text())[name]["template"]
+
+
+@pytest.mark.parametrize(("name", "format"), [
+    ("llama-3.1-8b-instruct", LLAMA_JSON), ("llama-3.2-3b-instruct", LLAMA_JSON), ("qwen2.5-3b-instruct", HERMES),
+    ("qwen3-0.6b", HERMES), ("mistral-7b-instruct-v0.3", MISTRAL_JSON), ("deepseek-r1-distill-qwen-32b", None),
+])
+def test_the_format_is_read_from_each_real_familys_template(name: str, format: str | None) -> None:
+    assert tool_format(family_template(name)) == format
+
+
+@pytest.mark.parametrize(("name", "format"), [
+    ("mistral-small-3.2-24b-instruct-2506", MISTRAL_ARGS), ("mistral-nemo-instruct-2407", MISTRAL_JSON),
+    ("llama-3.3-70b-instruct", LLAMA_JSON), ("qwen3-0.6b", HERMES),
+])
+def test_mistral_small_3_reads_as_name_then_args_not_as_a_json_list(name: str, format: str) -> None:
+    """Mistral Small 3.x writes `[TOOL_CALLS]name[ARGS]{...}`: its template shows `[ARGS]`."""
+    assert tool_format(more_template(name)) == format
+
+
 def test_a_template_that_shows_no_call_format_has_none() -> None:
-    assert tool_format(CHAT_TEMPLATE) is None and tool_format(None) is None
+    plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    assert tool_format(plain) is None and tool_format(None) is None
 
 
 HERMES_CASES = [
@@ -79,7 +106,12 @@ HERMES_CASES = [
     ("Plain answer, <b>no</b> call.\n\n", "Plain answer, <b>no</b> call.\n\n", []),
     ("Almost a tag: <tool_", "Almost a tag: <tool_", []),
     ("A\n<tool_call>not json</tool_call> B", "A\n<tool_call>not json</tool_call> B", []),
-    ('<tool_call>{"name": "f", "arguments": {"a": 1</tool_call>', "", [("f", '{"a": 1')]),  # named: a call
+    # Malformed blocks stay content, as vLLM keeps them: the outer "}" left out, the arguments never closed.
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}</tool_call>',
+     '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}</tool_call>', []),
+    ('<tool_call>{"name": "f", "arguments": {"a": 1</tool_call>', '<tool_call>{"name": "f", "arguments": {"a": 1</tool_call>', []),
+    (f"Sure.<tool_call>{WEATHER}</tool_call><tool_call>{{\"name\": \"f\"</tool_call>",
+     'Sure.<tool_call>{"name": "f"</tool_call>', [("get_weather", {"city": "Paris"})]),
     ('<tool_call>{"name": "x", "arguments": [1]}</tool_call>', '<tool_call>{"name": "x", "arguments": [1]}</tool_call>', []),
     ('<tool_call>{"arguments": {}, "name": "no_args_first"}</tool_call>', "", [("no_args_first", {})]),
 ]
@@ -100,6 +132,11 @@ LLAMA_CASES = [
     ('{"city": "Paris"}', '{"city": "Paris"}', []),
     ("Sure: {\"name\": \"a\", \"parameters\": {}}", "Sure: {\"name\": \"a\", \"parameters\": {}}", []),
     ("<|py", "<|py", []),
+    # A ";" inside a string argument does not split the calls.
+    ('{"name": "sql", "parameters": {"q": "SELECT 1; SELECT 2"}}; {"name": "b", "parameters": {}}', "",
+     [("sql", {"q": "SELECT 1; SELECT 2"}), ("b", {})]),
+    ('{"name": "a", "parameters": {}}; not a call', '{"name": "a", "parameters": {}}; not a call', []),
+    ('{"name": "a", "parameters": {"x": 1}', '{"name": "a", "parameters": {"x": 1}', []),  # malformed: content
 ]
 
 
@@ -118,10 +155,24 @@ MISTRAL_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("text", "content", "calls"), MISTRAL_CASES)
-def test_mistral_call_lists_become_calls_whole_and_streamed(text: str, content: str, calls: list) -> None:
-    assert whole(MISTRAL_JSON, text) == (content, calls)
-    every_split(MISTRAL_JSON, text)
+MISTRAL_ARGS_CASES = [
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "", [("get_weather", {"city": "Paris"})]),
+    ('[TOOL_CALLS]a[ARGS]{}[TOOL_CALLS]b[ARGS]{"k": "[ARGS]"}', "", [("a", {}), ("b", {"k": "[ARGS]"})]),
+    ('Let me check.\n[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris"}', "Let me check.",
+     [("get_weather", {"city": "Paris"})]),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Par', '[TOOL_CALLS]get_weather[ARGS]{"city": "Par', []),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"} and more', '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"} and more', []),
+    ('[TOOL_CALLS] [{"name": "a", "arguments": {}}]', '[TOOL_CALLS] [{"name": "a", "arguments": {}}]', []),
+    ("Sunny, [20] degrees.", "Sunny, [20] degrees.", []),
+]
+
+
+@pytest.mark.parametrize(("format", "text", "content", "calls"),
+                         [(MISTRAL_JSON, *case) for case in MISTRAL_CASES] + [(MISTRAL_ARGS, *case) for case in MISTRAL_ARGS_CASES])
+def test_mistral_calls_become_calls_whole_and_streamed(format: str, text: str, content: str, calls: list) -> None:
+    """Mistral 7B v0.3 and Nemo write a JSON list after `[TOOL_CALLS]`; Mistral Small 3.x `[TOOL_CALLS]name[ARGS]{...}`."""
+    assert whole(format, text) == (content, calls)
+    every_split(format, text)
 
 
 def test_a_forced_answer_is_a_list_of_calls() -> None:
@@ -139,20 +190,29 @@ def test_content_streams_before_the_answer_ends() -> None:
     assert llama.feed("  It").content == "  It" and llama.feed(" rains").content == " rains"
 
 
-def test_hermes_arguments_stream_before_the_call_ends() -> None:
-    """Once a block shows its name, the call is named and its arguments go out as they come."""
-    parser = parser_for(HERMES)
-    first = parser.feed('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
-    assert first.content == "Checking."
+def test_a_forced_call_streams_its_name_first_then_its_arguments_as_written() -> None:
+    """As OpenAI streams a call: named at once, its arguments in pieces as the model writes them."""
+    parser = parser_for(FORCED_JSON)
+    assert parser.feed('[{"name":"get_wea').pieces == []
+    first = parser.feed('ther","parameters":{"city":"Pa')
     [header, part] = [piece.fragment() for piece in first.pieces]
     assert header["index"] == 0 and header["id"].startswith("call_") and header["type"] == "function"
     assert header["function"] == {"name": "get_weather", "arguments": ""}
-    assert part == {"index": 0, "function": {"arguments": '{"city": "Pa'}}
-    rest = parser.feed('ris"}}\n</tool_call>\n<tool_call>{"name": "get_time", "arguments": {}}')
+    assert part == {"index": 0, "function": {"arguments": '{"city":"Pa'}}
+    assert [p.arguments for p in parser.feed('ris\\"}"').pieces] == ['ris\\"}"']  # a brace in a string
+    rest = parser.feed('}},{"name":"get_time","parameters":{}}]')
     rest.extend(parser.finish())
-    assert [p.call for p in rest.pieces] == [0, 1, 1]  # the first call's last part, the second named, its arguments
-    assert [(c.name, c.arguments) for c in Parsed("", first.pieces + rest.pieces).calls] == [
-        ("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
+    assert [(p.call, p.name, p.arguments) for p in rest.pieces] == [
+        (0, None, "}"), (1, "get_time", ""), (1, None, "{}")]
+    assert rest.content == ""
+
+
+def test_a_chosen_call_is_named_then_given_its_arguments_once_it_parses() -> None:
+    """A call the model chose is given out only once it is whole and parses, still named first."""
+    parser = parser_for(HERMES)
+    assert parser.feed('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa').pieces == []
+    parsed = parser.feed('ris"}}\n</tool_call>')
+    assert [(p.name, p.arguments) for p in parsed.pieces] == [("get_weather", ""), (None, '{"city": "Paris"}')]
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
@@ -171,11 +231,13 @@ def test_call_ids_are_random_per_call() -> None:
 
 
 PIECES = st.sampled_from(["<tool_call>", "</tool_call>", "<tool", "_call>", "\n", " ", "x", "{", "}", WEATHER, TIME,
-                          "<|python_tag|>", '{"name": "f", "parameters": {}}', ";", "é", "[TOOL_CALLS]", "[", "]"])
+                          "<|python_tag|>", '{"name": "f", "parameters": {}}', ";", "é", "[TOOL_CALLS]", "[", "]",
+                          "[ARGS]", '{"k": "}"}', '[{"name":"f","parameters":{"a":"]}"}}'])
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(PIECES | st.text(max_size=4), max_size=10), st.sampled_from([HERMES, LLAMA_JSON, MISTRAL_JSON]),
+@given(st.lists(PIECES | st.text(max_size=4), max_size=10),
+       st.sampled_from([HERMES, LLAMA_JSON, MISTRAL_JSON, MISTRAL_ARGS, FORCED_JSON]),
        st.data())
 def test_any_text_streams_as_its_whole_parse_and_plain_text_is_unchanged(pieces, format, data) -> None:
     text = "".join(pieces)
