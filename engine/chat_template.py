@@ -9,13 +9,20 @@ loop controls, its `tojson`, `raise_exception`, `strftime_now`, `namespace`, `di
 default, non-strict undefined, which real templates rely on (`message.tool_calls` of a plain message).
 Messages reach the template as transformers passes them: plain dicts without the keys whose value is
 None, tool calls in OpenAI's {"type": "function", "function": {"name", "arguments"}} shape with the
-arguments as a dict. A template that fails on a conversation is a request error that never quotes it.
+arguments as a dict. One exception: an assistant turn that only calls tools (OpenAI's `content: null`)
+has the content its template expects, as vLLM gives it: "" (Qwen3's first template and vLLM's DeepSeek-R1
+template use it as text), or None where the template itself tests `message['content'] is none`
+(DeepSeek-R1's own). A template that fails on a conversation is a request error that never quotes it.
+
+`render(..., mark=...)` passes every string of the messages and tools through `mark` first: how
+engine/control_tokens.py tells the text a user wrote from the special tokens the template writes.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +42,8 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 # A template's own refusal is shown only when it is literal text of the template (so not the conversation).
 _MAX_SHOWN_REFUSAL = 200
 _SHOWABLE = re.compile(r"[ -~]+")
+# A template that tells a tool-calling turn by `message['content'] is none` (DeepSeek-R1's).
+_TESTS_CONTENT_NONE = re.compile(r"""message\s*(?:\.\s*content|\[\s*['"]content['"]\s*\])\s+is\s+(?:not\s+)?none""")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +72,12 @@ class ChatMessage:
         size = 0 if self.content is None else len(self.content)
         return f"ChatMessage({size} characters, {len(self.tool_calls)} tool calls)"
 
-    def template_data(self) -> dict:
-        """The message as transformers gives it to a template: keys set to None are left out."""
+    def template_data(self, null_content: str | None = "") -> dict:
+        """The message as transformers gives it to a template: keys set to None are left out, except an
+        assistant's null content (a turn that only calls tools), which is `null_content`."""
         data: dict = {"role": self.role}
-        if self.content is not None:
-            data["content"] = self.content
+        if self.content is not None or self.role == "assistant":
+            data["content"] = null_content if self.content is None else self.content
         if self.tool_calls:
             data["tool_calls"] = [_call_data(call) for call in self.tool_calls]
         if self.tool_call_id is not None:
@@ -87,6 +97,8 @@ class ChatTemplates:
     def __init__(self, sources: dict[str, str], special_tokens: dict[str, str]) -> None:
         self._sources = sources
         self._compiled = {name: _compile(name, source) for name, source in sources.items()}
+        self._null_content = {name: None if _TESTS_CONTENT_NONE.search(source) else ""
+                              for name, source in sources.items()}
         self._special_tokens = special_tokens
 
     @classmethod
@@ -103,14 +115,28 @@ class ChatTemplates:
         name = self._name(with_tools)
         return None if name is None else self._sources[name]
 
-    def render(self, messages: list[ChatMessage], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+    def literal_text(self, with_tools: bool) -> str:
+        """The template's own text: its raw text and string constants, joined by NULs (transformers' reading)."""
+        name = self._name(with_tools)
+        if name is None:
+            return ""
+        tree = self._compiled[name].environment.parse(self._sources[name])
+        literals = {node.data for node in tree.find_all(jinja2.nodes.TemplateData)}
+        literals |= {node.value for node in tree.find_all(jinja2.nodes.Const) if isinstance(node.value, str)}
+        return "\0".join(sorted(literals))
+
+    def render(self, messages: list[ChatMessage], tools: list[dict] | None, add_generation_prompt: bool,
+               mark: Callable[[object], object] = lambda data: data, template_kwargs: dict | None = None) -> str:
+        """`template_kwargs`: more variables for the template (Qwen3's `enable_thinking`); they cannot replace
+        the conversation, the tools or the special tokens."""
         name = self._name(tools is not None)
         if name is None:
             raise RequestRejected("no_chat_template", "this model has no chat template; use completions instead")
         context = {
+            **mark(template_kwargs or {}),
             **self._special_tokens,
-            "messages": [message.template_data() for message in messages],
-            "tools": tools,
+            "messages": mark([message.template_data(self._null_content[name]) for message in messages]),
+            "tools": mark(tools),
             "documents": None,
             "add_generation_prompt": add_generation_prompt,
         }

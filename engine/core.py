@@ -31,6 +31,7 @@ from engine.config import EngineConfig
 from engine.errors import EngineError, ModelLoadError, UnknownRequestError
 from engine.llm_engine import LLMEngine, duplicate_request_id
 from engine.outputs import TokenOutput
+from engine.pooling import EmbeddingOutput, PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.structured import Guide
 
@@ -52,6 +53,7 @@ class AddRequest:
     request_id: str
     prompt: str | list[int]
     params: SamplingParams
+    pooling: PoolingParams | None = None  # an embedding request (`engine.pooling`): `params` unused
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,7 @@ class CoreFailed:
 @dataclass(frozen=True, slots=True)
 class StepOutput:
     outputs: list[TokenOutput]  # tuples: cheap to pickle, one per sample that produced or ended
+    embeddings: list[EmbeddingOutput] = dataclasses.field(default_factory=list)  # embedding requests that ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,8 +236,11 @@ class EngineCore:
 
     def _add_to_engine(self, message: AddRequest, compiled: Guide | None) -> None:
         try:
-            self.engine.add_request(message.prompt, message.params, request_id=message.request_id,
-                                    compiled=compiled)
+            if message.pooling is not None:
+                self.engine.add_embedding(message.prompt, message.pooling, request_id=message.request_id)
+            else:
+                self.engine.add_request(message.prompt, message.params, request_id=message.request_id,
+                                        compiled=compiled)
         except EngineError as error:
             self._send(Refused(message.request_id, error))
             return
@@ -274,12 +280,14 @@ class EngineCore:
             self._fail_all()
             return
         self._steps += 1
-        for output in outputs:
-            if output[5] is not None and output[0] in self._live:  # the request's metrics: it ended
-                self._live.discard(output[0])
+        embeddings = self.engine.take_embeddings()
+        ended = [output[0] for output in outputs if output[5] is not None]  # the request's metrics: it ended
+        for request_id in ended + [embedded.request_id for embedded in embeddings]:
+            if request_id in self._live:
+                self._live.discard(request_id)
                 self._zeroing.request_ended()
-        if outputs:
-            self._send(StepOutput(outputs))
+        if outputs or embeddings:
+            self._send(StepOutput(outputs, embeddings))
         self._zeroing.check()
 
     def _fail_all(self) -> None:

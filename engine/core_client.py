@@ -37,6 +37,7 @@ from engine.core import (
 from engine.errors import EngineError, ModelLoadError
 from engine.output_processor import OutputProcessor
 from engine.outputs import StreamDelta
+from engine.pooling import EmbeddingOutput, PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 
@@ -59,8 +60,16 @@ class RequestHandle:
     def __init__(self, client: EngineCoreClient, request_id: str) -> None:
         self._client = client
         self.request_id = request_id
-        self.queue: queue.Queue[StreamDelta | Failure | None] = queue.Queue()
+        self.queue: queue.Queue[StreamDelta | EmbeddingOutput | Failure | None] = queue.Queue()
         self.finished = False
+
+    def embedding(self) -> EmbeddingOutput:
+        """An embedding request's vector, once the engine has pooled it; raises the engine's error if refused."""
+        item = self.queue.get()
+        self.finished = True
+        if isinstance(item, EmbeddingOutput):
+            return item
+        raise item.error if isinstance(item, Failure) else EngineError("the engine stopped before this request finished")
 
     def deltas(self) -> Iterator[StreamDelta]:
         """Yields deltas until the request finishes; raises the engine's error if it was refused."""
@@ -199,22 +208,38 @@ class EngineCoreClient:
     def in_flight(self) -> int:
         return len(self._handles)
 
-    def submit(self, prompt: str | list[int], params: SamplingParams) -> RequestHandle:
+    def submit(self, prompt: str | list[int], params: SamplingParams, pooling: PoolingParams | None = None
+               ) -> RequestHandle:
+        """Queues a request; with `pooling`, an embedding request, whose handle's `embedding` is its answer."""
+        refusal = None
+        try:
+            prompt = self._tokenized(prompt)
+        except EngineError as error:
+            refusal = error
         with self._lock:
             handle = RequestHandle(self, f"r{next(self._ids)}")
-            if not self._reading:  # nobody would ever end it
-                handle.queue.put(Failure(EngineError("the engine is not running")))
+            if refusal is not None or not self._reading:  # nobody would ever end it
+                handle.queue.put(Failure(refusal or EngineError("the engine is not running")))
                 return handle
             # Listed before the core can answer, so no output can arrive for a request nobody holds.
             self._handles[handle.request_id] = handle
-            self._text.add(handle.request_id, params)
+            if pooling is None:  # an embedding makes no text
+                self._text.add(handle.request_id, params, prompt if isinstance(prompt, list) else ())
         try:
-            self._send(AddRequest(handle.request_id, prompt, params))
+            self._send(AddRequest(handle.request_id, prompt, params, pooling))
         except EngineError as error:
             self._handles.pop(handle.request_id, None)
             self._text.forget(handle.request_id)
             handle.queue.put(Failure(error))
         return handle
+
+    def _tokenized(self, prompt: str | list[int]) -> str | list[int]:
+        """A text prompt as the core would tokenize it, tokenized here (as vLLM's front end does): the text
+        stage's first decode starts with its last tokens, and the core's step loop never waits on a tokenizer.
+        An empty text goes as it is, for the core to refuse."""
+        if isinstance(prompt, str) and prompt and self._text is not None:
+            return self._text.tokenizer.encode(prompt)
+        return prompt
 
     def abort(self, request_id: str) -> None:
         if self._handles.pop(request_id, None) is None:
@@ -284,6 +309,10 @@ class EngineCoreClient:
                 self._deliver(delta)
             for request_id, index in stops:
                 self._finish_sample(request_id, index)
+            for embedded in message.embeddings:
+                handle = self._handles.pop(embedded.request_id, None)
+                if handle is not None:  # else closed: nobody is listening
+                    handle.queue.put(embedded)
         elif isinstance(message, Refused):
             self._text.forget(message.request_id)
             handle = self._handles.pop(message.request_id, None)

@@ -23,6 +23,7 @@ from engine.model_runner import ModelRunner, PickRequest, step_lists
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestMetrics, RequestOutput, StreamDelta, TokenOutput
 from engine.overlap import async_scheduling_enabled
+from engine.pooling import EmbeddingOutput, PoolingParams, PoolSpan, accumulate, embedding
 from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.sampling_params import SamplingParams, is_integer
 from engine.scheduler import ScheduledChunk, Scheduler
@@ -39,6 +40,8 @@ from engine.structured import GrammarCompiler, Guide, MaskRequest
 from engine.tokenizer import Tokenizer
 
 _MAX_REQUEST_ID_LENGTH = 128
+# What an embedding request's sequence is given: its room is its prompt and one slot, and it picks nothing.
+_PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0)
 
 
 def duplicate_request_id() -> RequestRejected:
@@ -109,6 +112,8 @@ class LLMEngine:
         self._pending: list[TokenOutput] = []
         self._pending_deltas: list[StreamDelta] = []
         self.num_tokens_computed = 0  # every token run through the model, prompts and outputs
+        self._num_pooling = 0  # embedding requests running: only then are a step's chunks looked at for them
+        self._embeddings: list[EmbeddingOutput] = []  # finished embeddings, until `take_embeddings`
 
     # ----- requests -------------------------------------------------------------------------
 
@@ -135,8 +140,36 @@ class LLMEngine:
         self._requests[request_id] = Request(request_id, params, len(prompt_ids), [first], time.monotonic())
         self.scheduler.add(first)
         if self.output is not None:
-            self.output.add(request_id, params)
+            self.output.add(request_id, params, prompt_ids)
         return request_id
+
+    def add_embedding(self, prompt: str | list[int], pooling: PoolingParams, request_id: str | None = None) -> str:
+        """Queues an embedding request (`engine.pooling`): a prefill-only request whose pooled final states
+        come back from `take_embeddings` once its prompt is computed. Raises RequestRejected."""
+        request_id = self._new_request_id(request_id)
+        pooling.validate(self.model_config.hidden_size)
+        prompt_ids = self._prompt_ids(prompt)
+        self._check_fits(prompt_ids, _PREFILL_ONLY)
+        seq = self._new_sequence(request_id, 0, prompt_ids, _PREFILL_ONLY, 1)
+        seq.pooling = pooling
+        self._requests[request_id] = Request(request_id, _PREFILL_ONLY, len(prompt_ids), [seq], time.monotonic())
+        self._num_pooling += 1
+        self.scheduler.add(seq)
+        return request_id
+
+    def take_embeddings(self) -> list[EmbeddingOutput]:
+        """The embeddings finished since the last call; the engine keeps nothing of them."""
+        taken, self._embeddings = self._embeddings, []
+        return taken
+
+    def embed(self, prompts: Iterable[str | list[int]], pooling: PoolingParams) -> list[list[float]]:
+        """Offline embedding: one vector per prompt, in their order."""
+        ids = [self.add_embedding(prompt, pooling) for prompt in prompts]
+        vectors: dict[str, list[float]] = {}
+        while self.has_unfinished():
+            self.step_tokens()
+            vectors.update((output.request_id, output.embedding) for output in self.take_embeddings())
+        return [vectors[request_id] for request_id in ids]
 
     def abort(self, request_id: str) -> None:
         """Stops a request now: its blocks are freed and zeroed before this returns.
@@ -278,24 +311,60 @@ class LLMEngine:
         drafts = None if self.scheduler.drafter is None else {c.seq.seq_id: c.draft for c in chunks if c.draft}
         lists, in_flight_ids = step_lists(chunks, self.config.block_size), self._in_flight_ids(chunks)
         self.num_tokens_computed += len(lists.input_ids)  # every chunk's tokens and drafts
+        pooling = self._pool_spans(chunks, lists.cu_seqlens_q) if self._num_pooling else None
         sampling, waiting_mask = [], False
         for chunk in chunks:  # one pass: the chunks count as computed, and those that reach their end sample
             seq = chunk.seq
             computed = seq.num_computed_tokens = seq.num_computed_tokens + chunk.num_tokens
             # `num_tokens` spelled out: this runs for every chunk of every step.
-            if computed == len(seq.prompt_token_ids) + len(seq.output_token_ids) + (seq.pending_row is not None):
+            if (computed == len(seq.prompt_token_ids) + len(seq.output_token_ids) + (seq.pending_row is not None)
+                    and seq.pooling is None):  # an embedding's ends when its states are pooled (`_pool`)
                 sampling.append(seq)
                 waiting_mask = waiting_mask or (seq.guide is not None and seq.pending_row is not None)
         if waiting_mask:
-            return ForwardOnly(sampling, self.runner.run(lists, in_flight_ids).logits)
+            run = self.runner.run(lists, in_flight_ids, pooling=pooling and pooling[1])
+            self._pool(pooling, run.pooled)
+            return ForwardOnly(sampling, run.logits)
         # The picks' settings are known before the forward, so they ride in the step's one upload.
         picks = self._pick_request(sampling, drafts)
         request = None if picks is None else picks[1]
-        if drafting is None:
+        if pooling is not None:
+            run = self.runner.run(lists, in_flight_ids, request, drafting, pooling[1])
+            self._pool(pooling, run.pooled)
+        elif drafting is None:
             run = self.runner.run(lists, in_flight_ids, request)
         else:
             run = self.runner.run(lists, in_flight_ids, request, drafting)
         return None if picks is None else LaunchedStep(picks[0], run.picked)
+
+    def _pool_spans(self, chunks: list[ScheduledChunk], cu_seqlens: list[int]
+                    ) -> tuple[list[Sequence], list[PoolSpan]] | None:
+        """The step's embedding chunks and their rows; None if it has none. Called before the chunks count
+        as computed: a chunk from position 0 starts its state afresh (a preempted request is recomputed)."""
+        pooled: list[Sequence] = []
+        spans: list[PoolSpan] = []
+        for index, chunk in enumerate(chunks):
+            seq = chunk.seq
+            if seq.pooling is not None:
+                if seq.num_computed_tokens == 0:
+                    seq.pooled = None
+                pooled.append(seq)
+                spans.append(PoolSpan(cu_seqlens[index], cu_seqlens[index + 1], seq.pooling.kind))
+        return (pooled, spans) if spans else None
+
+    def _pool(self, pooling: tuple[list[Sequence], list[PoolSpan]] | None, rows) -> None:
+        """Adds each embedding chunk's reduction to its request's state; a request whose prompt is now
+        computed ends here, its vector made and its blocks freed (zeroed with the step's others)."""
+        if pooling is None:
+            return
+        for seq, span, row in zip(*pooling, rows):
+            seq.pooled = accumulate(seq.pooled, row, span.kind)
+            if seq.num_computed_tokens == len(seq.prompt_token_ids):
+                vector = embedding(seq.pooled, len(seq.prompt_token_ids), seq.pooling)
+                self._finish_and_free(seq, FinishReason.STOP)
+                request = self._requests.pop(seq.request_id)
+                metrics = RequestMetrics(request.num_prompt_tokens, 0, request.arrival_time, None, time.monotonic())
+                self._embeddings.append(EmbeddingOutput(seq.request_id, vector, metrics))
 
     def _drafting(self, chunks: list[ScheduledChunk]) -> DraftRequest | None:
         """What a draft model runs in this step (None without one): the step's own tokens and the drafts.
@@ -431,18 +500,25 @@ class LLMEngine:
                 f"the prompt has {prompt_len} tokens; this model serves at most {self.max_model_len - 1} prompt tokens"
                 + self._window_note(),
             )
-        if prompt_len + params.max_tokens > self.max_model_len:
+        max_tokens = self._room(prompt_len) if params.max_tokens is None else params.max_tokens
+        if prompt_len + max_tokens > self.max_model_len:
             raise RequestRejected(
                 "max_tokens_too_large",
-                f"prompt ({prompt_len}) + max_tokens ({params.max_tokens}) exceeds the context of {self.max_model_len} tokens"
+                f"prompt ({prompt_len}) + max_tokens ({max_tokens}) exceeds the context of {self.max_model_len} tokens"
                 + self._window_note(),
             )
-        if self.block_manager.blocks_for(prompt_len + params.max_tokens) > self.block_manager.num_blocks:
+        if self.block_manager.blocks_for(prompt_len + max_tokens) > self.block_manager.num_blocks:
             raise RequestRejected(
                 "exceeds_kv_pool",
                 f"prompt + max_tokens needs more KV blocks than this node's pool of {self.block_manager.num_blocks}",
             )
-        return params.max_tokens
+        return max_tokens
+
+    def _room(self, prompt_len: int) -> int:
+        """A request without max_tokens may write the rest of the context, as far as the KV pool holds it
+        (at least one token: a prompt that leaves none is refused by the checks after)."""
+        pool_tokens = self.block_manager.num_blocks * self.block_manager.block_size
+        return max(1, min(self.max_model_len, pool_tokens) - prompt_len)
 
     def _window_note(self) -> str:
         """Says so when the model's sliding window is what limits the context."""
@@ -578,7 +654,7 @@ class LLMEngine:
             self.block_manager.fork(parent, child)
             child.guide = None if parent.guide is None else parent.guide.fork()
             child.num_computed_tokens = parent.num_computed_tokens
-            self.scheduler.add_running(child)
+            self.scheduler.add_running(child, parent)
             request.sequences.append(child)
             children.append(child)
         parent.forks_pending = 0
@@ -620,6 +696,9 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.pending_row = None  # a token still in flight is no part of a finished sample
         self._drop_pick_state(seq)
+        if seq.pooling is not None:  # an embedding's running state goes with it, however it ends
+            seq.pooled = None
+            self._num_pooling -= 1
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self._requests[seq.request_id].finished.add(seq.sample_index)

@@ -30,6 +30,7 @@ from engine.errors import EngineError
 from engine.loader import load_model
 from engine.models.layers import AttentionMetadata
 from engine.overlap import async_scheduling_enabled, fill_placeholders, placeholder
+from engine.pooling import PoolSpan, pool_rows
 from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.scheduler import ScheduledChunk
 from engine.speculative import SpeculativeBatch, SpeculativeSampler
@@ -88,6 +89,7 @@ class PickRequest:
 class StepRun:
     logits: torch.Tensor  # of the rows that sample, in chunk order
     picked: PickedTokens | None  # when the step was given a PickRequest: its picks, their download started
+    pooled: torch.Tensor | None = None  # a row per pooling span (`engine.pooling`), fp32, left on the device
 
 
 class ModelRunner:
@@ -160,22 +162,23 @@ class ModelRunner:
         return graphs
 
     def run(self, lists: StepLists, in_flight_ids: torch.Tensor | None = None, picks: PickRequest | None = None,
-            drafting: DraftRequest | None = None) -> StepRun:
+            drafting: DraftRequest | None = None, pooling: list[PoolSpan] | None = None) -> StepRun:
         """Runs one step: one upload, the queued block ops, the forward, and with `picks` the picks and one download.
 
         A step in which every sequence adds one token replays a CUDA graph when graphs are on; any other
         step runs eagerly. `in_flight_ids`: the picked ids of the step still in flight, which supply the
         pending tokens' ids on the device (`engine.overlap`); given whenever a chunk has a pending token.
+        `pooling`: the rows embedding requests reduce (`engine.pooling`); such a step runs eagerly.
         """
         # Inference mode through the guard `torch.inference_mode` itself enters: the decorator also makes
         # a mode object and enters it in Python, about twice the guard's cost inside a step (measured at
         # batch 256: 38 us a step entering and leaving through the decorator).
         with torch._C._InferenceMode(True):
-            return self._run(lists, in_flight_ids, picks, drafting)
+            return self._run(lists, in_flight_ids, picks, drafting, pooling)
 
     def _run(self, lists: StepLists, in_flight_ids: torch.Tensor | None, picks: PickRequest | None,
-             drafting: DraftRequest | None) -> StepRun:
-        batch_size = None if self.graphs is None else self.graphs.batch_size_for(lists)
+             drafting: DraftRequest | None, pooling: list[PoolSpan] | None = None) -> StepRun:
+        batch_size = None if self.graphs is None or pooling else self.graphs.batch_size_for(lists)
         upload = self.bridge.upload()
         ops = self.block_ops.pack(upload)
         if batch_size is None:
@@ -192,25 +195,28 @@ class ModelRunner:
         step_tables = self.tables.step_tables(tables, views)
         if draft_plan is not None:  # speculative steps are synchronous: no pick is in flight to fill
             in_flight_ids = self.draft.propose(draft_plan, views, step_tables)
-        logits = self._forward(lists, views, step_tables, batch_size, in_flight_ids)
+        logits, pooled = self._forward(lists, views, step_tables, batch_size, in_flight_ids, pooling)
         if picks is None:
-            return StepRun(logits, None)
+            return StepRun(logits, None, pooled)
         download = DownloadPlan()
         picked = picks.sampler.pick(logits, plan, views, download)
         download.add(RESIDUE_FOUND, self.residue_found)
         picked.copy = self.bridge.fetch(download)
-        return StepRun(logits, picked)
+        return StepRun(logits, picked, pooled)
 
     def _forward(self, lists: StepLists, views: dict[str, torch.Tensor], tables: torch.Tensor,
-                 batch_size: int | None, in_flight_ids: torch.Tensor | None) -> torch.Tensor:
+                 batch_size: int | None, in_flight_ids: torch.Tensor | None, pooling: list[PoolSpan] | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sampling rows' logits, and the pooling spans' reductions when there are any."""
         if batch_size is not None:
             hidden = self.graphs.replay(views, tables, lists, batch_size, in_flight_ids)
-            return self.model.compute_logits(hidden.index_select(0, self.graphs.sample_rows(views)))
+            return self.model.compute_logits(hidden.index_select(0, self.graphs.sample_rows(views))), None
         inputs = self._step_inputs(views, tables, lists)
         if in_flight_ids is not None:
             fill_placeholders(inputs.input_ids, in_flight_ids)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
-        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+        pooled = pool_rows(hidden, pooling) if pooling else None
+        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows)), pooled
 
     def _step_inputs(self, views: dict[str, torch.Tensor], tables: torch.Tensor, lists: StepLists) -> StepInputs:
         """`step_inputs`, or the previous step's when they would be the same views: a steady decode step's
@@ -349,7 +355,8 @@ def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:
             total += 1
             cu_seqlens.append(total)
             context_lens.append(start + 1)
-            if start + 1 == known + (seq.pending_row is not None):  # `num_tokens`: its row samples
+            # `num_tokens`: its row samples, unless it is an embedding's (`engine.pooling`: it picks nothing)
+            if start + 1 == known + (seq.pending_row is not None) and seq.pooling is None:
                 sample_rows.append(total - 1)
             continue
         end = start + count
@@ -363,7 +370,7 @@ def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:
         widest = max(widest, count)
         cu_seqlens.append(total)
         context_lens.append(end)
-        if end - len(draft) == seq.num_tokens:  # the chunk reaches the sequence's end: its last row samples
+        if end - len(draft) == seq.num_tokens and seq.pooling is None:  # it reaches the end: its last row samples
             if draft:  # and so does each draft's row, to verify it
                 sample_rows += range(total - 1 - len(draft), total - 1)
             sample_rows.append(total - 1)

@@ -1,12 +1,21 @@
 """FCFS continuous batching with chunked prefill under a per-step token budget.
 
-Running sequences go first, in arrival order; waiting ones are admitted while the budget and the
-KV pool allow. When blocks run out, the most recent arrival is preempted by recompute: its blocks
-are freed (and zeroed) and it goes back to the front of the queue. Nothing is ever swapped out.
+Running sequences go first, in the arrival order of their requests (a readmitted one takes its place
+again); waiting ones are admitted while the budget and the KV pool allow. When blocks run out, the
+youngest request is preempted by recompute: its blocks are freed (and zeroed) and it goes back to the
+front of the queue. Nothing is ever swapped out.
+
+Recompute makes a bad victim costly: every token a preempted sequence had is computed again. So the
+victim is the youngest request, never one readmitted last (that would preempt the oldest requests again
+and again), and a waiting sequence is admitted only if the pool holds the whole of its prefill beside
+what the running prefills still need, not just its first chunk: one admitted on a chunk's room would
+be preempted before its prefill ends and the chunks done be lost.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,19 +53,31 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in arrival order: the youngest last
+        self._arrivals = itertools.count()
+        # Admitted sequences whose prefill is not done: each with the tokens it had when admitted, all of
+        # which the pool must still hold (`_admit_waiting`).
+        self._prefilling: dict[Sequence, int] = {}
         self.num_preemptions = 0
+        # Tokens computed and then thrown away by preemptions: each is computed again (recompute).
+        self.num_recomputed_tokens = 0
         # Each running sample's decode chunk (one token, no drafts), kept while it runs: chunks are never
         # changed once made, and a decode step would otherwise make one per sample.
         self._decode_chunks: dict[Sequence, ScheduledChunk] = {}
 
     def add(self, seq: Sequence) -> None:
+        seq.arrival = next(self._arrivals)
         self.waiting.append(seq)
 
-    def add_running(self, seq: Sequence) -> None:
-        """A forked sample joins its siblings directly: its prompt is already computed."""
+    def add_running(self, seq: Sequence, sibling: Sequence) -> None:
+        """A forked sample joins its siblings directly: its prompt is already computed. It arrived with them."""
+        seq.arrival = sibling.arrival
+        self._run(seq)
+
+    def _run(self, seq: Sequence) -> None:
+        """`seq` runs, in its request's place among the running (after its siblings)."""
         seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
+        bisect.insort_right(self.running, seq, key=_arrival)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -118,15 +139,15 @@ class Scheduler:
         Not at another's expense: their slots must leave a block free for each of the `later` running
         sequences, so that drafts do not make the scheduler preempt a decoding one.
         """
-        if self.drafter is None or num_tokens != 1 or seq.num_uncomputed_tokens != 1:
-            return []
+        if self.drafter is None or num_tokens != 1 or seq.num_uncomputed_tokens != 1 or seq.pooling is not None:
+            return []  # an embedding's last prompt token is no decode: it picks nothing to verify
         draft = self.drafter(seq, budget - 1)
         if draft and not self.block_manager.can_reserve(seq, 1 + len(draft), spare=later):
             return []
         return draft
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
-        """Preempts the latest arrivals until `seq` fits; False if `seq` itself had to go."""
+        """Preempts the youngest requests until `seq` fits; False if `seq` itself had to go."""
         while not self.block_manager.can_reserve(seq, num_tokens):
             victim = self.running[-1]
             self.preempt(victim)
@@ -140,22 +161,36 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.pending_row is not None:
                 break  # preempted while its token was in flight: recomputed once that token is read
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_reserve(seq, num_tokens):
+            # The whole prefill must fit, beside what the prefills admitted before still need.
+            if not self.block_manager.can_reserve(seq, seq.num_uncomputed_tokens, spare=self._blocks_promised()):
                 break
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
             self.waiting.popleft()
             self.block_manager.reserve(seq, num_tokens)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._run(seq)
+            if num_tokens < seq.num_uncomputed_tokens:
+                self._prefilling[seq] = seq.num_tokens
             chunks.append(ScheduledChunk(seq, num_tokens))
             budget -= num_tokens
         return chunks
+
+    def _blocks_promised(self) -> int:
+        """Blocks the running prefills still need to reach the tokens they had when admitted (those done or
+        ended are forgotten here)."""
+        blocks_for, promised = self.block_manager.blocks_for, 0
+        for seq, tokens in list(self._prefilling.items()):
+            if seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens >= tokens:
+                del self._prefilling[seq]
+            else:
+                promised += max(blocks_for(tokens) - len(seq.block_table), 0)
+        return promised
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._decode_chunks.pop(seq, None)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
+        self.num_recomputed_tokens += seq.num_computed_tokens
         seq.num_computed_tokens = 0
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -168,3 +203,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+
+
+def _arrival(seq: Sequence) -> int:
+    return seq.arrival

@@ -10,6 +10,9 @@ from engine.overlap import placeholder
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
+    from engine.pooling import PoolingParams
     from engine.sampler import SampleRequest
     from engine.structured import Guide
 
@@ -62,6 +65,11 @@ class Sequence:
     # Its pick's request, made at its first pick and reused by the later ones of an unconstrained sample,
     # whose settings and slot stay: each step moves only its row and position (`LLMEngine._sample_request`).
     pick: SampleRequest | None = None
+    # The request's place in arrival order (the scheduler's; its samples share it): the youngest is preempted first.
+    arrival: int = 0
+    # An embedding request's (`engine.pooling`): how it pools, and its running state on the device, dropped at its end.
+    pooling: PoolingParams | None = None
+    pooled: torch.Tensor | None = None
 
     @property
     def num_output_tokens(self) -> int:

@@ -94,6 +94,9 @@ def _register_relay(subparsers: Any) -> None:
                         help="answer 413 to a larger request body")
     parser.add_argument("--answer-timeout-s", type=float, default=600.0,
                         help="end an answer the gateway pauses within for longer")
+    parser.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                        help="serve Prometheus metrics on HOST:PORT, a listener apart from --listen that clients "
+                             "should not reach (default: none, no metrics)")
     add_connection_limits(parser)
     add_operation_options(parser)
     parser.set_defaults(handler=run_relay)
@@ -111,7 +114,7 @@ def run_relay(args: argparse.Namespace) -> int:
             gateway_url=args.gateway, listen=args.listen, port_file=args.port_file, max_in_flight=args.max_in_flight,
             max_body_bytes=args.max_body_bytes, answer_timeout_s=args.answer_timeout_s,
             header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
-            max_connections=args.max_connections,
+            max_connections=args.max_connections, metrics_listen=args.metrics_listen,
         )
         return serve_relay(settings)
     except (GatewayStartError, GatewayError) as error:

@@ -1,4 +1,4 @@
-"""Kubernetes-style probes and Prometheus' `/metrics` for the gateway, the relay and the issuer.
+"""Kubernetes-style probes and Prometheus' `/metrics` for the gateway and the issuer (the relay serves only the probes here).
 
 `/livez` answers 200 while the process serves HTTP at all: restarting it would not help otherwise.
 `/readyz` answers 200 only while the server can do its work (the gateway: at least one admitted

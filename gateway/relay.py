@@ -28,13 +28,16 @@ OHTTP answer is forwarded incrementally, never buffered, RFC 9842) and only
 above `max_body_bytes`) and so are requests in flight (503 with
 `Retry-After` at the bound); it serves with the gateway's uvicorn settings: no
 access log, no server header, deadlines for a request's head and body. For its
-operator it answers `/livez`, `/readyz` (ready while its gateway is) and
-`/metrics` (requests by route and status class, requests in flight: no address).
+operator it answers `/livez` and `/readyz` (ready while its gateway is); its
+`/metrics` (requests by route and status class, requests in flight: no address)
+are served only on a listener of their own (`metrics_listen`, off by default),
+never on the port that faces clients.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -49,10 +52,10 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.app import refuse_expectations, request_media_type
 from gateway.backpressure import InFlightLimiter, Permit
-from audit.metrics import Metrics
+from audit.metrics import Metrics, MetricsServer, serve_metrics
 from gateway.errors import GatewaySettingsError, GatewayUnreachableError, NotFoundError
 from gateway.models import NODE_ID_PATTERN
-from gateway.probes import READINESS_PATH, install_metrics, install_probes
+from gateway.probes import READINESS_PATH, install_probes
 from gateway.responses import install_error_handlers, read_bounded
 from gateway.settings import GatewaySettings
 from protocol.constants import (
@@ -77,6 +80,7 @@ _NODE_ID = re.compile(NODE_ID_PATTERN, re.ASCII)
 _GATEWAY_DEFAULTS = GatewaySettings()
 _UNREACHABLE = "the relay could not reach the gateway; retry later"
 PROBE_TIMEOUT_S = 2.0
+_log = logging.getLogger("veil.relay")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,8 @@ class RelaySettings:
     body_timeout_s: float = _GATEWAY_DEFAULTS.body_timeout_s
     keep_alive_s: float = _GATEWAY_DEFAULTS.keep_alive_s
     max_connections: int = _GATEWAY_DEFAULTS.max_connections
+    # HOST:PORT of the operator's `/metrics` listener, apart from the public port (None: no metrics served).
+    metrics_listen: str | None = None
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.gateway_url)
@@ -211,6 +217,7 @@ async def _passed_on(answer: httpx.Response) -> AsyncIterator[bytes]:
 def create_relay_app(settings: RelaySettings) -> FastAPI:
     """The relay application for `settings`."""
     upstream = Upstream(settings)
+    metrics_server = _metrics_server(upstream.metrics, settings.metrics_listen)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -218,16 +225,28 @@ def create_relay_app(settings: RelaySettings) -> FastAPI:
             yield
         finally:
             await upstream.close()
+            if metrics_server is not None:
+                metrics_server.close()
 
     app = FastAPI(title="Veil relay", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.upstream = upstream
+    app.state.metrics_server = metrics_server
     install_error_handlers(app)
     _install_routes(app, upstream, settings.max_body_bytes)
     # Ready while its gateway is: a relay in front of a gateway with no node can forward nothing useful.
     install_probes(app, upstream.gateway_ready)
-    install_metrics(app, upstream.metrics)
     return app
+
+
+def _metrics_server(metrics: Metrics, listen: str | None) -> MetricsServer | None:
+    """The operator's `/metrics` listener, bound now so that a taken address fails the start."""
+    if listen is None:
+        return None
+    try:
+        return serve_metrics(metrics, listen)
+    except OSError as error:
+        raise GatewaySettingsError(str(error)) from None
 
 
 def _install_routes(app: FastAPI, upstream: Upstream, max_body_bytes: int) -> None:
@@ -263,5 +282,9 @@ def serve_relay(settings: RelaySettings) -> int:
     """Run the relay until SIGINT/SIGTERM (exit status 0)."""
     from gateway.serve import serve_app
 
-    return serve_app(create_relay_app(settings), settings.serving(), name="veil relay")
+    app = create_relay_app(settings)
+    if app.state.metrics_server is not None:
+        host = settings.metrics_listen.rpartition(":")[0]
+        _log.info("veil relay: metrics on %s:%s", host, app.state.metrics_server.port)
+    return serve_app(app, settings.serving(), name="veil relay")
 

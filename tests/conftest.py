@@ -15,6 +15,9 @@ settings.register_profile("local", database=None)
 settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The bound on every wait in the suite for a server, a process or a thread: it stops a hang from holding
+# the suite, it never measures a speed, so it is generous enough for a loaded machine (minutes).
+HANG_S = 300.0
 _SHARED_VECTORS = REPO_ROOT.parent / "shared" / "vectors"
 _BUNDLED_VECTORS = REPO_ROOT / "tests" / "data" / "vectors"
 

@@ -155,6 +155,23 @@ def reference_model(name: str) -> ReferenceModel:
     return ReferenceModel(name, model, save_with_tokenizer(model, _scratch_root() / f"hf-{name}"))
 
 
+@cache
+def trained_model() -> ReferenceModel:
+    """The shipped trained model (stories260K, `veil.models`) as `transformers` loads it from the same folder.
+
+    Its generation config's end tokens are dropped: the engine's reference runs (`greedy`) ignore them,
+    and `hf_greedy`'s `min_new_tokens` would otherwise keep them from being picked.
+    """
+    from transformers import LlamaForCausalLM
+
+    from veil.models import shipped_model_dir
+
+    folder = shipped_model_dir()
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    return ReferenceModel("stories260K", model, folder)
+
+
 def random_prompts(count: int, shortest: int, longest: int, seed: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(shortest, longest + 1, (count,), generator=generator).tolist()

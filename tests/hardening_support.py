@@ -43,6 +43,7 @@ from ohttp.keys import KeyConfig
 from ohttp.media_types import OHTTP_CHUNKED_REQUEST, OHTTP_REQUEST
 from policy import shipped_policy
 from protocol import node_pb2, node_pb2_grpc
+from tests.conftest import HANG_S
 
 FUZZ_EXAMPLES = int(os.environ.get("VEIL_FUZZ_EXAMPLES", "40"))
 # One well-formed request after every this many fuzz cases.
@@ -161,7 +162,7 @@ class NodeProcess:
             self.popen.wait(5)
         except subprocess.TimeoutExpired:
             self.popen.kill()
-            self.popen.wait(10)
+            self.popen.wait(HANG_S)
 
 
 def spawn_node(model_dir: Path, folder: Path, sim_root: Path) -> NodeProcess:
@@ -174,7 +175,7 @@ def spawn_node(model_dir: Path, folder: Path, sim_root: Path) -> NodeProcess:
     with open(folder / "node.err", "wb") as stderr:
         popen = subprocess.Popen(arguments, cwd=_REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=stderr)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while not (port_file.is_file() and port_file.read_text().strip().isdigit()):
         if popen.poll() is not None or time.monotonic() > deadline:
             popen.kill()

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
+from tests.conftest import HANG_S
 
 
 @contextlib.contextmanager
@@ -24,7 +25,7 @@ def served(app: FastAPI) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
         server.should_exit = True
-        thread.join(10)
+        thread.join(HANG_S)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import HANG_S, REPO_ROOT
 
 K8S = REPO_ROOT / "deploy" / "k8s"
 DNS_SHIM = Path(__file__).parent / "k8s_dns"
@@ -185,7 +185,7 @@ class PodLauncher:
         for pod in self.pods:
             if pod.process is not None:
                 try:
-                    pod.process.wait(60)
+                    pod.process.wait(HANG_S)
                 except subprocess.TimeoutExpired:
                     pod.process.kill()
 

@@ -25,7 +25,7 @@ from audit import (
 )
 from audit.records import read_audit_files
 from audit.sink import SINK_FORMS
-from tests.conftest import REPO_ROOT
+from tests.conftest import HANG_S, REPO_ROOT
 from tests.test_audit_events import NODE_A, sample_events
 
 
@@ -73,7 +73,7 @@ def test_a_crash_loses_nothing_the_writer_flushed_on_its_own(tmp_path):
         sink = JsonLinesSink({str(path)!r})
         for step in range(50):
             sink.emit(BlocksZeroed({NODE_A!r}, step=step, blocks=4, residue_blocks=0))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG_S
         while not os.path.exists({str(path)!r}) or open({str(path)!r}).read().count("\\n") < 50:
             if time.monotonic() > deadline:
                 sys.exit(3)
@@ -104,7 +104,7 @@ def test_a_full_sink_drops_and_counts_instead_of_blocking():
     emitter = threading.Thread(target=lambda: [
         sink.emit(BlocksZeroed(NODE_A, step=step, blocks=1, residue_blocks=0)) for step in range(200)])
     emitter.start()
-    emitter.join(timeout=20)
+    emitter.join(timeout=HANG_S)
     assert not emitter.is_alive(), "emit blocked on a stuck sink"
     # The writer holds at most one event while stuck; the queue holds ten.
     assert 189 <= sink.dropped <= 190

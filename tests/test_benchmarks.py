@@ -189,3 +189,21 @@ def test_the_gpu_sessions_calls_fit_their_budgets_and_pass_only_options_the_gpu_
             parsed = subprocess.run([sys.executable, "-c", check, *stage.argv[1:]], cwd=REPO, capture_output=True,
                                     text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
             assert parsed.returncode == 0, (stage.name, parsed.stderr[-1000:])
+
+
+def test_the_preemption_benchmark_prints_the_prefill_redone_against_the_minimum() -> None:
+    out = run_benchmark("engine_preemption.py", "--requests", "12", "--pool-blocks", "40")
+    assert re.search(rf"full pool \(40 blocks of 4 tokens\): preemptions \d+, tokens computed again \d+", out)
+    assert re.search(rf"recomputed prefill tokens / minimum: {NUMBER}x", out)
+    assert re.search(rf"prefill work / minimum: {NUMBER}x", out)
+    assert re.search(rf"blocks zeroed / baseline: {NUMBER}x", out)
+
+
+def test_the_embeddings_benchmark_compares_both_batch_sizes_with_transformers() -> None:
+    out = run_benchmark("embeddings.py", "--quick", "--inputs", "6", "--batch", "4", "--repeats", "1", "--threads", "1")
+    assert re.search(rf"vectors: Veil's equal transformers' \(lowest cosine {NUMBER}\)", out)
+    for batch in (1, 4):
+        for side in ("transformers", "veil"):
+            rate = re.search(rf"batch\s+{batch} {side}:\s+({NUMBER}) inputs/s\s+({NUMBER}) tokens/s", out)
+            assert rate and float(rate.group(1)) > 0 and float(rate.group(2)) > float(rate.group(1)), (batch, side)
+        assert re.search(rf"batch\s+{batch} ratio veil / transformers: {NUMBER}x\s+\(best of each", out)

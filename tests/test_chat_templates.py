@@ -1,11 +1,10 @@
 """Chat templates render byte for byte as `transformers.apply_chat_template` renders them.
 
-The templates under tests/data/chat_templates/ are written for these tests in the formats of current
-model families (Llama 3.1 and 3.2, Qwen2.5, Qwen3, Mistral), with the Jinja those families' templates
-use: namespace(), loop controls, raise_exception, strftime_now, tools, tool calls and tool results.
-Each is put in a model folder beside the tiny model's tokenizer and loaded by transformers' own
-AutoTokenizer and by the engine's Tokenizer; generated conversations must render the same text, or
-fail in both.
+The templates are the real ones of the families Veil serves (tests/data/models: Llama 3.1 and 3.2,
+Qwen2.5, Qwen3, Mistral 7B Instruct v0.3), plus more real templates (Mistral-Nemo, Mistral-Small 3.2,
+Llama 3.3, Qwen3's first, DeepSeek-R1-Distill's) and vLLM's tool-calling templates. Each folder is
+loaded by transformers' own AutoTokenizer and by the engine's Tokenizer; generated conversations (plain,
+with tools, replaying tool calls and their results) must render the same text, or fail in both.
 """
 
 from __future__ import annotations
@@ -22,30 +21,40 @@ from hypothesis import strategies as st
 from engine import ModelLoadError, RequestRejected
 from engine.tokenizer import ChatMessage, Tokenizer, ToolCall
 from tests.engine_models import tiny_model_dir
+from tests.family_support import FAMILIES, MODELS, family_folder
 
-TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
-FAMILIES = ("llama3.1", "llama3.2", "qwen2.5", "qwen3", "mistral")
 SPECIAL_TOKENS = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|end_of_text|>"}
-HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HYPOTHESIS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MORE = json.loads((MODELS / "more-chat-templates" / "templates.json").read_text())
+VLLM = MODELS / "vllm-tool-templates"
 
 
-def model_folder(root: Path, family: str, config: dict | None = None, template_file: bool = True) -> Path:
-    folder = root / family
+def model_folder(root: Path, name: str, config: dict | None = None) -> Path:
+    """The tiny model's tokenizer with a tokenizer_config.json of `config`: for where templates come from."""
+    folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(tiny_model_dir() / "tokenizer.json", folder)
     (folder / "tokenizer_config.json").write_text(json.dumps({**SPECIAL_TOKENS, **(config or {})}))
-    if template_file:
-        shutil.copy(TEMPLATES / f"{family}.jinja", folder / "chat_template.jinja")
     return folder
 
 
-@pytest.fixture(scope="module")
-def pairs(tmp_path_factory) -> dict[str, tuple]:
-    """Per family: (transformers' tokenizer, the engine's) over the same model folder."""
+def with_template(root: Path, family: str, name: str, template: str) -> Path:
+    """A family's folder (its tokenizer and special tokens) with another real template as chat_template.jinja."""
+    folder = root / name
+    shutil.copytree(family_folder(family), folder)
+    (folder / "chat_template.jinja").write_text(template)
+    return folder
+
+
+def both(folder: Path) -> tuple:
     transformers = pytest.importorskip("transformers")
-    root = tmp_path_factory.mktemp("templates")
-    return {family: (transformers.AutoTokenizer.from_pretrained(str(folder)), Tokenizer(folder))
-            for family in FAMILIES for folder in [model_folder(root, family)]}
+    return transformers.AutoTokenizer.from_pretrained(str(folder)), Tokenizer(folder)
+
+
+@pytest.fixture(scope="module")
+def pairs() -> dict[str, tuple]:
+    """Per family: (transformers' tokenizer, the engine's) over the family's real folder."""
+    return {family: both(family_folder(family)) for family in FAMILIES}
 
 
 # ----- generated conversations ---------------------------------------------------------------------------
@@ -111,10 +120,12 @@ ANY_MESSAGE = st.one_of(
 
 
 def as_transformers_gets_it(message: ChatMessage) -> dict:
-    """The message as an OpenAI client sends it (None where unset), tool arguments as dicts."""
+    """The message as an OpenAI client sends it (None where unset), tool arguments as dicts; an assistant's
+    null content as vLLM passes it: "" (none of these templates tests it against none)."""
     calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
              for c in message.tool_calls] or None
-    return {"role": message.role, "content": message.content, "tool_calls": calls,
+    content = "" if message.content is None and message.role == "assistant" else message.content
+    return {"role": message.role, "content": content, "tool_calls": calls,
             "tool_call_id": message.tool_call_id, "name": message.name}
 
 
@@ -164,23 +175,26 @@ def test_any_conversation_renders_the_same_or_is_refused_by_both(pairs, family: 
 
 # ----- each family's own features ----------------------------------------------------------------------
 
+QWEN25, QWEN3, LLAMA31, LLAMA32, MISTRAL = FAMILIES[2], FAMILIES[3], FAMILIES[0], FAMILIES[1], FAMILIES[4]
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Today's weather",
                                              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 CALL = ToolCall("call00001", "get_weather", {"city": "Paris"})
 TOOL_TURN = [ChatMessage("user", "Weather in Paris?"), ChatMessage("assistant", None, (CALL,)),
              ChatMessage("tool", "sunny", tool_call_id=CALL.id)]
+REPLAY = [*TOOL_TURN, ChatMessage("assistant", "Sunny."), ChatMessage("user", "Thanks")]
 
 
 def test_qwen25_renders_a_plain_chat_whose_messages_have_no_tool_calls(pairs) -> None:
     """Qwen2.5's template reads `message.tool_calls` of every assistant message: undefined must not fail."""
-    _, ours = pairs["qwen2.5"]
+    _, ours = pairs[QWEN25]
     text = ours.apply_chat_template([ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello"),
                                      ChatMessage("user", "Bye")])
+    assert text.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.")
     assert text.endswith("<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_qwen_renders_tools_calls_and_results(pairs) -> None:
-    for family in ("qwen2.5", "qwen3"):
+    for family in (QWEN25, QWEN3):
         text = pairs[family][1].apply_chat_template(TOOL_TURN, tools=WEATHER)
         assert json.dumps(WEATHER[0]) in text
         assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
@@ -188,7 +202,7 @@ def test_qwen_renders_tools_calls_and_results(pairs) -> None:
 
 
 def test_qwen3_keeps_reasoning_only_after_the_last_question(pairs) -> None:
-    _, ours = pairs["qwen3"]
+    _, ours = pairs[QWEN3]
     text = ours.apply_chat_template([ChatMessage("user", "A?"), ChatMessage("assistant", "<think>\nold\n</think>\n\nA."),
                                      ChatMessage("user", "B?"), ChatMessage("assistant", "<think>new</think>B.")],
                                     add_generation_prompt=False)
@@ -196,33 +210,83 @@ def test_qwen3_keeps_reasoning_only_after_the_last_question(pairs) -> None:
     assert "<|im_start|>assistant\n<think>\nnew\n</think>\n\nB.<|im_end|>" in text
 
 
-def test_llama31_writes_the_ipython_environment_the_date_and_json_calls(pairs) -> None:
-    for family in ("llama3.1", "llama3.2"):
+def test_llama_writes_the_ipython_environment_the_date_and_json_calls(pairs) -> None:
+    for family in (LLAMA31, LLAMA32):
         text = pairs[family][1].apply_chat_template(TOOL_TURN, tools=WEATHER)
         assert text.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n")
         assert '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>' in text
-        assert "<|start_header_id|>ipython<|end_header_id|>\n\nsunny<|eot_id|>" in text
-    assert "Today Date: 26 Jul 2024" in pairs["llama3.1"][1].apply_chat_template(TOOL_TURN)
-    assert "Today Date: 26 Jul 2024" not in pairs["llama3.2"][1].apply_chat_template(TOOL_TURN)  # strftime_now
+        assert '<|start_header_id|>ipython<|end_header_id|>\n\n"sunny"<|eot_id|>' in text
+    assert "Today Date: 26 Jul 2024" in pairs[LLAMA31][1].apply_chat_template(TOOL_TURN)
+    assert "Today Date: 26 Jul 2024" not in pairs[LLAMA32][1].apply_chat_template(TOOL_TURN)  # strftime_now
 
 
 def test_a_templates_own_refusal_is_shown_when_it_is_the_templates_text(pairs) -> None:
-    _, ours = pairs["mistral"]
+    _, ours = pairs[MISTRAL]
     with pytest.raises(RequestRejected) as raised:
         ours.apply_chat_template([ChatMessage("user", "CANARY-a"), ChatMessage("user", "CANARY-b")])
     assert raised.value.reason == "invalid_messages"
-    assert "Roles must alternate user/assistant" in str(raised.value) and "CANARY" not in str(raised.value)
+    assert "roles must alternate user/assistant" in str(raised.value) and "CANARY" not in str(raised.value)
 
 
 def test_mistral_renders_tools_before_the_last_user_turn(pairs) -> None:
-    _, ours = pairs["mistral"]
+    _, ours = pairs[MISTRAL]
     call = ToolCall("abcDEF123", "get_weather", {"city": "Paris"})
     text = ours.apply_chat_template([ChatMessage("user", "Weather?"), ChatMessage("assistant", None, (call,)),
                                      ChatMessage("tool", "sunny", tool_call_id=call.id),
                                      ChatMessage("assistant", "Sunny."), ChatMessage("user", "Thanks")], tools=WEATHER)
-    assert '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcDEF123"}]<|eot_id|>' in text
+    assert '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcDEF123"}]</s>' in text
     assert '[TOOL_RESULTS] {"content": sunny, "call_id": "abcDEF123"}[/TOOL_RESULTS]' in text
     assert text.index("[AVAILABLE_TOOLS]") > text.index("Sunny.") and text.endswith("[INST] Thanks[/INST]")
+
+
+# ----- more real templates: on their family's tokenizer ------------------------------------------------
+
+# Each template with the family folder whose tokenizer it goes with.
+OTHER_TEMPLATES = {
+    "mistral-nemo-instruct-2407": (MISTRAL, MORE["mistral-nemo-instruct-2407"]["template"]),
+    "mistral-small-3.2-24b-instruct-2506": (MISTRAL, MORE["mistral-small-3.2-24b-instruct-2506"]["template"]),
+    "llama-3.3-70b-instruct": (LLAMA31, MORE["llama-3.3-70b-instruct"]["template"]),
+    "qwen3-0.6b-first": (QWEN3, MORE["qwen3-0.6b"]["template"]),
+    **{path.stem: ({"mistral": MISTRAL, "llama3": LLAMA31}.get(path.stem.split("_")[3].split(".")[0], QWEN25),
+                   path.read_text()) for path in sorted(VLLM.glob("*.jinja"))},
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_TEMPLATES))
+def test_other_real_templates_render_plain_and_tool_replays_as_transformers(tmp_path, name: str) -> None:
+    family, template = OTHER_TEMPLATES[name]
+    pair = both(with_template(tmp_path, family, name, template))
+    tool_list = [{"type": "function", "function": {**WEATHER[0]["function"], "description": "Weather"}}]
+    for messages, given_tools in ((REPLAY[:1], None), (REPLAY, tool_list), (TOOL_TURN, tool_list)):
+        expected, got = render_both(pair, messages, given_tools, True)
+        assert expected is not None and got == expected
+
+
+# ----- an assistant turn that only calls tools: OpenAI's `content: null` --------------------------------
+
+def test_qwen3s_first_template_renders_a_replayed_call_whose_content_is_null(tmp_path) -> None:
+    """Qwen3-0.6B's first template reads the content of every assistant turn as text: vLLM passes ""."""
+    theirs, ours = both(with_template(tmp_path, QWEN3, "qwen3-first", MORE["qwen3-0.6b"]["template"]))
+    text = ours.apply_chat_template(REPLAY, tools=WEATHER)  # refused before: the dropped key failed the template
+    expected = theirs.apply_chat_template([as_transformers_gets_it(m) for m in REPLAY], tools=WEATHER,
+                                          add_generation_prompt=True, tokenize=False)
+    assert text == expected
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather"' in text
+
+
+def test_deepseek_r1s_template_sees_a_null_content_as_none() -> None:
+    """DeepSeek-R1's own template tells a tool-calling turn by `message['content'] is none`: it gets None,
+    so the turn is not rendered as an empty answer. (Its call branch joins the arguments as a string, so
+    transformers and Veil both refuse such a replay; vLLM's DeepSeek-R1 template renders it, above.)"""
+    from engine.chat_template import ChatTemplates
+
+    folder = family_folder("deepseek-r1-distill-qwen-32b")
+    templates = ChatTemplates.load(folder, json.loads((folder / "tokenizer_config.json").read_text()))
+    plain = templates.render([ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello"),
+                              ChatMessage("user", "Bye")], None, True)
+    assert plain == "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜>Hello<｜end▁of▁sentence｜><｜User｜>Bye<｜Assistant｜>"
+    with pytest.raises(RequestRejected):  # with "" the calls would vanish: "<｜Assistant｜><｜end▁of▁sentence｜>"
+        templates.render(TOOL_TURN, None, True)
 
 
 # ----- where templates come from -----------------------------------------------------------------------
@@ -233,6 +297,8 @@ def template_of(folder: Path, tools: list[dict] | None = None) -> str:
 
 def test_chat_template_jinja_wins_over_tokenizer_config(tmp_path) -> None:
     folder = model_folder(tmp_path, "qwen2.5", {"chat_template": "from the config"})
+    qwen = json.loads((family_folder(QWEN25) / "tokenizer_config.json").read_text())["chat_template"]
+    (folder / "chat_template.jinja").write_text(qwen)
     assert template_of(folder).startswith("<|im_start|>system\n")
     (folder / "chat_template.jinja").unlink()
     assert template_of(folder) == "from the config"
@@ -240,7 +306,7 @@ def test_chat_template_jinja_wins_over_tokenizer_config(tmp_path) -> None:
 
 def test_named_templates_render_tool_use_only_when_tools_are_given(tmp_path) -> None:
     named = [{"name": "default", "template": "plain"}, {"name": "tool_use", "template": "tools: {{ tools | length }}"}]
-    folder = model_folder(tmp_path, "named", {"chat_template": named}, template_file=False)
+    folder = model_folder(tmp_path, "named", {"chat_template": named})
     assert template_of(folder) == "plain" and template_of(folder, WEATHER) == "tools: 1"
     (folder / "chat_templates").mkdir()
     (folder / "chat_templates" / "tool_use.jinja").write_text("file tools")
@@ -250,13 +316,13 @@ def test_named_templates_render_tool_use_only_when_tools_are_given(tmp_path) -> 
 
 def test_special_tokens_reach_the_template(tmp_path) -> None:
     folder = model_folder(tmp_path, "tokens", {"chat_template": "{{ bos_token }}|{{ eos_token }}|{{ pad_token }}|"
-                                               "{{ unk_token }}|{{ {'a': '<é>'} | tojson }}"}, template_file=False)
+                                               "{{ unk_token }}|{{ {'a': '<é>'} | tojson }}"})
     # Undefined renders as nothing; tojson neither escapes HTML nor non-ASCII, as transformers' filter.
     assert template_of(folder) == '<|begin_of_text|>|<|eot_id|>|<|end_of_text|>||{"a": "<é>"}'
 
 
 def test_a_template_that_is_not_jinja_is_a_load_error(tmp_path) -> None:
-    folder = model_folder(tmp_path, "broken", {"chat_template": "{% for m in messages %}"}, template_file=False)
+    folder = model_folder(tmp_path, "broken", {"chat_template": "{% for m in messages %}"})
     with pytest.raises(ModelLoadError):
         Tokenizer(folder)
 
@@ -264,11 +330,10 @@ def test_a_template_that_is_not_jinja_is_a_load_error(tmp_path) -> None:
 def test_named_templates_without_a_default_are_a_load_error(tmp_path) -> None:
     named = [{"name": "a", "template": "x"}, {"name": "b", "template": "y"}]
     with pytest.raises(ModelLoadError):
-        Tokenizer(model_folder(tmp_path, "nodefault", {"chat_template": named}, template_file=False))
+        Tokenizer(model_folder(tmp_path, "nodefault", {"chat_template": named}))
 
 
 def test_a_namespace_refuses_underscore_attributes(tmp_path) -> None:
-    folder = model_folder(tmp_path, "ns", {"chat_template": "{% set ns = namespace(_x=1) %}{{ ns._x }}"},
-                          template_file=False)
+    folder = model_folder(tmp_path, "ns", {"chat_template": "{% set ns = namespace(_x=1) %}{{ ns._x }}"})
     with pytest.raises(RequestRejected):
         template_of(folder)

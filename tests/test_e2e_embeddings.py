@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import httpx
 import numpy
 import openai
 import pytest
 import torch
 
+from client.errors import ModelTaskError
+from client.sdk import Client
+from protocol.constants import DIRECTORY_PATH, INFER_PATH
 from tests.engine_models import reference_model
 from tests.openai_support import openai_client, sdk_and_proxy
 
@@ -64,3 +68,28 @@ def test_the_sdk_embeds_and_the_node_lists_its_task(embedding_fleet):
     assert cosine >= 0.9999 and answer.receipt is not None
     listing, _ = sdk.request("GET", "/v1/models")
     assert {(m["task"], m["pooling"]) for m in listing["data"]} == {("embed", "last")}
+
+
+def test_the_directory_and_the_model_list_state_the_embedding_task(embedding_fleet):
+    sdk, client = embedding_fleet
+    nodes = httpx.get(f"{sdk._http.base_url}{DIRECTORY_PATH}", timeout=60).json()["nodes"]
+    assert [(node["models"], node["task"]) for node in nodes] == [(["hf-qwen3"], "embed")]
+    assert [(model.id, model.task) for model in sdk.models.list().data] == [("hf-qwen3", "embed")]
+    listed = client.models.list().data  # through `veil proxy`: OpenAI's model object, with the task beside it
+    assert [(model.id, model.task) for model in listed] == [("hf-qwen3", "embed")]
+
+
+def test_generation_for_an_embedding_model_is_refused_before_anything_is_sent(embedding_fleet):
+    sdk, client = embedding_fleet
+    posted: list[str] = []
+    http = httpx.Client(base_url=sdk._http.base_url,
+                        event_hooks={"request": [lambda request: posted.append(request.url.path)]})
+    with Client(str(sdk._http.base_url), policy="dev", http=http) as fresh:
+        with pytest.raises(ModelTaskError) as refused:
+            fresh.chat.completions.create(model="hf-qwen3", messages=[{"role": "user", "content": "hi"}])
+        assert (refused.value.code, refused.value.param) == ("model_not_generation", "model")
+        fresh.embeddings.create(model="hf-qwen3", input=[[5, 6]])  # the same client does send embeddings
+    assert posted.count(INFER_PATH) == 1
+    with pytest.raises(openai.BadRequestError) as proxied:
+        client.completions.create(model="hf-qwen3", prompt="hi", max_tokens=2)
+    assert proxied.value.body["code"] == "model_not_generation" and proxied.value.body["param"] == "model"

@@ -42,6 +42,7 @@ from engine.tokenizer import ChatMessage
 from policy import shipped_policy
 from protocol import node_pb2, node_pb2_grpc
 from veil.fleet import Fleet, FleetSettings
+from tests.conftest import HANG_S
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-model"
@@ -141,7 +142,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         fleet.stop()
         for process in (relayed, forged):
             process.terminate()
-            process.wait(15)
+            process.wait(HANG_S)
         relay_server.stop(0)
         if previous_root is None:
             os.environ.pop(ROOT_DIR_ENV, None)
@@ -345,7 +346,7 @@ def test_the_local_proxy_serves_openai_clients(world: World, engine: LLMEngine) 
             _use_proxy(f"http://127.0.0.1:{port}", engine)
         finally:
             server.should_exit = True
-            thread.join(10)
+            thread.join(HANG_S)
 
 
 def _use_proxy(base: str, engine: LLMEngine) -> None:
@@ -459,7 +460,7 @@ def test_canaries_leave_no_trace_and_no_freed_block_holds_data(world: World, cli
     world.fleet.stop()
     for process in world.extra_processes:
         process.terminate()
-        process.wait(15)
+        process.wait(HANG_S)
     written = [p for p in world.fleet.workdir.rglob("*") if p.is_file()] + [p for p in world.extra_logs if p.is_file()]
     assert any(p.suffix == ".jsonl" for p in written) and any(p.suffix == ".err" for p in written)
     for path in written:

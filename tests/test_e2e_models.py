@@ -24,12 +24,13 @@ import uvicorn
 from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
 from audit.events import RequestFinished, RequestStatus
 from audit.records import read_audit_files
-from client.errors import ModelNotFoundError, NodeError
+from client.errors import ModelNotFoundError, ModelTaskError, NodeError
 from client.sdk import Client
 from client.proxy import create_proxy_app
 from engine.tiny import write_tiny_model
 from protocol.constants import INFER_PATH
 from veil.fleet import Fleet, FleetSettings
+from tests.conftest import HANG_S
 
 pytestmark = pytest.mark.slow
 ALPHA, BETA = "alpha-model", "beta-model"
@@ -80,7 +81,7 @@ class _proxy:
 
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
-        self._thread.join(10)
+        self._thread.join(HANG_S)
 
 
 def _chat(model: str, **fields) -> dict:
@@ -123,6 +124,24 @@ def test_an_unknown_model_is_refused_without_sending_anything(world: World) -> N
             sdk.chat.completions.create(**_chat("gamma-model"))
         sdk.chat.completions.create(**_chat(ALPHA))  # the same client does send for a listed model
     assert posted.count(INFER_PATH) == 1
+
+
+def test_embeddings_for_a_generation_model_are_refused_without_sending_anything(world: World) -> None:
+    nodes = httpx.get(f"{world.fleet.gateway_url}/v1/nodes").json()["nodes"]
+    assert {node["task"] for node in nodes} == {"generate"}
+    assert {model.task for model in world.sdk.models.list().data} == {"generate"}
+    posted: list[str] = []
+    http = httpx.Client(base_url=world.fleet.gateway_url,
+                        event_hooks={"request": [lambda request: posted.append(request.url.path)]})
+    with Client(world.fleet.gateway_url, policy="dev", http=http) as sdk:
+        with pytest.raises(ModelTaskError) as refused:
+            sdk.embeddings.create(model=ALPHA, input="Hello")
+        assert (refused.value.status, refused.value.code, refused.value.param) == (400, "model_not_embedding", "model")
+    assert INFER_PATH not in posted
+    with pytest.raises(openai.BadRequestError) as proxied:  # `veil proxy` answers it in OpenAI's shape
+        openai.OpenAI(base_url=f"{world.proxy_url}/v1", api_key="unused", max_retries=0).embeddings.create(
+            model=BETA, input="Hello")
+    assert proxied.value.body["code"] == "model_not_embedding" and proxied.value.body["param"] == "model"
 
 
 # ----- errors: the node's reason, in OpenAI's shape --------------------------------------------------------
@@ -213,7 +232,7 @@ def test_a_stream_its_client_closes_is_aborted_on_the_node(world: World) -> None
         assert json.loads(first[len("data: "):])["choices"]
     # Closed after one event. The node audits how the request ended: aborted, not run to its end (the
     # audit writer flushes at least once a second, so the event arrives; the wait bound is generous).
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while _aborted(world.fleet.audit_files()) == before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _aborted(world.fleet.audit_files()) == before + 1

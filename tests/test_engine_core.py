@@ -24,6 +24,7 @@ from engine.sampling_params import StructuredOutput
 from engine.structured import Guide
 from tests.engine_models import SMALL_VOCAB, running_core, small_vocab_model_dir
 from tests.engine_models import tiny_model_dir as tiny_dir
+from tests.conftest import HANG_S
 
 LONG = SamplingParams(max_tokens=300, temperature=1.0, seed=3, ignore_eos=True)
 CONFIG = EngineConfig(kv_cache_gib=0.05, device="cpu")
@@ -45,7 +46,7 @@ def expected_tokens(oracle: LLMEngine, prompt: str, params: SamplingParams) -> t
     return tuple(oracle.generate([prompt], params)[0].outputs[0].token_ids)
 
 
-def wait_until_idle(client: EngineCoreClient, timeout_s: float = 60.0) -> None:
+def wait_until_idle(client: EngineCoreClient, timeout_s: float = HANG_S) -> None:
     deadline = time.monotonic() + timeout_s
     while client.in_flight and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -143,7 +144,7 @@ def test_reports_reach_the_observer_at_the_cores_cadence() -> None:
     client.start()
     try:
         list(client.submit("observed", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)).deltas())
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_S
         while not reports and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
@@ -183,7 +184,7 @@ def test_a_dead_core_ends_every_stream_with_an_error_and_tells_its_owner() -> No
     os.kill(client._process.pid, signal.SIGKILL)
     with pytest.raises(EngineError, match="stopped before this request finished"):
         list(handle.deltas())
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_S
     while not lost and time.monotonic() < deadline:
         time.sleep(0.01)
     assert lost == [True] and not client.alive
@@ -195,7 +196,7 @@ def test_a_dead_core_ends_every_stream_with_an_error_and_tells_its_owner() -> No
 
 def kill_once_a_query_waits(client: EngineCoreClient) -> None:
     """SIGKILLs the (stopped) core as soon as a query is waiting for its answer."""
-    deadline = time.monotonic() + 60  # a bound on a broken test, not a premise: the query registers at once
+    deadline = time.monotonic() + HANG_S  # a bound on a broken test, not a premise: the query registers at once
     while not client._answers and time.monotonic() < deadline:
         time.sleep(0.01)
     os.kill(client._process.pid, signal.SIGKILL)
@@ -234,7 +235,7 @@ def test_a_stopped_client_leaves_no_process(core: EngineCoreClient) -> None:
     assert not process.is_alive() and process.exitcode == 0
 
 
-def _zeroing_until(core: EngineCoreClient, done, timeout_s: float = 10.0):
+def _zeroing_until(core: EngineCoreClient, done, timeout_s: float = HANG_S):
     """Sums reports until `done` holds: the core checks zeroed blocks at its own cadence."""
     total = core.take_zeroing()
     deadline = time.monotonic() + timeout_s
@@ -263,7 +264,7 @@ class HeldCompiles:
 
         def held(params: SamplingParams):
             self.started.set()
-            assert self.release.wait(120), "the test never released the compile"
+            assert self.release.wait(HANG_S), "the test never released the compile"
             return compile_constraint(params)
 
         engine.compile_constraint = held
@@ -279,7 +280,7 @@ def core_on_a_thread(engine: LLMEngine) -> Iterator[Connection]:
         yield client_end
     finally:
         client_end.send(Shutdown())
-        loop.join(60)
+        loop.join(HANG_S)
         assert not loop.is_alive()
 
 
@@ -318,7 +319,7 @@ def test_a_request_aborted_while_its_constraint_compiles_never_runs_and_keeps_no
     held = HeldCompiles(engine)
     with core_on_a_thread(engine) as connection:
         connection.send(AddRequest("aborted", "pick one", PICK))
-        assert held.started.wait(60)
+        assert held.started.wait(HANG_S)
         connection.send(AbortRequest("aborted"))
         connection.send(Query(1, "zeroing"))  # answered after the abort is handled: the loop takes them in order
         while not isinstance(connection.recv(), Answer):
@@ -338,7 +339,7 @@ def test_a_constraint_refused_on_the_worker_reaches_its_client_and_nothing_else_
     bad = SamplingParams(max_tokens=8, structured=StructuredOutput("regex", "(secret", "guided_regex"))
     with core_on_a_thread(engine) as connection:
         connection.send(AddRequest("bad", "hello", bad))
-        assert held.started.wait(60)
+        assert held.started.wait(HANG_S)
         connection.send(AddRequest("bad", "hello again", plain(4)))  # its id is taken while it compiles
         duplicate = read_until_ended(connection, "bad", {})
         held.release.set()

@@ -240,6 +240,10 @@ ALLOWED = {
                                                                "benchmarks, not on the engine's path",
     ("kernels/paged_batch.py", "build_paged_batch", "to"): "as above",
     ("kernels/paged_batch.py", "build_paged_batch", "tensor"): "as above",
+    ("engine/pooling.py", "embedding", "tolist"): "a finished embedding's vector, once per embedding request in "
+                                                  "the step that completes its prompt, not once per step: on "
+                                                  "CUDA such a step crosses down twice (not yet in the bridge's "
+                                                  "download)",
     ("engine/structured.py", "masks", "numpy"): "a host tensor: the grammar masks are filled on the host and "
                                                 "cross in the step's upload",
 }

@@ -20,6 +20,7 @@ from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     client,
     sim_root,
 )
+from tests.conftest import HANG_S
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CANARY = "CANARY-cli-93be-SILVER-HERON"
@@ -42,7 +43,7 @@ def node(sim_root: Path):
     started.stop()
 
 
-def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = 60.0) -> str:
+def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = HANG_S) -> str:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -68,7 +69,7 @@ def test_serves_relays_audits_and_stops_cleanly_without_an_access_log(env, node,
                 client_port = health.extensions["network_stream"].get_extra_info("client_addr")[1]
     finally:
         process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=30)
+        stdout, stderr = process.communicate(timeout=HANG_S)
     assert process.returncode == 0
     assert f"serving on 127.0.0.1:{port}" in stderr
     assert "SIMULATED" in stderr  # the dev policy is announced loudly
@@ -87,19 +88,19 @@ def test_refuses_to_start_on_a_bad_policy_or_address(env, tmp_path: Path) -> Non
     missing = veil("gateway", "--listen", "127.0.0.1:0", "--policy", str(tmp_path / "nowhere.toml"), env=env)
     bad_node = veil("gateway", "--listen", "127.0.0.1:0", "--policy", "dev", "--node", "not-an-address", env=env)
     for process in (missing, bad_node):
-        _, stderr = process.communicate(timeout=60)
+        _, stderr = process.communicate(timeout=HANG_S)
         assert process.returncode == 2
         assert "veil gateway: cannot start:" in stderr
 
 
 def test_connection_bounds_are_options_whose_defaults_the_help_shows(env) -> None:
     helped = veil("gateway", "--help", env=env)
-    text, _ = helped.communicate(timeout=60)
+    text, _ = helped.communicate(timeout=HANG_S)
     assert helped.returncode == 0
     flat = " ".join(text.split())
     for option, default in (("--accept-timeout-s", "30.0"), ("--header-timeout-s", "10.0"),
                             ("--body-timeout-s", "60.0"), ("--keep-alive-s", "5.0"), ("--max-connections", "1024")):
         assert option in flat and f"(default: {default})" in flat
     refused = veil("gateway", "--listen", "127.0.0.1:0", "--policy", "dev", "--header-timeout-s", "0", env=env)
-    _, stderr = refused.communicate(timeout=60)
+    _, stderr = refused.communicate(timeout=HANG_S)
     assert refused.returncode == 2 and "header_timeout_s must be a positive number of seconds" in stderr

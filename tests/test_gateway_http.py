@@ -23,6 +23,7 @@ from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     gateway_settings,
     sim_root,
 )
+from tests.conftest import HANG_S
 
 CANARY = "CANARY-gw-5d1e-ORANGE-OTTER"
 # What gRPC itself puts on every call; anything else reaching a node would have come from somewhere.
@@ -264,7 +265,7 @@ def test_overall_bound_gives_503_with_retry_after_and_never_queues(gateway, node
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         holder.servicer.behaviour.release.set()
         for thread in threads:
-            thread.join(10)
+            thread.join(HANG_S)
         assert results == [200] * bound
         assert infer(http, candidate(nodes[0].node_id, b"after")).status_code == 200
     gateway.wait_for(lambda: any(r.outcome is RouteOutcome.OVERLOADED and r.chosen is None for r in routes(gateway)))

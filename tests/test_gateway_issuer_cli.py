@@ -14,6 +14,7 @@ import httpx
 
 from ohttp.privacypass import TOKEN_REQUEST_MEDIA_TYPE, TokenChallenge, begin_issuance, decode_directory, finish_issuance
 from tests.issuer_support import es256_account, write_config
+from tests.conftest import HANG_S
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -25,7 +26,7 @@ def veil(*args: str) -> subprocess.Popen:
 
 
 def _wait_for_port(path: Path, process: subprocess.Popen) -> int:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while not path.exists():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
@@ -36,7 +37,7 @@ def _wait_for_port(path: Path, process: subprocess.Popen) -> int:
 
 def test_add_key_then_serve_issue_and_stop(tmp_path: Path) -> None:
     added = veil("issuer", "--keys", str(tmp_path / "keys"), "--add-key-not-before", "0")
-    out, _ = added.communicate(timeout=120)
+    out, _ = added.communicate(timeout=HANG_S)
     assert added.returncode == 0
     key_id = re.search(r"added token key ([0-9a-f]{64})", out).group(1)
 
@@ -57,7 +58,7 @@ def test_add_key_then_serve_issue_and_stop(tmp_path: Path) -> None:
         finish_issuance(pending, answer.content)
     finally:
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
+        _, stderr = process.communicate(timeout=HANG_S)
     assert process.returncode == 0
     assert f"publishing token key {key_id}" in stderr and "veil issuer: serving on 127.0.0.1:" in stderr
     assert "POST" not in stderr and "token-request" not in stderr  # no access log
@@ -67,10 +68,10 @@ def test_refuses_to_start_without_keys_or_config_and_help_shows_defaults(tmp_pat
     no_keys = veil("issuer", "--config", str(write_config(tmp_path, [])), "--keys", str(tmp_path / "none"))
     no_config = veil("issuer", "--config", str(tmp_path / "absent.toml"))
     for process in (no_keys, no_config):
-        _, stderr = process.communicate(timeout=60)
+        _, stderr = process.communicate(timeout=HANG_S)
         assert process.returncode == 2 and "veil issuer: cannot start:" in stderr
     helped = veil("issuer", "--help")
-    text, _ = helped.communicate(timeout=60)
+    text, _ = helped.communicate(timeout=HANG_S)
     flat = " ".join(text.split())
     for option, default in (("--config", "issuer.toml"), ("--keys", "issuer-keys"), ("--listen", "127.0.0.1:8100")):
         assert option in flat and f"(default: {default})" in flat

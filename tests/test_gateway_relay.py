@@ -28,6 +28,7 @@ from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     gateway_settings,
     sim_root,
 )
+from tests.conftest import HANG_S
 
 CLIENT_ADDRESS = "127.0.0.3"
 CANARY = "canary-7f3e-client-identity"
@@ -222,7 +223,7 @@ def test_requests_past_the_in_flight_bound_are_503_with_retry_after(relay, nodes
     assert refused.json()["error"]["code"] == "overloaded"
     nodes[0].servicer.behaviour.release.set()
     for thread in threads:
-        thread.join(20)
+        thread.join(HANG_S)
     assert statuses == [200] * MAX_IN_FLIGHT
 
 
@@ -253,6 +254,34 @@ def test_an_unreachable_gateway_is_502_gateway_unreachable(nodes) -> None:
             answer = http.post("/v1/infer", json=infer_body(nodes, b"x"))
     assert answer.status_code == 502 and answer.json()["error"]["code"] == "gateway_unreachable"
     assert str(closed_port) not in answer.text
+
+
+def test_metrics_are_served_on_their_own_listener_never_on_the_public_port(gateway, nodes) -> None:
+    """The public port is open to anyone: its /metrics is 404; the operator's listener serves them."""
+    with start_relay(gateway.url, metrics_listen="127.0.0.1:0") as live:
+        with from_client(live.url) as http:
+            assert http.post("/v1/infer", json=infer_body(nodes, b"x")).status_code == 200
+            public = http.get("/metrics")
+        scrape = httpx.get(f"http://127.0.0.1:{live.app.state.metrics_server.port}/metrics", timeout=20,
+                           trust_env=False)
+    assert public.status_code == 404 and "veil_relay" not in public.text
+    assert scrape.status_code == 200
+    assert 'veil_relay_requests_total{route="infer",status_class="2xx"} 1.0' in scrape.text
+
+
+def test_a_relay_without_a_metrics_listener_serves_no_metrics_and_a_taken_address_fails_its_start(gateway) -> None:
+    import socket
+
+    from gateway.errors import GatewaySettingsError
+
+    with start_relay(gateway.url) as live, from_client(live.url) as http:
+        assert live.app.state.metrics_server is None and http.get("/metrics").status_code == 404
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(GatewaySettingsError, match="cannot serve metrics on"):
+            create_relay_app(RelaySettings(gateway_url=gateway.url, metrics_listen=address))
 
 
 def test_the_relay_sends_no_cookie_the_gateway_set_and_passes_none_on(nodes) -> None:
@@ -367,10 +396,10 @@ def test_veil_relay_serves_logs_no_client_and_stops_cleanly(gateway, nodes, tmp_
     port_file = tmp_path / "relay.port"
     process = subprocess.Popen(
         [sys.executable, "-m", "veil", "relay", "--gateway", gateway.url, "--listen", "127.0.0.1:0",
-         "--port-file", str(port_file)], cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+         "--port-file", str(port_file), "--metrics-listen", "127.0.0.1:0"], cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG_S
         while not port_file.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         with from_client(f"http://127.0.0.1:{port_file.read_text().strip()}") as http:
@@ -380,9 +409,9 @@ def test_veil_relay_serves_logs_no_client_and_stops_cleanly(gateway, nodes, tmp_
         assert missing.status_code == 404
     finally:
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=20)
+        out, err = process.communicate(timeout=HANG_S)
     assert process.returncode == 0
-    assert "veil relay: serving on 127.0.0.1:" in err
+    assert "veil relay: serving on 127.0.0.1:" in err and "veil relay: metrics on 127.0.0.1:" in err
     assert CANARY not in out + err and CLIENT_ADDRESS not in out + err and "POST" not in out + err
 
 

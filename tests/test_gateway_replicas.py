@@ -34,6 +34,7 @@ from tests.spent_tokens_support import RedisServer
 from tests.test_audit_events import refusals
 from tests.test_gateway_support import GrpcNode, RecordingNode, candidate, sim_root  # noqa: F401
 from tests.token_support import ISSUER_NAME, make_keys, node_evidence, policy_listing, write_directory
+from tests.conftest import HANG_S
 
 pytestmark = pytest.mark.slow
 ORIGIN = "gateway.veil.test"
@@ -74,7 +75,7 @@ class GatewayProcess:
         self._wait_for_node()
 
     def _wait_for_port(self, port_file: Path) -> int:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while not (port_file.is_file() and port_file.read_text().strip()):
             if self.popen.poll() is not None or time.monotonic() > deadline:
                 self.stop()
@@ -83,20 +84,20 @@ class GatewayProcess:
         return int(port_file.read_text())
 
     def _wait_for_node(self) -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while httpx.get(f"{self.url}/v1/health", trust_env=False).json()["nodes"] != 1:
             assert time.monotonic() < deadline, "the gateway did not admit the node in time"
             time.sleep(0.05)
 
     def kill(self) -> None:
         self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait(30)
+        self.popen.wait(HANG_S)
 
     def stop(self) -> None:
         """SIGTERM, as an operator stops it: the gateway reports its last tally on the way out."""
         if self.popen.poll() is None:
             self.popen.terminate()
-            self.popen.wait(30)
+            self.popen.wait(HANG_S)
         self._stderr.close()
 
     def token_tallies(self) -> list[dict]:

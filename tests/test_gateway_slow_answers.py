@@ -38,6 +38,7 @@ from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     gateway_settings,
     sim_root,
 )
+from tests.conftest import HANG_S
 
 # Ample for a node to accept (it only decapsulates) on a slow machine, so that before a node accepted
 # it is a real bound; every answer below is held for twice as long after it was accepted, so any
@@ -140,7 +141,7 @@ class HeldAnswers(node_pb2_grpc.NodeServicer):
         for chunk in self._stub.Infer(request, timeout=120):
             if chunk.data and not self.release.is_set():
                 self.accepted.set()
-                self.release.wait(60)
+                self.release.wait(HANG_S)
             yield chunk
 
 
@@ -156,7 +157,7 @@ class Hold:
         """Lets the held answers go `seconds` after a node first held one (the node had accepted by then)."""
 
         def wait_then_release() -> None:
-            if self.accepted.wait(60):
+            if self.accepted.wait(HANG_S):
                 threading.Event().wait(seconds)
             self.release.set()
 
@@ -214,7 +215,7 @@ def test_a_long_whole_answer_from_a_real_node_is_computed_once_and_evicts_nothin
         answer = sdk.completions.create(model=MODEL_NAME, prompt="The story goes", max_tokens=64, n=4,
                                         temperature=1.0, seed=0)
         waited = time.monotonic() - started
-        releaser.join(60)
+        releaser.join(HANG_S)
         assert hold.accepted.is_set() and waited >= HOLD_S  # it was held: the premise, by construction
         assert len(answer.choices) == 4 and answer.usage.completion_tokens > 4
         assert evictions(gateway) == [] and len(gateway.runtime.pool) == 2
@@ -233,7 +234,7 @@ def test_the_sdk_waits_for_a_whole_answer_longer_than_its_connect_and_directory_
         answer = sdk.completions.create(model=MODEL_NAME, prompt="The story goes", max_tokens=64, n=4,
                                         temperature=1.0, seed=1)
         waited = time.monotonic() - started
-        releaser.join(60)
+        releaser.join(HANG_S)
     # The premise, by construction: the body came 2 * `timeout` after the node accepted, and `timeout`
     # bounded every read of it before answers had their own bound.
     assert hold.accepted.is_set() and waited >= 2 * short_s

@@ -37,6 +37,7 @@ from gateway.settings import GatewaySettings
 from ohttp.keys import KeyPair, generate_key_pair
 from policy import shipped_policy
 from protocol import node_pb2, node_pb2_grpc
+from tests.conftest import HANG_S
 
 TEST_CODE_DIGEST = hashlib.sha256(b"veil-gateway-test-code").digest()
 
@@ -161,12 +162,12 @@ class RecordingNode(node_pb2_grpc.NodeServicer):
         if mode == "accept_then_hold":
             yield node_pb2.InferChunk(accepted=True)
         if mode in ("hold", "accept_then_hold"):
-            self.behaviour.release.wait(10)
+            self.behaviour.release.wait(HANG_S)
         yield node_pb2.InferChunk(data=bytes(request.encapsulated))
         if mode == "hold_after_first":
             gone = threading.Event()
             context.add_callback(gone.set)
-            if gone.wait(10):
+            if gone.wait(HANG_S):
                 with self._lock:
                     self.cancelled += 1
                 return
@@ -207,7 +208,7 @@ class LiveServer:
 
     def __enter__(self):
         self._thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG_S
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the server did not start")
@@ -216,7 +217,7 @@ class LiveServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self._server.should_exit = True
-        self._thread.join(15)
+        self._thread.join(HANG_S)
         self._socket.close()
 
 
@@ -231,14 +232,14 @@ class LiveGateway(LiveServer):
     def run_round(self) -> None:
         """Run one pool upkeep round now, on the server's event loop."""
         loop = self._loop()
-        asyncio.run_coroutine_threadsafe(self.runtime.keeper.run_round(), loop).result(30)
+        asyncio.run_coroutine_threadsafe(self.runtime.keeper.run_round(), loop).result(HANG_S)
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         task = self.runtime.keeper._task
         assert task is not None, "the keeper is not running"
         return task.get_loop()
 
-    def wait_for(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    def wait_for(self, condition: Callable[[], bool], timeout: float = HANG_S) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:

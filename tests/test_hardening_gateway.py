@@ -54,6 +54,7 @@ from tests.hardening_support import (
     streamed_text,
     with_canary,
 )
+from tests.conftest import HANG_S
 from tests.test_gateway_support import LiveGateway, gateway_settings, sim_root  # noqa: F401  (sim_root: a fixture)
 
 _MiB = 1 << 20
@@ -543,7 +544,7 @@ def test_well_formed_requests_are_served_during_a_concurrent_barrage(http, gatew
     finally:
         stop.set()
         for thread in threads:
-            thread.join(60)
+            thread.join(HANG_S)
     assert served == [baseline] * 6
     assert statuses and set(statuses) <= {400, 502} and not reflected
     assert {entry.node_id for entry in gateway.runtime.pool.entries()} >= {node.node_id for node in nodes}

@@ -17,7 +17,7 @@ from enclave.node import engine_config
 from enclave.selfcheck import EngineLimits, check_node_settings
 from enclave.settings import NodeSettings
 from policy import shipped_policy
-from tests.conftest import REPO_ROOT
+from tests.conftest import HANG_S, REPO_ROOT
 from veil.cli import build_parser, main
 from veil.config_file import ConfigFileError, apply_config_file
 
@@ -136,14 +136,14 @@ def test_a_gateway_logs_json_lines_with_time_and_level_and_names_an_unreachable_
     process = subprocess.Popen([sys.executable, "-m", "veil", "gateway", "--config", str(config), "--log-format", "json"],
                                stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO_ROOT)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while not (tmp_path / "port").exists():
             assert process.poll() is None and time.monotonic() < deadline, "the gateway did not start"
             time.sleep(0.05)
         time.sleep(1.5)  # a few health rounds: the silent node is still named once only
     finally:
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=30)
+        _, stderr = process.communicate(timeout=HANG_S)
     lines = [json.loads(line) for line in stderr.splitlines() if line.strip()]
     assert lines and all(set(line) >= {"time", "level", "logger", "message"} for line in lines)
     assert all(line["time"].endswith("Z") and line["level"] in ("info", "warning", "error") for line in lines)

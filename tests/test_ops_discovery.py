@@ -18,6 +18,7 @@ from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     gateway_settings,
     sim_root,
 )
+from tests.conftest import HANG_S
 
 NAME = "veil-node.veil-nodes.svc.cluster.local:7001"
 
@@ -47,7 +48,7 @@ class DiscoveringGateway(LiveServer):
         import asyncio
 
         loop = self.runtime.keeper._task.get_loop()
-        asyncio.run_coroutine_threadsafe(self.runtime.keeper.run_round(), loop).result(30)
+        asyncio.run_coroutine_threadsafe(self.runtime.keeper.run_round(), loop).result(HANG_S)
 
     def admitted(self) -> set[str]:
         return {entry.address for entry in self.runtime.pool.entries()}

@@ -3,6 +3,8 @@ command lines, launched on loopback as a fleet, serve an encrypted request end t
 
 from __future__ import annotations
 
+import argparse
+import ipaddress
 import os
 import re
 import sys
@@ -10,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import kubernetes_validate
@@ -100,7 +103,6 @@ def test_network_policies_deny_by_default_and_let_only_the_gateway_reach_the_nod
         assert [p["spec"]["policyTypes"] for p in denials] == [["Ingress", "Egress"]], namespace
         assert all("ingress" not in p["spec"] and "egress" not in p["spec"] for p in denials), namespace
     node_policies = _policies(rendered, "veil-nodes")
-    assert not any(p["spec"].get("egress") for p in node_policies)  # a node reaches nothing
     (allowed,) = [rule for p in node_policies for rule in p["spec"].get("ingress", [])]
     assert allowed["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "veil-gateway"}},
                                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "veil-gateway"}}}]
@@ -108,6 +110,64 @@ def test_network_policies_deny_by_default_and_let_only_the_gateway_reach_the_nod
     redis = [p for p in _policies(rendered, "veil-gateway") if p["metadata"]["name"] == "redis-from-gateways-only"]
     assert redis[0]["spec"]["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {
         "app.kubernetes.io/name": "veil-gateway"}}}]
+
+
+DNS_EGRESS = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}],
+              "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+
+
+def _node_options(rendered: list[dict[str, Any]], tmp_path: Path) -> argparse.Namespace:
+    """`veil node`'s options as it reads the rendered node.toml (an unknown key fails here)."""
+    from veil.cli import build_parser
+    from veil.config_file import apply_config_file
+
+    config = tmp_path / "node.toml"
+    config.write_text(named(rendered, "ConfigMap", "veil-node-config")["data"]["node.toml"], encoding="utf-8")
+    parser = build_parser()
+    argv = ["node", "--config", str(config)]
+    apply_config_file(parser, argv)
+    return parser.parse_args(argv)
+
+
+def test_nodes_under_a_policy_requiring_transparency_fetch_proofs_from_the_log_and_reach_nothing_else(
+        rendered, tmp_path: Path) -> None:
+    from policy import resolve_policy
+
+    options = _node_options(rendered, tmp_path)
+    egress = [rule for p in _policies(rendered, "veil-nodes") for rule in p["spec"].get("egress", [])]
+    if not resolve_policy(options.policy).transparency.required:  # dev: no log, and a node reaches nothing
+        assert options.transparency_log is None and egress == []
+        return
+    log = urlsplit(options.transparency_log)
+    assert log.scheme == "https" and log.hostname
+    # Out to the log's port at the address(es) it names, and to cluster DNS to resolve it: nothing else.
+    to_log = [rule for rule in egress if rule != DNS_EGRESS]
+    assert egress.count(DNS_EGRESS) == 1 and len(to_log) == 1
+    assert to_log[0]["ports"] == [{"protocol": "TCP", "port": log.port or 443}]
+    assert to_log[0]["to"] and all(list(peer) == ["ipBlock"] for peer in to_log[0]["to"])
+    for peer in to_log[0]["to"]:
+        assert ipaddress.ip_network(peer["ipBlock"]["cidr"]).num_addresses == 1 and "except" not in peer["ipBlock"]
+    (egress_policy,) = [p for p in _policies(rendered, "veil-nodes") if p["spec"].get("egress")]
+    assert egress_policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "veil-node"}}
+
+
+def test_the_strict_overlay_names_a_transparency_log(tmp_path: Path) -> None:
+    options = _node_options(build(K8S / "overlays" / "confidential"), tmp_path)
+    assert options.policy == "strict" and options.transparency_log
+
+
+def test_the_relay_serves_metrics_only_on_a_port_apart_from_the_one_open_to_anyone(rendered) -> None:
+    (container,) = named(rendered, "Deployment", "veil-relay")["spec"]["template"]["spec"]["containers"]
+    arguments = container["args"]
+    public = arguments[arguments.index("--listen") + 1].rpartition(":")[2]
+    metrics = arguments[arguments.index("--metrics-listen") + 1].rpartition(":")[2]
+    assert public != metrics
+    assert [port["port"] for port in named(rendered, "Service", "veil-relay")["spec"]["ports"]] == [int(public)]
+    (relay_policy,) = [p for p in _policies(rendered, "veil-relay") if p["spec"]["podSelector"]]
+    open_to_anyone = [rule for rule in relay_policy["spec"]["ingress"] if "from" not in rule]
+    assert [port["port"] for rule in open_to_anyone for port in rule["ports"]] == [int(public)]
+    (scrapers,) = [rule for rule in relay_policy["spec"]["ingress"] if "from" in rule]
+    assert scrapers["ports"] == [{"protocol": "TCP", "port": int(metrics)}] and scrapers["from"]
 
 
 def test_the_containerfile_installs_the_package_and_nothing_else() -> None:
@@ -191,6 +251,10 @@ def test_the_manifests_command_lines_serve_an_encrypted_request_end_to_end(fleet
         answer = client.chat.completions.create(model="model", max_tokens=4,
                                                 messages=[{"role": "user", "content": "hello from the manifests"}])
     assert answer.choices[0].finish_reason in ("length", "stop")
+    # The relay's metrics are on their own port, not on the one open to anyone.
+    assert httpx.get(f"http://{relay.ip}:8080/metrics", timeout=10, trust_env=False).status_code == 404
+    scrape = httpx.get(f"http://{relay.ip}:9090/metrics", timeout=10, trust_env=False).text
+    assert 'veil_relay_requests_total{route="infer",status_class="2xx"} 1.0' in scrape
     node_ips = {pod.ip for pod in fleet.pods if pod.workload == "veil-node"}
     gateway = next(pod for pod in fleet.pods if pod.workload == "veil-gateway")
     directory = httpx.get(f"http://{gateway.ip}:8000/v1/nodes", timeout=10, trust_env=False).json()

@@ -68,6 +68,8 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
         "tests/test_enclave_node.py::test_a_node_refuses_a_policy_promising_no_prefix_sharing_at_all", FORBIDDEN_KNOB_REFUSED),
     "engine.allowed_model_digests": (
         "tests/test_attestation_cli.py::test_measure_gives_the_digests_an_operator_pins_and_evidence_then_verifies_against_them",),
+    "engine.control_tokens_in_content": (
+        "tests/test_policy_consumers.py::test_a_node_encodes_control_tokens_in_request_text_only_where_allowed",),
     "engine.accept_unlisted_models": ("tests/test_security_claims.py::test_strict_admits_no_node_until_a_release_is_listed",),
     # Names what a node may run ("none", "ngram" or "draft-model"); a node refuses any other; the rest is refused.
     "engine.speculation": (
@@ -138,6 +140,17 @@ def test_a_node_serves_the_policys_context_length(tmp_path: Path) -> None:
     for tokens in (512, 2048):
         policy = dev_variant("max_context_tokens = 4096", f"max_context_tokens = {tokens}")
         assert check_node_settings(settings, policy, b"\0" * 32).max_model_len == tokens
+
+
+def test_a_node_encodes_control_tokens_in_request_text_only_where_allowed() -> None:
+    from enclave.node import request_tokenizer
+    from tests.family_support import family_folder
+
+    settings = NodeSettings(model=family_folder("qwen3-0.6b"), policy="dev", attestation="sim")
+    for allowed in (False, True):
+        policy = dev_variant("control_tokens_in_content = false", f"control_tokens_in_content = {str(allowed).lower()}")
+        tokenizer = request_tokenizer(settings, policy)
+        assert (tokenizer.token_id("<|im_end|>") in tokenizer.encode_prompt("a <|im_end|> b")) is allowed
 
 
 def test_without_trusting_the_local_root_simulated_evidence_has_no_chain(code_digest: bytes) -> None:  # noqa: F811

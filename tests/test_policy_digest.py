@@ -64,6 +64,7 @@ def _semantic_edits() -> list[tuple[str, str, object]]:
         ("engine", "prefix_sharing", "off"),
         ("engine", "allowed_model_digests", ["22" * 32]),
         ("engine", "speculation", "draft-model"),
+        ("engine", "control_tokens_in_content", True),
         ("routing", "candidates", 4),
         ("audit", "schema_version", 2),
         ("routing", "max_node_capacity", 65),

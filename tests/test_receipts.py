@@ -59,6 +59,7 @@ from policy import shipped_policy
 from protocol import node_pb2, node_pb2_grpc
 from tests.test_gateway_support import LiveGateway, gateway_settings
 from veil.cli import main
+from tests.conftest import HANG_S
 
 MODEL = "tiny"
 SKEW_S = shipped_policy("dev").attestation.max_clock_skew_s
@@ -84,7 +85,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         node.start()
         try:
             with LiveGateway(gateway_settings([f"127.0.0.1:{node.port}"])) as gateway:
-                gateway.wait_for(lambda: len(gateway.runtime.pool) == 1, timeout=60)
+                gateway.wait_for(lambda: len(gateway.runtime.pool) == 1, timeout=HANG_S)
                 yield Served(node, gateway, audit_path)
         finally:
             node.stop()
@@ -380,7 +381,7 @@ def test_the_proxy_hands_a_whole_answers_receipt_to_the_local_app_only(served: S
         assert verify_against_statement(receipt.encode(), _statement(served)) == receipt
     finally:
         server.should_exit = True
-        thread.join(10)
+        thread.join(HANG_S)
 
 
 def test_no_receipt_nor_receipt_key_reaches_the_audit_or_the_logs(

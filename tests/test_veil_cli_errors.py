@@ -124,6 +124,15 @@ def test_a_taken_port_is_refused_by_the_node_and_the_proxy_before_any_banner(env
     assert "OpenAI-compatible API on" not in proxy.stderr  # no banner for a server that never served
 
 
+def test_pooling_without_the_embed_task_is_refused_by_name_before_any_banner(env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    model = write_tiny_model(tmp_path / "tiny")
+    node = run_veil("node", "--model", str(model), "--policy", "dev", "--attestation", "sim", "--pooling", "mean",
+                    "--audit", "none", env=env)  # --task left at its default, generate
+    assert_refused(node, "node", "--pooling applies to --task embed only", "--task embed")
+    assert "serving on" not in node.stderr
+
+
 def test_up_with_a_model_folder_that_does_not_exist_writes_nothing_there(env: dict[str, str],
                                                                          tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"

@@ -13,6 +13,7 @@ import pytest
 
 from engine.tiny import write_tiny_model
 from veil.fleet import Fleet, FleetError, FleetSettings, pinned
+from tests.conftest import HANG_S
 
 needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
 
@@ -41,7 +42,7 @@ def test_pinning_leaves_the_callers_other_threads_where_they_were() -> None:
     inside, checked = threading.Event(), threading.Event()
 
     def other_thread() -> None:
-        inside.wait(10)
+        inside.wait(HANG_S)
         seen.append(os.sched_getaffinity(0))
         checked.set()
 
@@ -49,8 +50,8 @@ def test_pinning_leaves_the_callers_other_threads_where_they_were() -> None:
     thread.start()
     with pinned(frozenset({min(before)})):
         inside.set()
-        checked.wait(10)
-    thread.join(10)
+        checked.wait(HANG_S)
+    thread.join(HANG_S)
     assert seen == [before]
 
 

@@ -21,7 +21,6 @@ import pytest
 import client
 import engine
 import veil
-from engine.tiny import write_tiny_model
 from tests.conftest import REPO_ROOT
 from veil.fleet import Fleet, FleetSettings
 
@@ -118,11 +117,11 @@ def test_python_m_veil_is_the_command_line() -> None:
 
 @pytest.mark.slow
 def test_the_readme_example_runs_against_a_local_fleet(tmp_path: Path) -> None:
-    """The example, pointed at a one-node fleet serving the built-in tiny model, prints an answer and its node."""
+    """The example, pointed at a one-node fleet serving what `veil up` serves (the shipped model), prints an
+    answer and its node."""
     example = readme_sdk_example()
     assert example.count(README_GATEWAY) == 1
-    settings = FleetSettings(nodes=1, model_dir=write_tiny_model(tmp_path / "tiny-model"),
-                             workdir=tmp_path / "fleet", torch_threads=1)
+    settings = FleetSettings(nodes=1, workdir=tmp_path / "fleet", torch_threads=1)
     with Fleet(settings) as fleet:
         program = example.replace(README_GATEWAY, fleet.gateway_url)
         done = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True,
