@@ -9,7 +9,9 @@
       "freshness": {"nonce": b64, "timestamp": int},   # 32-byte nonce, Unix seconds
       "report_data": b64,                      # 64 bytes, see attestation.binding
       "cpu": null | {"kind": "sim" | "tdx" | "sev-snp", "report": b64, "cert_chain": [b64 DER, ...],
-                     "crls": [b64 DER, ...]},      # optional, default []
+                     "crls": [b64 DER, ...],       # optional, default []
+                     "tdx_collateral": {"tcb_info": b64, "qe_identity": b64,
+                                        "issuer_chain": [b64 DER, ...]}},   # optional: TDX only
       "gpu": null | {"kind": "sim" | "nvidia-hopper", "report": b64, "cert_chain": [b64 DER, ...],
                      "state": {"environment": "PROD" | "SIM" | ..., "cc_feature": bool, "devtools_mode": bool},
                      "ocsp": [b64 DER, ...],              # optional: OCSP responses for cert_chain[1:-1]
@@ -26,7 +28,11 @@ Certificate chains are leaf first, ending at the root. An SEV-SNP report
 comes with its VCEK, ASK and ARK; a TDX quote embeds its PCK chain, so its
 `cert_chain` is empty. `crls` are the CPU vendor's revocation lists the node
 fetched and staples (AMD KDS: the ARK's; Intel PCS: the PCK CA's and the root
-CA's). Parsing is strict:
+CA's). `tdx_collateral` is what the node's operator fetched from Intel PCS for
+a TDX quote: the TCB Info for its FMSPC and the TD_QE Identity, each the
+exact JSON body PCS served (the signature covers the inner object's bytes),
+and their issuer chain (Intel SGX TCB Signing, then the root), DER, leaf
+first. Parsing is strict:
 unknown versions, unknown or duplicated fields, wrong types and truncated
 base64 are EvidenceFormatError.
 """
@@ -49,6 +55,7 @@ GPU_KINDS: tuple[str, ...] = ("sim", "nvidia-hopper")
 GPU_ENVIRONMENTS: tuple[str, ...] = ("UNAVAILABLE", "SIM", "PROD")
 _MAX_CHAIN = 8
 _MAX_RIM_SIZE = 1 << 20
+_MAX_COLLATERAL_SIZE = 1 << 20  # Intel's TCB Info runs to a few KiB
 _MAX_TIMESTAMP = 1 << 40
 
 
@@ -69,6 +76,15 @@ class GpuState:
 
 
 @dataclass(frozen=True, slots=True)
+class TdxCollateral:
+    """Intel PCS's signed TCB Info and QE Identity for a TDX quote, as served, and their issuer chain (DER)."""
+
+    tcb_info: bytes
+    qe_identity: bytes
+    issuer_chain: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class CpuEvidence:
     """A CPU TEE report (simulated, Intel TDX quote or AMD SEV-SNP report), its chain and stapled CRLs."""
 
@@ -76,6 +92,7 @@ class CpuEvidence:
     report: bytes
     cert_chain: tuple[bytes, ...]
     crls: tuple[bytes, ...] = ()
+    tdx_collateral: TdxCollateral | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +172,19 @@ def _bundle_to_dict(bundle: EvidenceBundle) -> dict[str, Any]:
 
 
 def _cpu_to_dict(cpu: CpuEvidence) -> dict[str, Any]:
-    return {
+    encoded: dict[str, Any] = {
         "kind": cpu.kind,
         "report": enc.b64encode(cpu.report),
         "cert_chain": [enc.b64encode(c) for c in cpu.cert_chain],
         "crls": [enc.b64encode(crl) for crl in cpu.crls],
     }
+    if cpu.tdx_collateral is not None:
+        collateral = cpu.tdx_collateral
+        encoded["tdx_collateral"] = {
+            "tcb_info": enc.b64encode(collateral.tcb_info), "qe_identity": enc.b64encode(collateral.qe_identity),
+            "issuer_chain": [enc.b64encode(cert) for cert in collateral.issuer_chain],
+        }
+    return encoded
 
 
 def _gpu_to_dict(gpu: GpuEvidence) -> dict[str, Any]:
@@ -216,13 +240,23 @@ def _chain_from_list(value: Any, where: str, what: str = "certificates") -> tupl
 
 
 def _cpu_from_dict(value: Any) -> CpuEvidence:
-    cpu = enc.expect_object(value, "cpu", {"kind", "report", "cert_chain"}, optional={"crls"})
+    cpu = enc.expect_object(value, "cpu", {"kind", "report", "cert_chain"}, optional={"crls", "tdx_collateral"})
     return CpuEvidence(
         kind=enc.expect_choice(cpu["kind"], "cpu.kind", CPU_KINDS),
         report=enc.b64decode(cpu["report"], "cpu.report"),
         cert_chain=_chain_from_list(cpu["cert_chain"], "cpu.cert_chain"),
         crls=_chain_from_list(cpu.get("crls", []), "cpu.crls", "CRLs"),
+        tdx_collateral=_tdx_collateral_from_dict(cpu["tdx_collateral"]) if "tdx_collateral" in cpu else None,
     )
+
+
+def _tdx_collateral_from_dict(value: Any) -> TdxCollateral:
+    collateral = enc.expect_object(value, "cpu.tdx_collateral", {"tcb_info", "qe_identity", "issuer_chain"})
+    documents = {name: enc.b64decode(collateral[name], f"cpu.tdx_collateral.{name}") for name in ("tcb_info", "qe_identity")}
+    if any(len(document) > _MAX_COLLATERAL_SIZE for document in documents.values()):
+        raise EvidenceFormatError(f"cpu.tdx_collateral documents must be at most {_MAX_COLLATERAL_SIZE} bytes")
+    return TdxCollateral(**documents,
+                         issuer_chain=_chain_from_list(collateral["issuer_chain"], "cpu.tdx_collateral.issuer_chain"))
 
 
 def _gpu_from_dict(value: Any) -> GpuEvidence:

@@ -46,6 +46,7 @@ class VerifiedCpuChain:
     certificates: tuple[x509.Certificate, ...]
     detail: str
     tdx_quote: tdx.TdxQuote | None = None  # TDX: parsed here, since the quote carries the chain
+    product: str = ""  # SEV-SNP: the product line the verified VCEK names, which lays out its TCB
 
 
 def verify_cpu_chain(cpu: CpuEvidence, pinned_roots: Collection[str], at_time: dt.datetime) -> VerifiedCpuChain:
@@ -76,8 +77,10 @@ def verify_cpu_report(cpu: CpuEvidence, chain: VerifiedCpuChain) -> CpuReport:
         return dataclasses.replace(tdx_cpu_report(chain.tdx_quote), chip_id="tdx-pck:" + _key_digest(leaf))
     report = sev_snp.parse_snp_report(cpu.report)
     sev_snp.verify_report_signature(report, leaf)
-    sev_snp.check_vcek_certifies(report, leaf)
-    return dataclasses.replace(snp_cpu_report(report), chip_id="sev-snp:" + report.chip_id.hex())
+    levels = sev_snp.check_vcek_certifies(report, leaf, chain.product)
+    platform = sev_snp.SnpPlatform(chain.product, tuple(levels.items()), report.host_data, report.id_key_digest,
+                                   report.author_key_digest)
+    return dataclasses.replace(snp_cpu_report(report), chip_id="sev-snp:" + report.chip_id.hex(), snp=platform)
 
 
 def _verify_snp_chain(cpu: CpuEvidence, pinned_roots: Collection[str], at_time: dt.datetime) -> VerifiedCpuChain:
@@ -85,7 +88,7 @@ def _verify_snp_chain(cpu: CpuEvidence, pinned_roots: Collection[str], at_time: 
     verify_chain(certificates, pinned_roots, what="SEV-SNP", at_time=at_time)
     product = sev_snp.check_product_line(certificates)
     detail = f"VCEK → SEV-{product} → ARK-{product} {fingerprint(certificates[-1])[:16]}… (pinned)"
-    return VerifiedCpuChain("sev-snp", certificates, detail)
+    return VerifiedCpuChain("sev-snp", certificates, detail, product=product)
 
 
 def _verify_tdx_chain(cpu: CpuEvidence, pinned_roots: Collection[str], at_time: dt.datetime) -> VerifiedCpuChain:

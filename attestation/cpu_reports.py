@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attestation.errors import CpuReportFormatError
-from attestation.sev_snp import SnpReport, parse_snp_report
+from attestation.sev_snp import SnpPlatform, SnpReport, parse_snp_report
 from attestation.tdx import TdxQuote, parse_tdx_quote
 
 SIM_MAGIC = b"VSIMCPU1"
@@ -52,6 +52,7 @@ class CpuReport:
     vmpl: int = 0  # SEV-SNP: the VM privilege level that asked for the report
     launch: LaunchMeasurement | None = None  # None for simulated reports
     chip_id: str | None = None  # the CPU's identity, set once its certificate chain is verified
+    snp: SnpPlatform | None = None  # SEV-SNP: TCB, HOST_DATA and ID block digests, once the VCEK certifies them
 
 
 def parse_cpu_report(kind: str, report: bytes) -> CpuReport:

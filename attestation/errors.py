@@ -105,6 +105,18 @@ class LaunchMeasurementError(MeasurementNotAllowedError):
     """The CPU TEE's launch measurement is not one the policy names for the attested code digest."""
 
 
+class HostDataError(MeasurementNotAllowedError):
+    """An SEV-SNP report's HOST_DATA is not one the policy pins (attestation.sev_snp_host_data)."""
+
+
+class IdKeyDigestError(MeasurementNotAllowedError):
+    """An SEV-SNP report's ID_KEY_DIGEST is not one the policy pins (attestation.sev_snp_id_key_digests)."""
+
+
+class AuthorKeyDigestError(MeasurementNotAllowedError):
+    """An SEV-SNP report's AUTHOR_KEY_DIGEST is not one the policy pins (attestation.sev_snp_author_key_digests)."""
+
+
 class KeyConfigError(AttestationError):
     """The bound OHTTP key configuration is malformed or uses an unsupported suite."""
 
@@ -197,3 +209,86 @@ class OcspNonceError(RevocationError):
 
 class CertificateRevokedError(RevocationError):
     """An OCSP responder says a certificate is revoked, or does not know it."""
+
+
+class TcbBelowMinimumError(RevocationError):
+    """An SEV-SNP platform's security patch level for one TCB component is below the policy's minimum:
+    AMD has published flaws in the firmware or microcode it runs (a TCB recovery event)."""
+
+
+class TcbMinimumMissingError(RevocationError):
+    """The policy sets SEV-SNP minimums, none of them for the product line the VCEK names."""
+
+
+class TdxPlatformError(AttestationError):
+    """A TDX platform Intel's collateral does not vouch for, or that a policy pin refuses."""
+
+    check = "tdx platform"
+
+
+class TdxCollateralFormatError(TdxPlatformError):
+    """Stapled TCB Info or QE Identity is missing, or is not the JSON Intel PCS serves."""
+
+
+class CollateralChainError(TdxPlatformError):
+    """The collateral's signing chain does not end at a pinned root, is broken, expired or revoked."""
+
+
+class CollateralSignatureError(TdxPlatformError):
+    """A TCB Info or QE Identity signature does not verify under the Intel TCB Signing certificate."""
+
+
+class CollateralVersionError(TdxPlatformError):
+    """A TCB Info or QE Identity has an id or version other than TDX TCB Info v3 / TD_QE Identity v2."""
+
+
+class CollateralExpiredError(TdxPlatformError):
+    """A TCB Info or QE Identity is past its nextUpdate, not yet issued, or older than the policy allows."""
+
+
+class TcbEvaluationNumberError(TdxPlatformError):
+    """A TCB Info or QE Identity predates the TCB recovery the policy requires (tcbEvaluationDataNumber)."""
+
+
+class CollateralPlatformError(TdxPlatformError):
+    """The TCB Info is for another platform (FMSPC or PCE id) than the PCK certificate names."""
+
+
+class TdxModuleIdentityError(TdxPlatformError):
+    """The TDX module's signer or attributes are not those Intel's TCB Info lists."""
+
+
+class QeIdentityError(TdxPlatformError):
+    """The quoting enclave's report does not match Intel's QE Identity."""
+
+
+class TcbStatusError(TdxPlatformError):
+    """The platform's or QE's TCB status under Intel's collateral is one the policy does not accept."""
+
+
+class MrSeamError(TdxPlatformError):
+    """The TDX module's measurement (MRSEAM) is not in the policy's allowlist."""
+
+
+class MrConfigIdError(TdxPlatformError):
+    """The TD's MRCONFIGID differs from the policy's pin."""
+
+
+class MrOwnerError(TdxPlatformError):
+    """The TD's MROWNER differs from the policy's pin."""
+
+
+class MrOwnerConfigError(TdxPlatformError):
+    """The TD's MROWNERCONFIG differs from the policy's pin."""
+
+
+class FmspcError(TdxPlatformError):
+    """The PCK certificate's FMSPC (platform model) is not in the policy's allowlist."""
+
+
+class TeeTcbSvnError(TdxPlatformError):
+    """The quote's TEE_TCB_SVN is below the policy's minimum in some component."""
+
+
+class QeVendorIdError(TdxPlatformError):
+    """The quote's QE vendor id differs from the policy's pin."""

@@ -5,7 +5,8 @@ Report layout (0x4A0 bytes, integers little-endian):
     0x000 VERSION u32        0x008 POLICY u64 (bit 17 must be one, 18 MIGRATE_MA, 19 DEBUG, 26-63 zero)
     0x030 VMPL u32           0x034 SIGNATURE_ALGO u32 (1: ECDSA P-384 with SHA-384)
     0x048 KEY_INFO u32 (bits 2-4 SIGNING_KEY: 0 VCEK)
-    0x050 REPORT_DATA (64)   0x090 MEASUREMENT (48)   0x180 REPORTED_TCB (8)
+    0x050 REPORT_DATA (64)   0x090 MEASUREMENT (48)   0x0C0 HOST_DATA (32)
+    0x0E0 ID_KEY_DIGEST (48) 0x110 AUTHOR_KEY_DIGEST (48) 0x180 REPORTED_TCB (8)
     0x1A0 CHIP_ID (64)       0x2A0 signature r ‖ s, 72 bytes each, little-endian,
                              over bytes 0x000-0x29F; 0x330-0x49F reserved, zero
 
@@ -51,13 +52,24 @@ SIGNING_KEY_VCEK = 0
 _AMD_OID = "1.3.6.1.4.1.3704.1."
 PRODUCT_NAME_OID = _AMD_OID + "2"
 HWID_OID = _AMD_OID + "4"
-# REPORTED_TCB byte -> the VCEK extension certifying it (Milan and Genoa TCB layout).
-TCB_EXTENSIONS: tuple[tuple[str, int, str], ...] = (
-    ("boot loader", 0, _AMD_OID + "3.1"),
-    ("TEE", 1, _AMD_OID + "3.2"),
-    ("SNP firmware", 6, _AMD_OID + "3.3"),
-    ("microcode", 7, _AMD_OID + "3.8"),
-)
+# TCB_VERSION, AMD SEV-SNP Firmware ABI Specification (56860), "TCB_VERSION Structure": one security patch
+# level (SPL) per byte, placed by processor family. Family 19h (Milan, Genoa): 0 BOOT_LOADER, 1 TEE, 2-5
+# reserved, 6 SNP, 7 MICROCODE. Family 1Ah (Turin): 0 FMC, 1 BOOT_LOADER, 2 TEE, 3 SNP, 4-6 reserved,
+# 7 MICROCODE. Read by the product the verified VCEK names, never by a field of the report itself.
+_FAMILY_19H: tuple[tuple[str, int], ...] = (("boot_loader", 0), ("tee", 1), ("snp", 6), ("microcode", 7))
+TCB_LAYOUTS: dict[str, tuple[tuple[str, int], ...]] = {
+    "Milan": _FAMILY_19H,
+    "Genoa": _FAMILY_19H,
+    "Turin": (("fmc", 0), ("boot_loader", 1), ("tee", 2), ("snp", 3), ("microcode", 7)),
+}
+# Each component's VCEK extension (AMD KDS specification, 57230: blSPL, teeSPL, snpSPL, ucodeSPL, fmcSPL).
+TCB_EXTENSION_OIDS: dict[str, str] = {
+    "boot_loader": _AMD_OID + "3.1", "tee": _AMD_OID + "3.2", "snp": _AMD_OID + "3.3",
+    "microcode": _AMD_OID + "3.8", "fmc": _AMD_OID + "3.9",
+}
+TCB_COMPONENT_NAMES: dict[str, str] = {
+    "boot_loader": "boot loader", "tee": "TEE", "snp": "SNP firmware", "microcode": "microcode", "fmc": "FMC",
+}
 
 
 class SnpReportFormatError(CpuReportFormatError):
@@ -74,6 +86,9 @@ class SnpReport:
     signing_key: int
     report_data: bytes
     measurement: bytes
+    host_data: bytes  # 32 bytes the host chose at launch
+    id_key_digest: bytes  # SHA-384 of the ID block's signing key; zero without an ID block
+    author_key_digest: bytes  # SHA-384 of the key that signed the ID key; zero without one
     reported_tcb: bytes
     chip_id: bytes
     signed: bytes
@@ -87,6 +102,17 @@ class SnpReport:
     @property
     def migration_agent(self) -> bool:
         return bool(self.policy & POLICY_MIGRATE_MA)
+
+
+@dataclass(frozen=True, slots=True)
+class SnpPlatform:
+    """What a verified SEV-SNP report says of its platform and launch, for the policy's floor and pins."""
+
+    product: str  # the product line the VCEK names (Milan, Genoa, Turin)
+    tcb: tuple[tuple[str, int], ...]  # (component, security patch level) of REPORTED_TCB, certified by the VCEK
+    host_data: bytes
+    id_key_digest: bytes
+    author_key_digest: bytes
 
 
 def parse_snp_report(report: bytes) -> SnpReport:
@@ -110,7 +136,8 @@ def parse_snp_report(report: bytes) -> SnpReport:
     _check_policy(policy)
     return SnpReport(
         version=version, policy=policy, vmpl=vmpl, signing_key=(key_info >> 2) & 0x7,
-        report_data=report[0x50:0x90], measurement=report[0x90:0xC0], reported_tcb=report[0x180:0x188],
+        report_data=report[0x50:0x90], measurement=report[0x90:0xC0], host_data=report[0xC0:0xE0],
+        id_key_digest=report[0xE0:0x110], author_key_digest=report[0x110:0x140], reported_tcb=report[0x180:0x188],
         chip_id=report[0x1A0:0x1E0], signed=report[:SIGNED_SIZE],
         signature_r=int.from_bytes(report[SIGNED_SIZE:0x2E8], "little"),
         signature_s=int.from_bytes(report[0x2E8:SIGNATURE_END], "little"),
@@ -147,6 +174,7 @@ def check_product_line(chain: Sequence[x509.Certificate]) -> str:
     expected = (f"SEV-{product}", f"ARK-{product}")
     if (_common_name(ask), _common_name(ark)) != expected:
         raise ChainError(f"the SEV-SNP VCEK is for {product!r} but its chain is not that product's ASK and ARK")
+    _tcb_layout(product)  # a product whose TCB Veil cannot read has no verifiable TCB
     return product
 
 
@@ -163,16 +191,31 @@ def verify_report_signature(report: SnpReport, vcek: x509.Certificate) -> None:
         raise SignatureError("the SEV-SNP report's signature does not verify under its VCEK") from None
 
 
-def check_vcek_certifies(report: SnpReport, vcek: x509.Certificate) -> None:
-    """The VCEK must certify the report's REPORTED_TCB and CHIP_ID."""
-    for what, offset, oid in TCB_EXTENSIONS:
-        if _extension_small_int(vcek, oid) != report.reported_tcb[offset]:
+def tcb_levels(tcb_version: bytes, product: str) -> dict[str, int]:
+    """Each component's security patch level in an 8-byte TCB_VERSION, laid out as `product` lays it out."""
+    return {component: tcb_version[offset] for component, offset in _tcb_layout(product)}
+
+
+def check_vcek_certifies(report: SnpReport, vcek: x509.Certificate, product: str) -> dict[str, int]:
+    """The VCEK must certify the report's REPORTED_TCB and CHIP_ID; returns the certified patch levels."""
+    levels = tcb_levels(report.reported_tcb, product)
+    for component, level in levels.items():
+        if _extension_small_int(vcek, TCB_EXTENSION_OIDS[component]) != level:
             raise CertifiedTcbError(
-                f"the SEV-SNP report's {what} security patch level differs from the one its VCEK certifies; "
-                "fetch the VCEK for the reported TCB"
+                f"the SEV-SNP report's {TCB_COMPONENT_NAMES[component]} security patch level (REPORTED_TCB) "
+                "differs from the one its VCEK certifies; fetch the VCEK for the reported TCB"
             )
     if _extension_raw(vcek, HWID_OID) != report.chip_id:
         raise ChipIdError("the SEV-SNP report's CHIP_ID differs from its VCEK's hwID: the VCEK is another chip's")
+    return levels
+
+
+def _tcb_layout(product: str) -> tuple[tuple[str, int], ...]:
+    layout = TCB_LAYOUTS.get(product)
+    if layout is None:
+        raise ChainError(f"the SEV-SNP VCEK is for {product!r}, whose TCB layout Veil does not know "
+                         f"(it reads {', '.join(TCB_LAYOUTS)})")
+    return layout
 
 
 def _extension_raw(certificate: x509.Certificate, oid: str) -> bytes:

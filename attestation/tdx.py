@@ -70,6 +70,12 @@ class TdxQuote:
     """The fields Veil checks in a TDX quote."""
 
     td_attributes: int
+    tee_tcb_svn: bytes  # 16 SVNs: [0] TDX module SVN, [1] its major version, then per-platform components
+    mrseam: bytes  # the TDX module's measurement
+    mr_config_id: bytes
+    mr_owner: bytes
+    mr_owner_config: bytes
+    qe_vendor_id: bytes
     seam_attributes: int  # the TDX module's own: non-zero only for a debug module
     mrsigner_seam: bytes  # the TDX module's signer: all zero for Intel's
     mrtd: bytes
@@ -151,7 +157,9 @@ def parse_tdx_quote(quote: bytes) -> TdxQuote:
     pck_chain = pem_chain_to_der(pem)
     rtmrs = tuple(quote[offset:offset + 48] for offset in RTMR_OFFSETS)
     return TdxQuote(
-        td_attributes=td_attributes, seam_attributes=seam_attributes, mrsigner_seam=quote[0x070:0x0A0],
+        td_attributes=td_attributes, tee_tcb_svn=quote[0x030:0x040], mrseam=quote[0x040:0x070],
+        mr_config_id=quote[0x0E8:0x118], mr_owner=quote[0x118:0x148], mr_owner_config=quote[0x148:0x178],
+        qe_vendor_id=quote[0x00C:0x01C], seam_attributes=seam_attributes, mrsigner_seam=quote[0x070:0x0A0],
         mrtd=quote[0x0B8:0x0E8], rtmrs=rtmrs,  # type: ignore[arg-type]
         report_data=quote[0x238:0x278], signed=signed, signature=signature, attestation_key=attestation_key,
         qe_report=qe_report, qe_report_signature=qe_report_signature, qe_auth_data=qe_auth_data, pck_chain=pck_chain,

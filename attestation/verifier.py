@@ -3,7 +3,9 @@
 Order: simulated (is simulated evidence acceptable under this policy?),
 chain, signature, reference measurements (the GPU's against NVIDIA's signed
 RIMs), binding (of the key configuration and the receipt key), freshness, revocation (stapled OCSP for the GPU's and the
-RIMs' certificates), confidential mode, debug, measurement, key configuration. Each failing check raises its own subclass of
+RIMs' certificates; the SEV-SNP TCB against the policy's minimum), confidential mode, debug, tdx platform (Intel's
+stapled TCB Info and QE Identity rate the TDX platform, module and QE; the policy's TDX pins), measurement (also the
+SEV-SNP HOST_DATA and ID block pins), key configuration. Each failing check raises its own subclass of
 AttestationError; there is no boolean result to forget to check.
 """
 
@@ -16,23 +18,36 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from attestation import checks, gpu_checks
+from attestation import checks, gpu_checks, snp_platform, tdx_checks
 from attestation.bundle import EvidenceBundle
 from attestation.errors import AttestationError
 from attestation.measurement import Measurement
 from policy import Policy
 
-CHECKS: tuple[tuple[str, Callable[[checks.Context], str]], ...] = (
+Check = Callable[[checks.Context], str]
+
+
+def _in_turn(*parts: Check) -> Check:
+    """One step made of `parts`, run in order; their details joined (a part with nothing to say returns "")."""
+
+    def run(ctx: checks.Context) -> str:
+        return "; ".join(detail for detail in (part(ctx) for part in parts) if detail)
+
+    return run
+
+
+CHECKS: tuple[tuple[str, Check], ...] = (
     ("simulated", checks.check_simulated),
     ("chain", checks.check_chain),
     ("signature", checks.check_signature),
     ("reference measurements", gpu_checks.check_reference_measurements),
     ("binding", checks.check_binding),
     ("freshness", checks.check_freshness),
-    ("revocation", gpu_checks.check_revocation),
+    ("revocation", _in_turn(gpu_checks.check_revocation, snp_platform.check_platform_tcb)),
     ("confidential mode", checks.check_confidential_mode),
     ("debug", checks.check_debug),
-    ("measurement", checks.check_measurement),
+    ("tdx platform", tdx_checks.check_tdx_platform),
+    ("measurement", _in_turn(checks.check_measurement, snp_platform.check_platform_pins)),
     ("key configuration", checks.check_key_config),
 )
 CHECK_NAMES: tuple[str, ...] = tuple(name for name, _ in CHECKS)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import random
 import re
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,14 +91,16 @@ def create_app(
     audit_sink: AuditSink | None = None,
     routing_rng: random.Random | None = None,
     node_resolver: Resolver = resolve_addresses,
+    clock: Callable[[], float] = time.time,
 ) -> FastAPI:
     """The gateway application for `settings` (raises PolicyError/AuditSinkError on bad configuration).
 
     `audit_sink` replaces the sink named by `settings.audit`; `routing_rng`
     replaces the operating system's randomness, for seeded tests only; `node_resolver` resolves the
-    --node-dns names (the system's resolver unless a test gives its own).
+    --node-dns names (the system's resolver unless a test gives its own); `clock` is the time the pool
+    verifies evidence at and expires it by (the system's, unless a test moves it past a node's collateral).
     """
-    runtime = _build_runtime(settings, audit_sink, routing_rng, node_resolver)
+    runtime = _build_runtime(settings, audit_sink, routing_rng, node_resolver, clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -126,13 +129,14 @@ def create_app(
 
 
 def _build_runtime(settings: GatewaySettings, audit_sink: AuditSink | None,
-                   routing_rng: random.Random | None, node_resolver: Resolver) -> GatewayRuntime:
+                   routing_rng: random.Random | None, node_resolver: Resolver,
+                   clock: Callable[[], float]) -> GatewayRuntime:
     policy = resolve_policy(settings.policy)
     signer = ResultSigner()
     # Metrics count the audit events as they are emitted: they hold nothing the audit does not.
     metrics = Metrics()
     auditor = GatewayAuditor(MetricsSink(audit_sink or open_sink(settings.audit), metrics), signer.gateway_id)
-    pool = NodePool(policy, signer, key_grace_s=settings.key_grace_s)
+    pool = NodePool(policy, signer, key_grace_s=settings.key_grace_s, clock=clock)
     keeper = PoolKeeper(settings, pool, auditor, node_resolver)
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_node, settings.retry_after_s)
     forwarder = Forwarder(keeper, limiter, auditor, settings.accept_timeout_s, routing_rng)

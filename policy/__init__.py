@@ -8,8 +8,9 @@ A policy is a TOML file with four sections:
   required (``cpu``, ``gpu``), debugging forbidden, whether simulated evidence
   is acceptable, and the verification gaps the policy knowingly accepts
   (``accepted_gaps``; none is left), the roots that sign NVIDIA's RIMs
-  (``pinned_rim_roots``), and the oldest stapled OCSP response and CRL accepted
-  (``max_ocsp_age_s``, ``max_crl_age_s``).
+  (``pinned_rim_roots``), the oldest stapled OCSP response and CRL accepted
+  (``max_ocsp_age_s``, ``max_crl_age_s``), and the SEV-SNP floor and pins: the minimum TCB per
+  product line (``sev_snp_min_tcb``), HOST_DATA and the ID block's key digests.
 - ``[engine]``: maximum context, KV budget, prefix sharing (``request`` or
   ``off``: nothing is shared across requests), the model weights allowed by
   digest, whether text users send may spell control tokens

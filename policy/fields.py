@@ -7,12 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 from policy.errors import InvalidValueError
-from policy.model import LaunchReference, WitnessKey
+from policy.model import SNP_PRODUCTS, TDX_TCB_STATUSES, LaunchReference, SnpTcbMinimum, WitnessKey
 
 Reader = Callable[[str, Any], Any]
 
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _HEX_MEASUREMENT = re.compile(r"[0-9a-f]{96}")
+_ADVISORY = re.compile(r"INTEL-SA-\d{5}")
 _LAUNCH_KEYS = {"sev-snp": {"tee", "code", "measurement"}, "tdx": {"tee", "code", "mrtd", "rtmr0", "rtmr1", "rtmr2", "rtmr3"}}
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 # A C2SP note verifier key: name+<8 hex key hash>+<base64 of type byte and key>; fully parsed (hash and type
@@ -79,6 +80,77 @@ def digest_set(where: str, value: Any) -> tuple[str, ...]:
     if len(normalized) != len(items):
         raise InvalidValueError(f"{where} lists a digest twice; list each once")
     return tuple(normalized)
+
+
+def hex_set(size: int, what: str) -> Reader:
+    """A list of `size`-byte values in hex (`what` names them), lower-cased, each once, sorted."""
+    pattern = re.compile(f"[0-9a-f]{{{2 * size}}}")
+
+    def read(where: str, value: Any) -> tuple[str, ...]:
+        items = _string_list(where, value)
+        normalized = sorted({item.lower() for item in items})
+        if not all(pattern.fullmatch(item) for item in normalized):
+            raise InvalidValueError(f"{where} entries must be {what}: {2 * size} hexadecimal digits")
+        if len(normalized) != len(items):
+            raise InvalidValueError(f"{where} lists a value twice; list each once")
+        return tuple(normalized)
+
+    return read
+
+
+def optional_hex(size: int, what: str) -> Reader:
+    """One `size`-byte value in hex (`what` names it), lower-cased, or "" for none."""
+    pattern = re.compile(f"(?:[0-9a-f]{{{2 * size}}})?")
+
+    def read(where: str, value: Any) -> str:
+        if not isinstance(value, str) or not pattern.fullmatch(value.lower()):
+            raise InvalidValueError(f"{where} must be a {what}: {2 * size} hexadecimal digits, or \"\" for none")
+        return value.lower()
+
+    return read
+
+
+def tdx_statuses(where: str, value: Any) -> tuple[str, ...]:
+    """Intel TCB statuses a policy accepts: UpToDate among them; Revoked never."""
+    statuses = subset_of(*TDX_TCB_STATUSES)(where, value)
+    if "UpToDate" not in statuses:
+        raise InvalidValueError(f"{where} must include \"UpToDate\"")
+    return statuses
+
+
+def advisory_ids(where: str, value: Any) -> tuple[str, ...]:
+    """Intel security advisory ids (INTEL-SA-NNNNN), each once, sorted."""
+    items = _string_list(where, value)
+    if not all(_ADVISORY.fullmatch(item) for item in items) or len(set(items)) != len(items):
+        raise InvalidValueError(f"{where} must list distinct Intel advisory ids such as \"INTEL-SA-00837\"")
+    return tuple(sorted(items))
+
+
+_SNP_TCB_KEYS = ("boot_loader", "tee", "snp", "microcode")
+
+
+def snp_tcb_minimums(where: str, value: Any) -> tuple[SnpTcbMinimum, ...]:
+    """Inline tables {product, boot_loader, tee, snp, microcode} (Turin also fmc), one per product, sorted."""
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise InvalidValueError(f"{where} must be a list of tables such as "
+                                "{ product = \"Milan\", boot_loader = 0, tee = 0, snp = 0, microcode = 0 }")
+    minimums = [_snp_tcb_minimum(f"{where}[{index}]", item) for index, item in enumerate(value)]
+    if len({minimum.product for minimum in minimums}) != len(minimums):
+        raise InvalidValueError(f"{where} names a product twice; give each product one minimum")
+    return tuple(sorted(minimums, key=lambda minimum: minimum.product))
+
+
+def _snp_tcb_minimum(where: str, table: dict[str, Any]) -> SnpTcbMinimum:
+    product = table.get("product")
+    if product not in SNP_PRODUCTS:
+        raise InvalidValueError(f"{where}.product must be one of {list(SNP_PRODUCTS)}")
+    # Turin's TCB_VERSION adds the FMC's patch level; the older families have none.
+    keys = {"product", *_SNP_TCB_KEYS, *(("fmc",) if product == "Turin" else ())}
+    if set(table) != keys:
+        raise InvalidValueError(f"{where} for {product} takes exactly {sorted(keys)}")
+    read = integer(0, 255)
+    levels = {key: read(f"{where}.{key}", table[key]) for key in sorted(keys - {"product"})}
+    return SnpTcbMinimum(product=product, **levels)
 
 
 def launch_references(where: str, value: Any) -> tuple[LaunchReference, ...]:

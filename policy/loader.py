@@ -42,6 +42,23 @@ SCHEMA: dict[str, dict[str, fields.Reader]] = {
         "required_confidential_mode": fields.subset_of(*CONFIDENTIAL_PARTS),
         "debug_forbidden": fields.boolean,
         "accepted_gaps": fields.subset_of(*KNOWN_GAPS),
+        # SEV-SNP platform floor and pins (attestation.snp_platform); each empty list compares nothing.
+        "sev_snp_min_tcb": fields.snp_tcb_minimums,
+        "sev_snp_host_data": fields.hex_set(32, "32-byte HOST_DATA values"),
+        "sev_snp_id_key_digests": fields.hex_set(48, "SHA-384 key digests"),
+        "sev_snp_author_key_digests": fields.hex_set(48, "SHA-384 key digests"),
+        # Intel TDX collateral and pins (attestation.tdx_tcb); an empty pin compares nothing.
+        "tdx_accepted_tcb_statuses": fields.tdx_statuses,
+        "tdx_accepted_advisories": fields.advisory_ids,
+        "tdx_max_collateral_age_s": fields.integer(3600, 90 * 86_400),
+        "tdx_min_tcb_evaluation_data_number": fields.integer(0, 1 << 16),
+        "tdx_fmspcs": fields.hex_set(6, "FMSPC values"),
+        "tdx_mr_seams": fields.hex_set(48, "TDX module measurements (MRSEAM)"),
+        "tdx_mr_config_id": fields.optional_hex(48, "MRCONFIGID"),
+        "tdx_mr_owner": fields.optional_hex(48, "MROWNER"),
+        "tdx_mr_owner_config": fields.optional_hex(48, "MROWNERCONFIG"),
+        "tdx_min_tee_tcb_svn": fields.optional_hex(16, "TEE_TCB_SVN"),
+        "tdx_qe_vendor_id": fields.optional_hex(16, "QE vendor id"),
     },
     "engine": {
         "max_context_tokens": fields.integer(1, 1 << 20),

@@ -11,6 +11,9 @@ KNOWN_GAPS: tuple[str, ...] = ()  # none left: every check runs offline
 
 CONFIDENTIAL_PARTS: tuple[str, ...] = ("cpu", "gpu")
 LAUNCH_TEES: tuple[str, ...] = ("sev-snp", "tdx")
+# Intel's TCB statuses a policy may accept (TCB Info v3); "Revoked" is not among them.
+TDX_TCB_STATUSES: tuple[str, ...] = ("UpToDate", "SWHardeningNeeded", "ConfigurationNeeded",
+                                     "ConfigurationAndSWHardeningNeeded", "OutOfDate", "OutOfDateConfigurationNeeded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +28,25 @@ class LaunchReference:
     code_digest: str  # SHA-256 hex, also listed in allowed_code_digests
     measurement: str  # 48 bytes, hex
     rtmrs: tuple[str | None, str | None, str | None, str | None] = (None, None, None, None)
+
+
+SNP_PRODUCTS: tuple[str, ...] = ("Genoa", "Milan", "Turin")
+
+
+@dataclass(frozen=True, slots=True)
+class SnpTcbMinimum:
+    """The lowest SEV-SNP security patch level (SPL) accepted per TCB component, for one product line.
+
+    `fmc` exists on Turin and later only (None before). Levels come from AMD's TCB recovery events
+    (security bulletins): a platform below one runs firmware or microcode AMD has published flaws in.
+    """
+
+    product: str  # one of SNP_PRODUCTS, as the VCEK's productName names it
+    boot_loader: int
+    tee: int
+    snp: int
+    microcode: int
+    fmc: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +67,25 @@ class AttestationPolicy:
     required_confidential_mode: tuple[str, ...]  # subset of CONFIDENTIAL_PARTS
     debug_forbidden: bool
     accepted_gaps: tuple[str, ...]  # subset of KNOWN_GAPS
+    # SEV-SNP floor and pins, each optional (empty: not compared). A product whose VCEK names no
+    # minimum here is refused while any minimum is listed.
+    sev_snp_min_tcb: tuple[SnpTcbMinimum, ...]  # sorted by product
+    sev_snp_host_data: tuple[str, ...]  # HOST_DATA values accepted (32 bytes, hex)
+    sev_snp_id_key_digests: tuple[str, ...]  # ID_KEY_DIGEST values accepted (SHA-384, hex)
+    sev_snp_author_key_digests: tuple[str, ...]  # AUTHOR_KEY_DIGEST values accepted (SHA-384, hex)
+    # Intel TDX: what Intel's stapled collateral must say (attestation.tdx_tcb), and optional pins
+    # (empty: not compared). Statuses are Intel's tcbStatus names; Revoked is never accepted.
+    tdx_accepted_tcb_statuses: tuple[str, ...]  # subset of TDX_TCB_STATUSES, UpToDate among them
+    tdx_accepted_advisories: tuple[str, ...]  # INTEL-SA ids a status other than UpToDate may name
+    tdx_max_collateral_age_s: int  # oldest TCB Info / QE Identity accepted (seconds since issueDate)
+    tdx_min_tcb_evaluation_data_number: int  # the TCB recovery the collateral must include
+    tdx_fmspcs: tuple[str, ...]  # platform models (FMSPC, 6 bytes hex) accepted
+    tdx_mr_seams: tuple[str, ...]  # TDX module measurements (MRSEAM, 48 bytes hex) accepted
+    tdx_mr_config_id: str  # 48 bytes hex, or ""
+    tdx_mr_owner: str  # 48 bytes hex, or ""
+    tdx_mr_owner_config: str  # 48 bytes hex, or ""
+    tdx_min_tee_tcb_svn: str  # 16 bytes hex, each a floor for that TEE_TCB_SVN component, or ""
+    tdx_qe_vendor_id: str  # 16 bytes hex, or ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
+import json
+import re
 import struct
 import time
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 from cryptography.x509.oid import NameOID
 
 from attestation.backends.base import bind
-from attestation.bundle import CpuEvidence, EvidenceBundle
+from attestation.bundle import CpuEvidence, EvidenceBundle, TdxCollateral
 from attestation.certs import fingerprint
 from attestation.measurement import Measurement
 from attestation.tdx import INTEL_QE_MRSIGNER, INTEL_QE_VENDOR_ID
@@ -34,6 +36,9 @@ SNP_MEASUREMENT = bytes(range(48))
 TDX_MRTD = bytes(range(100, 148))
 TDX_RTMRS = tuple(bytes([index + 1]) * 48 for index in range(4))
 PSS = padding.PSS(padding.MGF1(hashes.SHA384()), 48)
+# The synthetic chip's own TCB as a policy minimum: older than `strict`'s floor (AMD-SB-3019), so every test
+# that verifies synthetic or genuine SEV-SNP evidence names the old minimum it accepts, explicitly.
+SYNTHETIC_SNP_MINIMUM = '{ product = "Milan", boot_loader = 3, tee = 0, snp = 8, microcode = 115 }'
 
 
 # ----- the genuine vectors ----------------------------------------------------------------------
@@ -151,6 +156,9 @@ class SnpFields:
     policy: int = (1 << 17) | (1 << 16)  # reserved bit 17 set, SMT allowed; no debug, no migration agent
     vmpl: int = 0
     measurement: bytes = SNP_MEASUREMENT
+    host_data: bytes = bytes(32)
+    id_key_digest: bytes = bytes(48)
+    author_key_digest: bytes = bytes(48)
     reported_tcb: bytes | None = None  # None: the TCB the VCEK certifies
     chip_id: bytes | None = None  # None: the VCEK's hwID
     key_info: int = 0
@@ -164,6 +172,9 @@ def snp_report(hierarchy: AmdHierarchy, fields: SnpFields) -> bytes:
     struct.pack_into("<I", report, 0x48, fields.key_info)
     report[0x50:0x90] = fields.report_data
     report[0x90:0xC0] = fields.measurement
+    report[0xC0:0xE0] = fields.host_data
+    report[0xE0:0x110] = fields.id_key_digest
+    report[0x110:0x140] = fields.author_key_digest
     report[0x180:0x188] = hierarchy.tcb if fields.reported_tcb is None else fields.reported_tcb
     report[0x1A0:0x1E0] = hierarchy.chip_id if fields.chip_id is None else fields.chip_id
     r, s = utils.decode_dss_signature(hierarchy.vcek_key.sign(bytes(report[:0x2A0]), ec.ECDSA(hashes.SHA384())))
@@ -172,9 +183,39 @@ def snp_report(hierarchy: AmdHierarchy, fields: SnpFields) -> bytes:
     return bytes(report)
 
 
+# The synthetic platform is the genuine SPR quote's model and TCB: FMSPC, SGX component SVNs and PCESVN.
+TDX_FMSPC = bytes.fromhex("50806f000000")
+TDX_CPU_SVNS = (3, 3, 2, 2, 2, 1, 0, 2) + (0,) * 8
+TDX_PCE_SVN = 11
+TDX_TEE_TCB_SVN = bytes([3, 0, 5]) + bytes(13)
+QE_ISVSVN = 4
+
+
+def _der(tag: int, value: bytes) -> bytes:
+    length = bytes([len(value)]) if len(value) < 0x80 else bytes([0x82]) + len(value).to_bytes(2, "big")
+    return bytes([tag]) + length + value
+
+
+def _sgx_pair(suffix: str, tag: int, value: bytes) -> bytes:
+    """SEQUENCE(OID 1.2.840.113741.1.13.1.<suffix>, value); every suffix part is below 128 (one byte)."""
+    oid = bytes.fromhex("2a864886f84d010d01") + bytes(int(part) for part in suffix.split("."))
+    return _der(0x30, _der(0x06, oid) + _der(tag, value))
+
+
+def sgx_extension(fmspc: bytes = TDX_FMSPC, cpu_svns: tuple[int, ...] = TDX_CPU_SVNS,
+                  pce_svn: int = TDX_PCE_SVN) -> x509.UnrecognizedExtension:
+    """Intel's SGX extension of a PCK certificate (PCK Certificate and CRL Profile), the fields Veil reads."""
+    tcb = b"".join(_sgx_pair(f"2.{index + 1}", 0x02, bytes([svn])) for index, svn in enumerate(cpu_svns))
+    tcb += _sgx_pair("2.17", 0x02, bytes([pce_svn])) + _sgx_pair("2.18", 0x04, bytes(cpu_svns))
+    pairs = _sgx_pair("1", 0x04, bytes(16)) + _sgx_pair("2", 0x30, tcb) + _sgx_pair("3", 0x04, bytes(2))
+    pairs += _sgx_pair("4", 0x04, fmspc)
+    return x509.UnrecognizedExtension(x509.ObjectIdentifier("1.2.840.113741.1.13.1"), _der(0x30, pairs))
+
+
 @dataclass(frozen=True)
 class IntelHierarchy:
-    """Intel SGX Root CA → PCK Platform CA → PCK of one synthetic platform."""
+    """Intel SGX Root CA → PCK Platform CA → PCK of one synthetic platform, and the root's TCB Signing
+    certificate, which signs synthetic TCB Info and QE Identity."""
 
     root_key: ec.EllipticCurvePrivateKey
     root: x509.Certificate
@@ -182,6 +223,8 @@ class IntelHierarchy:
     platform: x509.Certificate
     pck_key: ec.EllipticCurvePrivateKey
     pck: x509.Certificate
+    signing_key: ec.EllipticCurvePrivateKey
+    signing: x509.Certificate
 
     def pem_chain(self) -> bytes:
         return b"".join(cert.public_bytes(serialization.Encoding.PEM) for cert in (self.pck, self.platform, self.root))
@@ -199,8 +242,11 @@ def intel_hierarchy() -> IntelHierarchy:
                                  ca=True, serial=11)
     pck_key = ec.generate_private_key(ec.SECP256R1())
     pck = issue_certificate("Intel SGX PCK Certificate", pck_key.public_key(), "Intel SGX PCK Platform CA",
-                            platform_key, ca=False, serial=12)
-    return IntelHierarchy(root_key, root, platform_key, platform, pck_key, pck)
+                            platform_key, ca=False, serial=12, extensions=(sgx_extension(),))
+    signing_key = ec.generate_private_key(ec.SECP256R1())
+    signing = issue_certificate("Intel SGX TCB Signing", signing_key.public_key(), "Intel SGX Root CA", root_key,
+                                ca=False, serial=13)
+    return IntelHierarchy(root_key, root, platform_key, platform, pck_key, pck, signing_key, signing)
 
 
 @dataclass
@@ -217,6 +263,12 @@ class TdxFields:
     rtmrs: tuple[bytes, ...] = TDX_RTMRS
     qe_mrsigner: bytes = INTEL_QE_MRSIGNER
     qe_auth_data: bytes = bytes(range(32))
+    tee_tcb_svn: bytes = TDX_TEE_TCB_SVN
+    mrseam: bytes = bytes(range(48))
+    mr_config_id: bytes = bytes(48)
+    mr_owner: bytes = bytes(48)
+    mr_owner_config: bytes = bytes(48)
+    qe_isvsvn: int = QE_ISVSVN
     certify_other_key: bool = False  # the QE report binds a key other than the one that signs
     pem_chain: bytes | None = None  # None: the hierarchy's chain
     attestation_key: ec.EllipticCurvePrivateKey = field(default_factory=lambda: ec.generate_private_key(ec.SECP256R1()))
@@ -231,6 +283,10 @@ def tdx_quote(hierarchy: IntelHierarchy, fields: TdxFields) -> bytes:
     """A version-4-layout quote with `fields`, signed as Intel's QE and PCE sign it."""
     header = struct.pack("<HHIHH", fields.version, 2, 0x81, 0, 0) + INTEL_QE_VENDOR_ID + bytes(20)
     body = bytearray(584)
+    body[0:16] = fields.tee_tcb_svn
+    body[0x040 - 0x30:0x070 - 0x30] = fields.mrseam
+    for offset, value in ((0x0E8, fields.mr_config_id), (0x118, fields.mr_owner), (0x148, fields.mr_owner_config)):
+        body[offset - 0x30:offset - 0x30 + 48] = value
     struct.pack_into("<QQQ", body, 0x0A0 - 0x30, fields.seam_attributes, fields.td_attributes, fields.xfam)
     body[0x070 - 0x30:0x0A0 - 0x30] = fields.mrsigner_seam
     body[0x0B8 - 0x30:0x0E8 - 0x30] = fields.mrtd
@@ -242,7 +298,9 @@ def tdx_quote(hierarchy: IntelHierarchy, fields: TdxFields) -> bytes:
     point = fields.attestation_key.public_key().public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)[1:]
     bound_key = bytes(64) if fields.certify_other_key else point
     qe_report = bytearray(384)
+    qe_report[48:64] = bytes.fromhex("1500000000000000e700000000000000")  # the genuine QEs' ATTRIBUTES
     qe_report[128:160] = fields.qe_mrsigner
+    struct.pack_into("<HH", qe_report, 256, 2, fields.qe_isvsvn)  # ISVPRODID 2: Intel's TD QE
     qe_report[320:352] = hashlib.sha256(bound_key + fields.qe_auth_data).digest()
     chain = hierarchy.pem_chain() if fields.pem_chain is None else fields.pem_chain
     inner = struct.pack("<HI", 5, len(chain)) + chain
@@ -252,12 +310,82 @@ def tdx_quote(hierarchy: IntelHierarchy, fields: TdxFields) -> bytes:
     return signed + struct.pack("<I", len(signature_data)) + signature_data
 
 
+# ----- Intel collateral (TCB Info v3, TD_QE Identity v2) -----------------------------------------
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _components(svns) -> list[dict]:
+    return [{"svn": svn} for svn in svns]
+
+
+def tcb_level(status: str = "UpToDate", *, sgx=TDX_CPU_SVNS, pce: int = TDX_PCE_SVN, tdx=tuple(TDX_TEE_TCB_SVN),
+              advisories: tuple[str, ...] = ()) -> dict:
+    level = {"tcb": {"sgxtcbcomponents": _components(sgx), "pcesvn": pce, "tdxtcbcomponents": _components(tdx)},
+             "tcbDate": "2024-11-13T00:00:00Z", "tcbStatus": status}
+    if advisories:
+        level["advisoryIDs"] = list(advisories)
+    return level
+
+
+def tcb_info_document(levels: list[dict] | None = None, **overrides) -> dict:
+    """A TDX TCB Info v3 for the synthetic platform, issued an hour ago, rating it UpToDate unless told."""
+    document = {
+        "id": "TDX", "version": 3, "issueDate": _iso(NOW - dt.timedelta(hours=1)),
+        "nextUpdate": _iso(NOW + dt.timedelta(days=29)), "fmspc": TDX_FMSPC.hex(), "pceId": "0000", "tcbType": 0,
+        "tcbEvaluationDataNumber": 18,
+        "tdxModule": {"mrsigner": "00" * 48, "attributes": "0000000000000000", "attributesMask": "FFFFFFFFFFFFFFFF"},
+        "tcbLevels": levels if levels is not None else [tcb_level()],
+    }
+    return {**document, **overrides}
+
+
+def qe_identity_document(**overrides) -> dict:
+    """A TD_QE Identity v2 as Intel publishes it (MRSIGNER, ISVPRODID, masks), issued an hour ago."""
+    document = {
+        "id": "TD_QE", "version": 2, "issueDate": _iso(NOW - dt.timedelta(hours=1)),
+        "nextUpdate": _iso(NOW + dt.timedelta(days=29)), "tcbEvaluationDataNumber": 18, "miscselect": "00000000",
+        "miscselectMask": "FFFFFFFF", "attributes": "11000000000000000000000000000000",
+        "attributesMask": "FBFFFFFFFFFFFFFF0000000000000000", "mrsigner": INTEL_QE_MRSIGNER.hex().upper(),
+        "isvprodid": 2, "tcbLevels": [{"tcb": {"isvsvn": QE_ISVSVN}, "tcbDate": "2024-11-13T00:00:00Z",
+                                       "tcbStatus": "UpToDate"}],
+    }
+    return {**document, **overrides}
+
+
+def signed_collateral(outer: str, document: dict, key: ec.EllipticCurvePrivateKey | None = None) -> bytes:
+    """Intel PCS's response body: the inner object's exact bytes, signed (raw r ‖ s hex) by the TCB Signing key."""
+    inner = json.dumps(document, separators=(",", ":")).encode()
+    signature = _raw_p256(key or intel_hierarchy().signing_key, inner)
+    return b'{"' + outer.encode() + b'":' + inner + b',"signature":"' + signature.hex().encode() + b'"}'
+
+
+def tdx_collateral(tcb_info: dict | None = None, qe_identity: dict | None = None,
+                   issuer_chain: tuple[bytes, ...] | None = None) -> TdxCollateral:
+    """Synthetic collateral for the synthetic platform, signed under the test hierarchy's TCB Signing key."""
+    hierarchy = intel_hierarchy()
+    return TdxCollateral(
+        signed_collateral("tcbInfo", tcb_info or tcb_info_document()),
+        signed_collateral("enclaveIdentity", qe_identity or qe_identity_document()),
+        issuer_chain if issuer_chain is not None else (hierarchy.signing.public_bytes(DER), hierarchy.root.public_bytes(DER)),
+    )
+
+
 # ----- policies and bundles ---------------------------------------------------------------------
 
-def cpu_policy(*, roots: tuple[str, ...] = (), launch: str = "", extra: str = "", max_crl_age_s: int = 86_400,
-               modes: str = '["cpu"]'):
+def cpu_policy(**options):
+    """`cpu_policy_text(**options)`, loaded."""
+    return parse_policy(cpu_policy_text(**options))
+
+
+def cpu_policy_text(*, roots: tuple[str, ...] = (), launch: str = "", extra: str = "", max_crl_age_s: int = 86_400,
+                    modes: str = '["cpu"]', snp_min_tcb: str = SYNTHETIC_SNP_MINIMUM,
+                    snp_pins: dict[str, str] | None = None, tdx_settings: dict[str, str] | None = None) -> str:
     """`strict` for CPU-only evidence: the synthetic roots pinned, the test code and model digests listed with
-    the synthetic images' launch measurements (or `launch`, TOML inline tables)."""
+    the synthetic images' launch measurements (or `launch`, TOML inline tables), the SEV-SNP minimum TCB
+    `snp_min_tcb` (TOML inline tables, in place of strict's) and `snp_pins` (policy key -> hex values);
+    `tdx_settings` sets `tdx_*` keys (policy key -> TOML value)."""
     pins = roots or (fingerprint(amd_hierarchy().ark), fingerprint(intel_hierarchy().root))
     launch = launch or (
         f'{{ tee = "sev-snp", code = "{CODE_DIGEST}", measurement = "{SNP_MEASUREMENT.hex()}" }}, '
@@ -270,13 +398,24 @@ def cpu_policy(*, roots: tuple[str, ...] = (), launch: str = "", extra: str = ""
         "allowed_model_digests = []": f'allowed_model_digests = ["{MODEL_DIGEST}"]',
         "launch_measurements = []": f"launch_measurements = [{launch}]",
         "max_crl_age_s = 2592000": f"max_crl_age_s = {max_crl_age_s}",
+        **{f"{key} = []": f"{key} = [\"{value}\"]" for key, value in (snp_pins or {}).items()},
     }
     for old, new in replacements.items():
         assert old in text, old
         text = text.replace(old, new)
-    start = text.index("pinned_roots = [")
-    end = text.index("]", start) + 1
-    return parse_policy(text[:start] + "pinned_roots = [" + ", ".join(f'"{pin}"' for pin in pins) + "]" + text[end:])
+    for key, value in (tdx_settings or {}).items():
+        text, count = re.subn(f"(?m)^{key} = .*$", f"{key} = {value}", text)
+        assert count == 1, key
+    text = _replace_list(text, "sev_snp_min_tcb", snp_min_tcb)
+    return _replace_list(text, "pinned_roots", ", ".join(f'"{pin}"' for pin in pins))
+
+
+def _replace_list(text: str, key: str, items: str) -> str:
+    """`text` with the list `key` (on one line, or over several closed by a "]" line) set to `items`."""
+    start = text.index(f"{key} = [")
+    closing = "\n]" if text[start:].startswith(f"{key} = [\n") else "]"
+    end = text.index(closing, start) + len(closing)
+    return text[:start] + f"{key} = [{items}]" + text[end:]
 
 
 @dataclass(frozen=True)
@@ -287,25 +426,31 @@ class Binding:
     measurement: Measurement
     timestamp: int
     report_data: bytes
+    nonce: bytes = NONCE
 
 
-def binding_for(policy, code_digest: str = CODE_DIGEST) -> Binding:
+def binding_for(policy, code_digest: str = CODE_DIGEST, *, nonce: bytes = NONCE, timestamp: int | None = None,
+                config: bytes | None = None) -> Binding:
+    """What a node binds: `config` (a fresh key configuration by default), `nonce` at `timestamp` (now)."""
     measurement = Measurement(bytes.fromhex(code_digest), policy.digest, bytes.fromhex(MODEL_DIGEST))
-    config, timestamp = key_config(), int(time.time())
-    return Binding(config, measurement, timestamp, bind(config, RECEIPT_KEY, measurement, NONCE, timestamp, b""))
+    config = key_config() if config is None else config
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    return Binding(config, measurement, timestamp, bind(config, RECEIPT_KEY, measurement, nonce, timestamp, b""), nonce)
 
 
 def tsm_bundle(binding: Binding, cpu: CpuEvidence) -> EvidenceBundle:
     return EvidenceBundle(backend="tsm", key_config=binding.key_config, receipt_key=RECEIPT_KEY,
-                          measurement=binding.measurement,
-                          nonce=NONCE, timestamp=binding.timestamp, report_data=binding.report_data, cpu=cpu, gpu=None)
+                          measurement=binding.measurement, nonce=binding.nonce, timestamp=binding.timestamp,
+                          report_data=binding.report_data, cpu=cpu, gpu=None)
 
 
 def snp_evidence(policy, fields: SnpFields | None = None, *, crls: tuple[bytes, ...] | None = None,
-                 chain: tuple[bytes, ...] | None = None, code_digest: str = CODE_DIGEST) -> EvidenceBundle:
-    """A tsm bundle with a synthetic SEV-SNP report over the bundle's own binding, unless `fields` says otherwise."""
+                 chain: tuple[bytes, ...] | None = None, code_digest: str = CODE_DIGEST, nonce: bytes = NONCE,
+                 timestamp: int | None = None, config: bytes | None = None) -> EvidenceBundle:
+    """A tsm bundle with a synthetic SEV-SNP report over the bundle's own binding (`binding_for`), unless
+    `fields` says otherwise."""
     hierarchy = amd_hierarchy()
-    binding = binding_for(policy, code_digest)
+    binding = binding_for(policy, code_digest, nonce=nonce, timestamp=timestamp, config=config)
     fields = fields or SnpFields()
     if fields.report_data == bytes(64):
         fields.report_data = binding.report_data
@@ -315,14 +460,15 @@ def snp_evidence(policy, fields: SnpFields | None = None, *, crls: tuple[bytes, 
 
 
 def tdx_evidence(policy, fields: TdxFields | None = None, *, crls: tuple[bytes, ...] | None = None,
-                 code_digest: str = CODE_DIGEST) -> EvidenceBundle:
+                 code_digest: str = CODE_DIGEST, collateral: TdxCollateral | None = None) -> EvidenceBundle:
     """A tsm bundle with a synthetic TDX quote over the bundle's own binding, unless `fields` says otherwise."""
     hierarchy = intel_hierarchy()
     binding = binding_for(policy, code_digest)
     fields = fields or TdxFields()
     if fields.report_data == bytes(64):
         fields.report_data = binding.report_data
-    cpu = CpuEvidence("tdx", tdx_quote(hierarchy, fields), (), hierarchy.crls() if crls is None else crls)
+    cpu = CpuEvidence("tdx", tdx_quote(hierarchy, fields), (), hierarchy.crls() if crls is None else crls,
+                      collateral or tdx_collateral())
     return tsm_bundle(binding, cpu)
 
 

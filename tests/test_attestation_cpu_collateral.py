@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from attestation.backends.collateral import COLLATERAL_DIR_ENV, collateral_dir, load_collateral
+from attestation.backends.collateral import COLLATERAL_DIR_ENV, collateral_dir, load_collateral, load_tdx_collateral
 from attestation.bundle import EvidenceBundle
 from attestation.errors import BackendError, EvidenceFormatError
-from tests.cpu_tee_support import amd_hierarchy, cpu_policy, intel_hierarchy, snp_evidence
+from tests.cpu_tee_support import amd_hierarchy, cpu_policy, intel_hierarchy, snp_evidence, tdx_collateral
 
 
 def write_amd_collateral(folder: Path) -> None:
@@ -74,3 +74,18 @@ def test_a_bundle_without_crls_parses_with_none_and_a_bad_crl_list_is_refused():
     document["cpu"]["crls"] = "not a list"
     with pytest.raises(EvidenceFormatError, match="cpu.crls"):
         EvidenceBundle.from_json(json.dumps(document))
+
+
+def test_tdx_collateral_is_intels_tcb_info_qe_identity_and_their_signing_chain(tmp_path: Path):
+    hierarchy, expected = intel_hierarchy(), tdx_collateral()
+    (tmp_path / "tcb-info.json").write_bytes(expected.tcb_info)
+    (tmp_path / "qe-identity.json").write_bytes(expected.qe_identity)
+    (tmp_path / "tcb-signing-chain.pem").write_bytes(b"".join(
+        cert.public_bytes(serialization.Encoding.PEM) for cert in (hierarchy.signing, hierarchy.root)))
+    assert load_tdx_collateral(tmp_path) == expected
+    (tmp_path / "qe-identity.json").unlink()
+    with pytest.raises(BackendError, match="qe-identity.json"):
+        load_tdx_collateral(tmp_path)
+    (tmp_path / "tcb-signing-chain.pem").write_bytes(hierarchy.root.public_bytes(serialization.Encoding.PEM))
+    with pytest.raises(BackendError, match="TCB Signing certificate then the root"):
+        load_tdx_collateral(tmp_path)

@@ -304,6 +304,14 @@ def case_unsupported_kem(code, tmp_path):
     return collect(SimBackend(), dev_policy(), code, config=bytes(config)), dev_policy(), {}
 
 
+def case_tdx_collateral_expired(code, tmp_path):
+    from tests.cpu_tee_support import cpu_policy, tcb_info_document, tdx_collateral, tdx_evidence
+
+    policy = cpu_policy()
+    stale = tdx_collateral(tcb_info_document(nextUpdate="2020-01-01T00:00:00Z"))
+    return tdx_evidence(policy, collateral=stale), policy, {}
+
+
 CASES = [
     (case_wrong_root, errors.ChainError),
     (case_broken_chain, errors.ChainError),
@@ -352,6 +360,7 @@ CASES = [
     (case_unsupported_suite, errors.KeyConfigError),
     (case_malformed_key_config, errors.KeyConfigError),
     (case_unsupported_kem, errors.KeyConfigError),
+    (case_tdx_collateral_expired, errors.CollateralExpiredError),
 ]
 
 

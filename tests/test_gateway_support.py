@@ -224,9 +224,9 @@ class LiveServer:
 class LiveGateway(LiveServer):
     """The gateway application on a real uvicorn server in a background thread."""
 
-    def __init__(self, settings: GatewaySettings, *, rng=None) -> None:
+    def __init__(self, settings: GatewaySettings, *, rng=None, clock: Callable[[], float] = time.time) -> None:
         self.audit = MemorySink()
-        super().__init__(create_app(settings, audit_sink=self.audit, routing_rng=rng), settings)
+        super().__init__(create_app(settings, audit_sink=self.audit, routing_rng=rng, clock=clock), settings)
         self.runtime = self.app.state.runtime
 
     def run_round(self) -> None:

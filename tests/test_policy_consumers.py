@@ -34,6 +34,7 @@ from tests.test_security_claims import missing_tests
 FORBIDDEN_KNOB_REFUSED = "tests/test_policy_loading.py::test_every_forbidden_knob_value_is_refused_with_its_requirement"
 
 TRANSPARENCY_REFUSALS = "tests/test_transparency_fleet.py::test_the_sdk_refuses_each_transparency_failure_before_sending"
+SNP_PIN_REFUSALS = "tests/test_attestation_snp_platform.py::test_each_pin_refuses_evidence_that_does_not_match_it"
 CONSUMERS: dict[str, tuple[str, ...]] = {
     "policy.name": ("tests/test_policy_digest.py::test_every_semantic_change_changes_the_digest",),
     "policy.format": ("tests/test_policy_loading.py::test_invalid_values_are_refused",),
@@ -101,6 +102,26 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
     "transparency.witnesses": (TRANSPARENCY_REFUSALS,),
     "transparency.quorum": (TRANSPARENCY_REFUSALS,),
     "transparency.max_checkpoint_age_s": (TRANSPARENCY_REFUSALS,),
+    "attestation.tdx_accepted_tcb_statuses": (
+        "tests/test_attestation_tdx_collateral.py::test_a_platform_status_strict_refuses_is_named_with_its_advisories",
+        "tests/test_attestation_tdx_collateral.py::test_sw_hardening_passes_only_with_every_advisory_the_policy_names"),
+    "attestation.tdx_accepted_advisories": ("tests/test_attestation_tdx_collateral.py::test_sw_hardening_passes_only_with_every_advisory_the_policy_names",),
+    "attestation.tdx_max_collateral_age_s": ("tests/test_attestation_tdx_collateral.py::test_bad_synthetic_collateral_is_refused_by_its_own_class",),
+    "attestation.tdx_min_tcb_evaluation_data_number": (
+        "tests/test_attestation_tdx_collateral.py::test_bad_synthetic_collateral_is_refused_by_its_own_class",),
+    "attestation.tdx_fmspcs": ("tests/test_attestation_tdx_collateral.py::test_each_tdx_pin_refuses_evidence_it_does_not_match_by_its_own_class",),
+    "attestation.tdx_mr_seams": ("tests/test_attestation_tdx_collateral.py::test_each_tdx_pin_refuses_evidence_it_does_not_match_by_its_own_class",),
+    "attestation.tdx_mr_config_id": ("tests/test_attestation_tdx_collateral.py::test_each_tdx_pin_refuses_evidence_it_does_not_match_by_its_own_class",),
+    "attestation.tdx_mr_owner": ("tests/test_attestation_tdx_collateral.py::test_each_tdx_pin_refuses_evidence_it_does_not_match_by_its_own_class",),
+    "attestation.tdx_mr_owner_config": ("tests/test_attestation_tdx_collateral.py::test_each_tdx_pin_refuses_evidence_it_does_not_match_by_its_own_class",),
+    "attestation.tdx_min_tee_tcb_svn": ("tests/test_attestation_tdx_collateral.py::test_each_tdx_pin_refuses_evidence_it_does_not_match_by_its_own_class",),
+    "attestation.tdx_qe_vendor_id": ("tests/test_attestation_tdx_collateral.py::test_each_tdx_pin_refuses_evidence_it_does_not_match_by_its_own_class",),
+    "attestation.sev_snp_min_tcb": (
+        "tests/test_attestation_snp_platform.py::test_an_spl_below_the_minimum_is_refused_by_the_revocation_check",
+        "tests/test_attestation_snp_platform.py::test_the_genuine_report_is_refused_under_a_minimum_above_it"),
+    "attestation.sev_snp_host_data": (SNP_PIN_REFUSALS,),
+    "attestation.sev_snp_id_key_digests": (SNP_PIN_REFUSALS,),
+    "attestation.sev_snp_author_key_digests": (SNP_PIN_REFUSALS,),
 }
 
 

@@ -69,6 +69,21 @@ def _semantic_edits() -> list[tuple[str, str, object]]:
         ("audit", "schema_version", 2),
         ("routing", "max_node_capacity", 65),
         ("audit", "sink", "stderr"),
+        ("attestation", "tdx_accepted_tcb_statuses", ["UpToDate", "SWHardeningNeeded"]),
+        ("attestation", "tdx_accepted_advisories", ["INTEL-SA-00615"]),
+        ("attestation", "tdx_max_collateral_age_s", 86_400),
+        ("attestation", "tdx_min_tcb_evaluation_data_number", 19),
+        ("attestation", "tdx_fmspcs", ["50806f000000"]),
+        ("attestation", "tdx_mr_seams", ["00" * 48]),
+        ("attestation", "tdx_mr_config_id", "00" * 48),
+        ("attestation", "tdx_mr_owner", "00" * 48),
+        ("attestation", "tdx_mr_owner_config", "00" * 48),
+        ("attestation", "tdx_min_tee_tcb_svn", "00" * 16),
+        ("attestation", "tdx_qe_vendor_id", "939a7233f79c4ca9940a0db3957f0607"),
+        ("attestation", "sev_snp_min_tcb", [{"product": "Milan", "boot_loader": 0, "tee": 0, "snp": 25, "microcode": 0}]),
+        ("attestation", "sev_snp_host_data", ["00" * 32]),
+        ("attestation", "sev_snp_id_key_digests", ["00" * 48]),
+        ("attestation", "sev_snp_author_key_digests", ["00" * 48]),
     ]
 
 

@@ -14,7 +14,13 @@ TDX, from Intel PCS:
   pck-crl.der     https://api.trustedservices.intel.com/sgx/certification/v4/pckcrl?ca=platform&encoding=der
                   (ca=processor for a PCK issued by the Processor CA)
   root-crl.der    https://certificates.trustedservices.intel.com/IntelSGXRootCA.der
-A TDX quote embeds its PCK chain, so no certificate file is needed.
+  tcb-info.json   https://api.trustedservices.intel.com/tdx/certification/v4/tcb?fmspc={FMSPC}
+                  (the response body exactly as served: its signature covers the bytes)
+  qe-identity.json  https://api.trustedservices.intel.com/tdx/certification/v4/qe/identity
+  tcb-signing-chain.pem  the TCB-Info-Issuer-Chain response header, URL-decoded (TCB Signing, then root)
+A TDX quote embeds its PCK chain, so no PCK certificate file is needed. TCB Info and QE Identity are
+reissued every 30 days: refresh them (and the CRLs) before the policy's maximum age, or the node's
+evidence is refused at its next attestation.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from attestation.bundle import TdxCollateral
 from attestation.certs import pem_chain_to_der
 from attestation.errors import BackendError, ChainError
 
@@ -47,6 +54,17 @@ def load_collateral(kind: str, folder: Path) -> tuple[tuple[bytes, ...], tuple[b
     if len(ask_ark) != 2:
         raise BackendError(f"{folder}/cert_chain.pem must hold the ASK then the ARK, as AMD KDS serves it")
     return (_read(folder, "vcek.der"), *ask_ark), crls
+
+
+def load_tdx_collateral(folder: Path) -> TdxCollateral:
+    """Intel PCS's TCB Info and QE Identity, and their issuer chain, to staple to a TDX quote."""
+    try:
+        chain = pem_chain_to_der(_read(folder, "tcb-signing-chain.pem"))
+    except ChainError:
+        raise BackendError(f"{folder}/tcb-signing-chain.pem is not a PEM chain (TCB Signing, then the root)") from None
+    if len(chain) != 2:
+        raise BackendError(f"{folder}/tcb-signing-chain.pem must hold the TCB Signing certificate then the root")
+    return TdxCollateral(_read(folder, "tcb-info.json"), _read(folder, "qe-identity.json"), chain)
 
 
 def _read(folder: Path, name: str) -> bytes:

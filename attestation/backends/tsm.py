@@ -15,7 +15,7 @@ import secrets
 from pathlib import Path
 
 from attestation.backends.base import bind, check_nonce, now_seconds
-from attestation.backends.collateral import collateral_dir, load_collateral
+from attestation.backends.collateral import collateral_dir, load_collateral, load_tdx_collateral
 from attestation.binding import REPORT_DATA_SIZE
 from attestation.bundle import CpuEvidence, EvidenceBundle
 from attestation.errors import BackendError, TsmUnavailableError
@@ -53,8 +53,9 @@ def tsm_quote(report_data: bytes, root: Path = TSM_REPORT_ROOT) -> tuple[str, by
 def tsm_evidence(report_data: bytes, root: Path = TSM_REPORT_ROOT, collateral: Path | None = None) -> CpuEvidence:
     """The CPU TEE's quote over `report_data`, with the certificates and CRLs stapled from `collateral`."""
     kind, quote = tsm_quote(report_data, root)
-    chain, crls = load_collateral(kind, collateral_dir() if collateral is None else collateral)
-    return CpuEvidence(kind, quote, chain, crls)
+    folder = collateral_dir() if collateral is None else collateral
+    chain, crls = load_collateral(kind, folder)
+    return CpuEvidence(kind, quote, chain, crls, load_tdx_collateral(folder) if kind == "tdx" else None)
 
 
 def _request(entry: Path, report_data: bytes) -> tuple[str, bytes]:
