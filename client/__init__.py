@@ -19,6 +19,7 @@ _EXPORTS = {
     "GatewayError": "client.errors",
     "NodeError": "client.errors",
     "ModelNotFoundError": "client.errors",
+    "ModelTaskError": "client.errors",
     "StreamTruncatedError": "client.errors",
     "ResponseIntegrityError": "client.errors",
     "ReceiptRefusedError": "client.errors",

@@ -30,10 +30,11 @@ import httpx
 
 from attestation.bundle import EvidenceBundle
 from attestation.hardware import hardware_id
-from client.errors import GatewayError
-from protocol.constants import DIRECTORY_PATH, DIRECTORY_VERSION, MAX_DIRECTORY_NODES
+from client.errors import GatewayError, ModelNotFoundError, ModelTaskError
+from protocol.constants import DIRECTORY_PATH, DIRECTORY_VERSION, MAX_DIRECTORY_NODES, TASK_EMBED, TASK_GENERATE
 
 MAX_CACHED_CLAIMS = 1024
+EMBEDDINGS_PATH = "/v1/embeddings"  # the one request an "embed" node serves
 REPEATED_NODE = "repeated_node"
 
 
@@ -47,6 +48,7 @@ class DirectoryEntry:
     capacity: int
     models: tuple[str, ...] | None = None  # the model names it serves; None where the directory does not say
     transparency: str | None = None  # the node's stapled log proofs (JSON, unverified); None: it staples none
+    task: str = TASK_GENERATE  # what its models do ("generate" or "embed"), as it states it; absent: generate
 
     @property
     def hardware_id(self) -> str | None:
@@ -88,19 +90,44 @@ def _entry(node: Any) -> DirectoryEntry:
     transparency = node.get("transparency") or None
     if transparency is not None and not isinstance(transparency, str):
         raise ValueError("a directory entry's transparency proofs are not a string")
+    task = node.get("task") or TASK_GENERATE
+    if not isinstance(task, str):
+        raise ValueError("a directory entry's task is not a string")
     try:
         config = base64.b64decode(key_config, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("a directory entry's key configuration is not base64") from None
-    return DirectoryEntry(node_id, config, evidence, capacity, None if models is None else tuple(models), transparency)
+    return DirectoryEntry(node_id, config, evidence, capacity, None if models is None else tuple(models), transparency,
+                          task)
 
 
-def serving(entries: Sequence[DirectoryEntry], model: str | None) -> list[DirectoryEntry]:
-    """The entries that may serve `model`: those listing it, and those that list nothing (the node then
-    decides). Candidates are drawn from these alone, so a request only ever competes within its model's pool."""
+def serving(entries: Sequence[DirectoryEntry], model: str | None, task: str | None = None) -> list[DirectoryEntry]:
+    """The entries that may serve `model` for `task` (None: any task): those listing it for that task, and
+    those that list nothing (the node then decides). Candidates are drawn from these alone, so a request
+    only ever competes within its model's pool."""
     if model is None:
         return list(entries)
-    return [entry for entry in entries if entry.models is None or model in entry.models]
+    return [entry for entry in entries
+            if entry.models is None or (model in entry.models and task in (None, entry.task))]
+
+
+def model_pool(entries: Sequence[DirectoryEntry], model: str | None, task: str | None) -> list[DirectoryEntry]:
+    """`serving(entries, model, task)`; raises ModelNotFoundError where the directory lists nodes but none for
+    `model`, and ModelTaskError where it lists `model` only for another task: refused before anything is sent."""
+    pool = serving(entries, model, task)
+    if entries and not pool:
+        if task is not None and serving(entries, model):
+            raise ModelTaskError(task)
+        raise ModelNotFoundError()
+    return pool
+
+
+def request_task(method: str, path: str) -> str | None:
+    """The task a request needs its model to do: "embed" for embeddings, "generate" for any other POST
+    (chat, completions, responses); None for a listing, which any node answers."""
+    if method.upper() != "POST":
+        return None
+    return TASK_EMBED if path == EMBEDDINGS_PATH else TASK_GENERATE
 
 
 def listed_models(entries: Sequence[DirectoryEntry]) -> list[str]:

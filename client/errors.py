@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from protocol import codes
+from protocol.constants import TASK_EMBED
 
 _CODE = re.compile(r"[a-z0-9_.\-]{1,64}")
 
@@ -127,6 +128,20 @@ class ModelNotFoundError(VeilClientError):
 
     def __init__(self) -> None:
         super().__init__("no verified node serves the requested model; list the models served and ask for one of them")
+
+
+class ModelTaskError(VeilClientError):
+    """The model asked for is listed only by nodes whose model does another task (an embeddings request
+    to a generation model, or the reverse): refused before anything is sent, as the node would refuse it."""
+
+    status = 400
+    param = "model"
+
+    def __init__(self, task: str) -> None:
+        self.code = "model_not_embedding" if task == TASK_EMBED else "model_not_generation"
+        wanted = "embeddings" if task == TASK_EMBED else "generation"
+        super().__init__(f"no node lists the requested model for {wanted}: the directory lists it only for another "
+                         "task; list the models served (each states its task) and ask for one that does this")
 
 
 class StreamTruncatedError(VeilClientError):

@@ -30,7 +30,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from client.errors import GatewayError, ModelNotFoundError, NodeError, NoVerifiedNodeError, VeilClientError
+from client.errors import (GatewayError, ModelNotFoundError, ModelTaskError, NodeError, NoVerifiedNodeError,
+                           VeilClientError)
 from client.response_types import ResponseStreamEvent
 from client.sdk import Client
 from client.streaming import Stream
@@ -191,8 +192,8 @@ def _sse(stream: Stream, include_usage: bool) -> Iterator[bytes]:
 
 
 def _client_error(error: VeilClientError) -> JSONResponse:
-    if isinstance(error, ModelNotFoundError):
-        return _error(404, error.code, str(error), param="model")
+    if isinstance(error, (ModelNotFoundError, ModelTaskError)):
+        return _error(error.status, error.code, str(error), param="model")
     if isinstance(error, NodeError):  # the node's own reason and the field it names, as OpenAI answers
         status = error.status if 400 <= error.status <= 599 else 502
         return _error(status, error.code, error.message or str(error), param=error.param)

@@ -32,11 +32,11 @@ import httpx
 from attestation.binding import NONCE_SIZE
 from attestation.receipts import Receipt
 from client import wire
-from client.directory import DirectoryCache, DirectoryEntry, capped, listed_models, sample_candidates, serving
+from client.directory import (DirectoryCache, DirectoryEntry, capped, listed_models, model_pool, request_task,
+                              sample_candidates)
 from client.embeddings import Embeddings
 from client.errors import (
     CandidateFailure,
-    ModelNotFoundError,
     NodeError,
     NoVerifiedNodeError,
     ResponseIntegrityError,
@@ -214,14 +214,12 @@ class Client:
     ) -> tuple[list[wire.SealedRequest], Route]:
         """Verify candidates drawn from the directory and seal the request to each that verified.
 
-        Candidates are drawn among the nodes serving the request's model only; a model no node lists is
-        ModelNotFoundError. Nothing is sealed, so nothing can be sent, unless at least one candidate verified."""
+        Candidates are drawn among the nodes serving the request's model for its task only (`model_pool`).
+        Nothing is sealed, so nothing can be sent, unless at least one candidate verified."""
         directory = self._directory.get()
         check = self._fresh_record if self.fresh_evidence else self._verifier.check
         wanted = (body or {}).get("model", model)
-        pool = serving(directory.entries, wanted if isinstance(wanted, str) else None)
-        if directory.entries and not pool:
-            raise ModelNotFoundError()
+        pool = model_pool(directory.entries, wanted if isinstance(wanted, str) else None, request_task(method, path))
         entries = capped(pool, self.policy.routing.max_node_capacity)
         checked = [check(entry) for entry in sample_candidates(entries, self.candidates)]
         records = one_per_chip(self._verifier.transparency.refuse_if_forked(checked))

@@ -13,6 +13,7 @@ from typing import Any
 
 from attestation.receipts import Receipt
 from attestation.verifier import VerifiedNode
+from protocol.constants import TASK_GENERATE
 
 
 def _get(data: Any, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
@@ -289,11 +290,12 @@ class Model:
     object: str
     created: int  # when the node listing it began serving (Unix seconds)
     owned_by: str
+    task: str = TASK_GENERATE  # "generate" or "embed" (/v1/embeddings only), as the node lists it; absent: generate
 
     @classmethod
     def from_dict(cls, data: Any) -> Model:
         return cls(_get(data, "id", str), _get(data, "object", str, "model"), _get(data, "created", int, 0),
-                   _get(data, "owned_by", str, ""))
+                   _get(data, "owned_by", str, ""), _get(data, "task", str, TASK_GENERATE))
 
     def to_dict(self) -> dict[str, Any]:
         return _wire(self)

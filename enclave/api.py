@@ -21,10 +21,10 @@ from enclave import answer_parts, embeddings, request_fields, responses_answer, 
 from enclave.api_types import ApiError, InnerResponse, error_response
 from enclave.openai_shapes import ResponseShape
 from enclave.replay_window import REQUEST_DATE_WINDOW_S, DateOutOfWindow, check_date
-from enclave.tool_calls import tool_format
+from enclave.tool_calls import markers as tool_markers, tool_format
 from ohttp.bhttp import Request
 from ohttp.dates import format_http_date
-from protocol.constants import MAX_INNER_BODY_BYTES
+from protocol.constants import MAX_INNER_BODY_BYTES, TASK_EMBED, TASK_GENERATE
 
 __all__ = ["REQUEST_DATE_WINDOW_S", "ApiError", "InnerApi", "InnerResponse", "error_response"]
 
@@ -48,6 +48,11 @@ class InnerApi:
     @property
     def model_names(self) -> tuple[str, ...]:
         return (self.model_name, *self.aliases)
+
+    @property
+    def task(self) -> str:
+        """What every one of `model_names` serves: "generate" or "embed" (`protocol.constants.MODEL_TASKS`)."""
+        return TASK_GENERATE if self.pooling is None else TASK_EMBED
 
     def handle(self, request: Request) -> InnerResponse:
         try:
@@ -90,7 +95,7 @@ class InnerApi:
         return handler(request)
 
     def _models(self, request: Request) -> InnerResponse:
-        task = {"task": "generate"} if self.pooling is None else {"task": "embed", "pooling": self.pooling.value}
+        task = {"task": self.task} | ({} if self.pooling is None else {"pooling": self.pooling.value})
         models = [{"id": name, "object": "model", "created": self.created, "owned_by": "veil"} | task
                   for name in self.model_names]
         body = {"object": "list", "data": models}
@@ -180,6 +185,7 @@ class InnerApi:
         params = _with_tool_grammar(request_fields.sampling_params(body, chat, self.max_tokens_limit), tools)
         template = self.tokenizer.chat_template(with_tools=True)
         call_format = tools.call_format(template, self.tool_call_format)
+        params = self._keeping_markers(params, call_format, reasoning[0])
         handle = self.engine.submit(prompt, params)
         completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         shape = ResponseShape(completion_id, self.model_name, chat, int(time.time()),
@@ -201,6 +207,13 @@ class InnerApi:
         finally:
             handle.close()
         return InnerResponse(200, json.dumps(shape.whole(output)).encode(), metrics=output.metrics)
+
+    def _keeping_markers(self, params: SamplingParams, call_format: str | None, reasoning: bool) -> SamplingParams:
+        """The special tokens the answer's parsers read by kept in its text (`[TOOL_CALLS]`, `<|python_tag|>`,
+        `<think>` where special); every other one, end of turn included, stays out of it."""
+        texts = tool_markers(call_format) + ((answer_parts.THINK_OPEN, answer_parts.THINK_CLOSE) if reasoning else ())
+        kept = self.tokenizer.special_ids_of(texts)
+        return dataclasses.replace(params, kept_special_tokens=kept) if kept else params
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

@@ -13,6 +13,7 @@ from enclave.tool_calls import FORMATS
 _log = logging.getLogger("veil.node")
 
 if TYPE_CHECKING:
+    from audit.events import ProofFreshness, ProofRefreshOutcome
     from enclave.node import NodeServer
     from enclave.settings import NodeSettings
 
@@ -120,6 +121,7 @@ def _run_node(args: argparse.Namespace) -> int:
     from attestation.errors import AttestationError
     from audit.errors import AuditError
     from enclave.errors import NodeError
+    from audit.events import ProofFreshness, ProofRefreshOutcome
     from enclave.node import NodeServer
     from enclave.stop_signals import stop_on_signals, wait_until_stopped
     from engine import EngineError
@@ -131,6 +133,7 @@ def _run_node(args: argparse.Namespace) -> int:
     stopped = stop_on_signals()
     try:
         node = NodeServer(settings)
+        node.on_proofs_refreshed = lambda outcome, proofs: _log_proof_refresh(node, outcome, proofs)
         port = node.start()
     except (PolicyError, NodeError, AttestationError, AuditError, EngineError, OSError) as error:
         _log.error("veil node: refusing to start: %s", error)
@@ -153,6 +156,14 @@ def _run_node(args: argparse.Namespace) -> int:
     else:
         _log.warning("veil node: stopped; requests still running at --drain-s were ended")
     return 0
+
+
+def _log_proof_refresh(node: NodeServer, outcome: ProofRefreshOutcome, proofs: ProofFreshness) -> None:
+    """A failed refresh of the node's transparency proofs, as a warning; as an error once they near expiry."""
+    line = node.stapler.failure_line(outcome, proofs) if node.stapler is not None else None
+    if line is not None:
+        serious, text = line
+        _log.log(logging.ERROR if serious else logging.WARNING, "%s", text)
 
 
 def _report_transparency(node: NodeServer) -> None:

@@ -14,9 +14,8 @@ import struct
 import time
 from dataclasses import dataclass
 
-from engine import EngineCoreClient, PoolingKind, PoolingParams, RequestMetrics, RequestRejected, SamplingParams, Tokenizer
-from engine.pooling import EmbeddingOutput
-from engine.sampling_params import is_integer
+from engine import (EmbeddingOutput, EngineCoreClient, PoolingKind, PoolingParams, RequestMetrics, RequestRejected,
+                    SamplingParams, Tokenizer)
 from enclave.api_types import ApiError
 
 # OpenAI's own bound on the inputs of one call.
@@ -49,7 +48,7 @@ def read_call(body: dict, kind: PoolingKind) -> EmbeddingCall:
     if encoding not in ENCODING_FORMATS:
         raise ApiError(400, "invalid_value", "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
     dimensions = body.get("dimensions")
-    if dimensions is not None and (not is_integer(dimensions) or dimensions < 1):
+    if dimensions is not None and (not _is_integer(dimensions) or dimensions < 1):
         raise ApiError(400, "invalid_value", "'dimensions' must be a positive integer", param="dimensions")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
@@ -61,7 +60,7 @@ def _inputs(value: object) -> list[str | list[int]]:
     """`input`: a string, a list of strings, a list of token ids, or a list of such lists."""
     if isinstance(value, str):
         value = [value]
-    elif isinstance(value, list) and value and all(is_integer(item) for item in value):
+    elif isinstance(value, list) and value and all(_is_integer(item) for item in value):
         value = [value]
     if not isinstance(value, list) or not value:
         raise ApiError(400, "invalid_value", "'input' must be a non-empty string, list of strings or list of "
@@ -70,7 +69,7 @@ def _inputs(value: object) -> list[str | list[int]]:
         raise ApiError(400, "too_many_inputs", f"'input' holds more than {MAX_INPUTS} inputs", param="input")
     for item in value:
         text = isinstance(item, str) and item
-        ids = isinstance(item, list) and item and all(is_integer(token) for token in item)
+        ids = isinstance(item, list) and item and all(_is_integer(token) for token in item)
         if not (text or ids):
             raise ApiError(400, "invalid_value", "each input must be a non-empty string or a non-empty list of "
                            "integer token ids", param="input")
@@ -121,3 +120,8 @@ def not_an_embedding_model(model_name: str) -> ApiError:
 def not_a_generation_model(model_name: str) -> ApiError:
     return ApiError(400, "model_not_generation", f"'{model_name}' is an embedding model: it serves /v1/embeddings "
                     "only", param="model")
+
+
+def _is_integer(value: object) -> bool:
+    """A true `int`: not a bool (an int subclass), not a float or string that could pass for one."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -6,6 +6,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from concurrent import futures
 from pathlib import Path
@@ -28,6 +29,8 @@ from audit.events import (
     EvidenceRefreshed,
     NodeStarted,
     NodeStopped,
+    ProofFreshness,
+    ProofRefreshOutcome,
     ProofsRefreshed,
     RequestFinished,
     RequestStatus,
@@ -42,8 +45,7 @@ from enclave.selfcheck import EngineLimits, check_node_settings
 from enclave.service import NodeService, Outcome
 from enclave.settings import NodeSettings
 from enclave.transparency import TransparencyStapler
-from engine import EngineConfig, EngineCoreClient, PoolingKind, Tokenizer, ZeroingReport
-from engine.pooling import model_pooling
+from engine import EngineConfig, EngineCoreClient, PoolingKind, Tokenizer, ZeroingReport, model_pooling
 from policy import resolve_policy
 from policy.model import Policy
 from policy.shipped import resolve_policy_path
@@ -126,7 +128,9 @@ class NodeServer:
             settings.transparency_log, self.measurement, lambda: self.keys.current.config.encode(), self._attest,
             settings.key_rotation_s + settings.key_grace_s if settings.key_rotation_s > 0 else 0,
             settings.transparency_refresh_s, self.receipts.public_key, _requirement(self.policy),
-            on_refresh=lambda outcome, proofs: self.audit.emit(ProofsRefreshed(self.node_id, outcome, proofs)))
+            on_refresh=self._proofs_refreshed)
+        # Set by `veil node` to write each failed refresh's line to the operator's log: the node logs nothing.
+        self.on_proofs_refreshed: Callable[[ProofRefreshOutcome, ProofFreshness], None] | None = None
         # The operator's --audit overrides the sink the measured policy names.
         # Metrics count the audit events as they are emitted, so they hold nothing the audit does not.
         self.metrics = Metrics()
@@ -252,6 +256,11 @@ class NodeServer:
 
     def _sign_receipt(self, request: bytes, body_sha256: bytes, status: int) -> bytes:
         return self.receipts.sign(request, body_sha256, status, self.measurement, time.time())
+
+    def _proofs_refreshed(self, outcome: ProofRefreshOutcome, proofs: ProofFreshness) -> None:
+        self.audit.emit(ProofsRefreshed(self.node_id, outcome, proofs))
+        if self.on_proofs_refreshed is not None:
+            self.on_proofs_refreshed(outcome, proofs)
 
     def _tally_zeroed(self, report: ZeroingReport) -> None:
         """Adds the core's report to the tally and emits the tally when it is due (on the reader thread).

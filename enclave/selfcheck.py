@@ -27,6 +27,7 @@ def check_node_settings(settings: NodeSettings, policy: Policy, model_digest: by
         )
     _check_prefix_sharing(engine.prefix_sharing)
     _check_speculation(settings.speculative, policy)
+    _check_task(settings)
     _check_audit_schema(policy)
     if not engine.accept_unlisted_models and model_digest.hex() not in engine.allowed_model_digests:
         raise SelfCheckError(
@@ -52,6 +53,13 @@ def check_node_settings(settings: NodeSettings, policy: Policy, model_digest: by
         raise SelfCheckError("--max-num-seqs must be at least --capacity: the engine must batch every request the "
                              "node admits")
     return EngineLimits(max_model_len=_max_model_len(settings, policy), kv_cache_gib=requested)
+
+
+def _check_task(settings: NodeSettings) -> None:
+    """A setting for another task would be ignored, and the operator would believe it applied."""
+    if settings.pooling is not None and settings.task != "embed":
+        raise SelfCheckError(f"--pooling applies to --task embed only, and this node's task is {settings.task}: "
+                             "drop --pooling, or add --task embed to serve embeddings")
 
 
 def _check_speculation(speculative: str | None, policy: Policy) -> None:

@@ -101,7 +101,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
         if len(request.nonce) != NONCE_SIZE:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the nonce must be exactly {NONCE_SIZE} bytes")
         return node_pb2.AttestResponse(evidence_bundle=self._attest(bytes(request.nonce)), capacity=self.capacity,
-                                       models=list(self._api.model_names), transparency_proofs=self._transparency())
+                                       models=list(self._api.model_names), transparency_proofs=self._transparency(),
+                                       task=self._api.task)
 
     def Health(self, request: node_pb2.HealthRequest, context: grpc.ServicerContext) -> node_pb2.HealthResponse:
         return node_pb2.HealthResponse(

@@ -33,7 +33,14 @@ FORCED_JSON = "forced_json"
 FORMATS = (HERMES, LLAMA_JSON, MISTRAL_JSON, MISTRAL_ARGS)  # the formats an operator may name for a model
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _ID_CHARACTERS = string.ascii_letters + string.digits
-_PYTHON_TAG, _MISTRAL_CALLS, _MISTRAL_ARGS = "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]"
+_PYTHON_TAG, _MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_CALL_ID = "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+
+
+def markers(format: str | None) -> tuple[str, ...]:
+    """The tokens a format's calls are read by: kept in the text its parser reads, where special tokens
+    are otherwise left out (`[TOOL_CALLS]` and `<|python_tag|>` are special in their vocabularies)."""
+    return {HERMES: (_OPEN, _CLOSE), LLAMA_JSON: (_PYTHON_TAG,), MISTRAL_JSON: (_MISTRAL_CALLS,),
+            MISTRAL_ARGS: (_MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_CALL_ID)}.get(format, ())
 
 
 def tool_format(template: str | None) -> str | None:

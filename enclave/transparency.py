@@ -7,7 +7,7 @@ serves them with its evidence (AttestResponse.transparency_proofs). A background
 them as the log grows and witnesses cosign: never on the request path, each exchange bounded by a
 timeout, and after a failure again with backoff (RETRY_S, doubling up to refresh_s). Each attempt is
 reported (`on_refresh`: the node's `proofs_refreshed` audit event and metric) with how fresh the stapled
-proofs are then (`enclave.proof_expiry`), a failed one also as a log line, so a log outage is seen well
+proofs are then (`enclave.proof_expiry`), a failed one also as a line `veil node` logs, so a log outage is seen well
 before clients refuse the node. What leaves the node is the statement and its evidence, both public by design.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +30,6 @@ from attestation.transparency.statements import NodeKeyStatement, encode_stateme
 from audit.events import ProofFreshness, ProofRefreshOutcome
 from enclave.proof_expiry import freshness, proofs_expire_at
 
-_log = logging.getLogger("veil.node")
 
 CLOCK_ALLOWANCE_S = 60  # a statement's window starts this early, for clients whose clocks run behind
 UNROTATED_KEY_WINDOW_S = 86_400  # a key that is never rotated is logged for a day at a time, then again
@@ -169,14 +167,16 @@ class TransparencyStapler:
         return True
 
     def _report(self, outcome: ProofRefreshOutcome) -> None:
-        proofs = self.freshness
-        self._on_refresh(outcome, proofs)
+        self._on_refresh(outcome, self.freshness)
+
+    def failure_line(self, outcome: ProofRefreshOutcome, proofs: ProofFreshness) -> tuple[bool, str] | None:
+        """For the operator's log (the command line writes it: the node itself logs nothing): whether a failed
+        refresh is serious (the proofs are about to expire or have) and its line; None after a success."""
         if outcome is ProofRefreshOutcome.OK:
-            return
-        level = logging.ERROR if proofs in NOT_READY else logging.WARNING
-        _log.log(level, "veil node: transparency proofs not refreshed (%s: %s); the stapled proofs are %s; "
-                 "retrying in %g s", outcome.value, self.last_error, proofs.value,
-                 retry_delay_s(self.failures, self.refresh_s))
+            return None
+        return proofs in NOT_READY, (
+            f"veil node: transparency proofs not refreshed ({outcome.value}: {self.last_error}); the stapled proofs "
+            f"are {proofs.value}; retrying in {retry_delay_s(self.failures, self.refresh_s):g} s")
 
     def _ensure_logged(self, http: httpx.Client) -> Logged:
         key_config, now = self._key_config(), time.time()

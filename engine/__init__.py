@@ -40,6 +40,7 @@ _EXPORTS = {
     "ToolCall": "engine.chat_template",
     "UnknownRequestError": "engine.errors",
     "ZeroingReport": "engine.accounting",
+    "model_pooling": "engine.pooling",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from engine.errors import EngineError, ModelLoadError, RequestRejected, UnknownRequestError
     from engine.llm_engine import LLMEngine
     from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, StreamDelta
-    from engine.pooling import EmbeddingOutput, PoolingKind, PoolingParams
+    from engine.pooling import EmbeddingOutput, PoolingKind, PoolingParams, model_pooling
     from engine.sampling_params import SamplingParams, StructuredOutput
     from engine.sequence import FinishReason, TokenLogprob
     from engine.chat_template import ToolCall

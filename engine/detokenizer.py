@@ -8,6 +8,11 @@ keeping the difference gives exactly what a full decode adds: a tokenizer that d
 space of a window's first token drops it from both decodes, and a character whose bytes are split
 over tokens waits (as U+FFFD) until its last byte arrives.
 
+The first window starts in the prompt (`IncrementalDetokenizer.after_prompt`, as vLLM's does): its last
+few tokens are the old part, so the output's first token is decoded as it reads after the prompt. A
+SentencePiece tokenizer drops the leading space only of a decode's first token, which is then the
+prompt's, and prompt text + output text is the decode of prompt + output tokens ("They saw" + " a").
+
 A step's samples are decoded together (`step_batch`), and a window's old part, usually one token, is
 looked up in a table of every token's text instead of decoded: one decode per sample per step.
 """
@@ -19,6 +24,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 _INCOMPLETE = "\ufffd"
+# Prompt tokens the first window starts with (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET): enough
+# for the space rule and for a character whose bytes the prompt's last tokens split.
+PROMPT_CONTEXT_TOKENS = 5
 
 
 class Decoder(Protocol):
@@ -27,10 +35,19 @@ class Decoder(Protocol):
 
 @dataclass(slots=True)
 class IncrementalDetokenizer:
-    """Where the next window starts (`prefix_offset`) and where its new tokens start (`read_offset`)."""
+    """Where the next window starts (`prefix_offset`) and where its new tokens start (`read_offset`),
+    both indices into the output's tokens. Until the first text is out the window starts in `context`,
+    the prompt's last tokens: `prefix_offset` is then negative, -len(context)."""
 
     prefix_offset: int = 0
     read_offset: int = 0
+    context: tuple[int, ...] = ()
+
+    @classmethod
+    def after_prompt(cls, prompt_ids: Sequence[int]) -> IncrementalDetokenizer:
+        """A detokenizer whose first window starts with the prompt's last tokens."""
+        context = tuple(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
+        return cls(-len(context), 0, context)
 
     def step(self, decoder: Decoder, token_ids: Sequence[int]) -> str:
         """The text the tokens since the last call add, or "" while it ends in an incomplete character."""
@@ -43,15 +60,22 @@ class IncrementalDetokenizer:
     def _advance(self, decoder: Decoder, token_ids: Sequence[int], final: bool) -> str:
         if self.read_offset >= len(token_ids):
             return ""
-        before = decoder.decode(list(token_ids[self.prefix_offset : self.read_offset]))
-        after = decoder.decode(list(token_ids[self.prefix_offset :]))
+        before = decoder.decode(self.window(token_ids, self.read_offset))
+        after = decoder.decode(self.window(token_ids, len(token_ids)))
         return self._settle(before, after, len(token_ids), final)
+
+    def window(self, token_ids: Sequence[int], end: int) -> list[int]:
+        """The window's tokens up to output index `end`: the prompt's context first while it is in it."""
+        if self.prefix_offset >= 0:
+            return list(token_ids[self.prefix_offset : end])
+        return [*self.context, *token_ids[:end]]
 
     def _settle(self, before: str, after: str, length: int, final: bool) -> str:
         """What the window adds, given its decodes without and with its new tokens; moves the window on."""
         if not final and (len(after) <= len(before) or after.endswith(_INCOMPLETE)):
             return ""
-        self.prefix_offset, self.read_offset = self.read_offset, length
+        # The next window starts at the new tokens, past the prompt's context.
+        self.prefix_offset, self.read_offset, self.context = self.read_offset, length, ()
         return after[len(before) :]
 
 
@@ -69,11 +93,17 @@ def step_batch(decode: Callable[[list[int]], str], singles: Sequence[str],
         if read >= length:
             pieces.append("")
             continue
-        before = singles[ids[prefix]] if read - prefix == 1 and ids[prefix] < known else decode(ids[prefix:read])
-        after = decode(ids[prefix:])
+        if prefix < 0:  # the first window, in the prompt's context: rare, so not spelled out
+            window = detokenizer.window(ids, length)
+            before, after = decode(window[: read - prefix]), decode(window)
+        else:
+            before = singles[ids[prefix]] if read - prefix == 1 and ids[prefix] < known else decode(ids[prefix:read])
+            after = decode(ids[prefix:])
         if len(after) <= len(before) or after.endswith(_INCOMPLETE):
             pieces.append("")
             continue
         detokenizer.prefix_offset, detokenizer.read_offset = read, length
+        if prefix < 0:
+            detokenizer.context = ()
         pieces.append(after[len(before) :])
     return pieces

@@ -15,9 +15,10 @@ delta (the one with metrics) still follows every other.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.detokenizer import IncrementalDetokenizer, step_batch
+from engine.detokenizer import PROMPT_CONTEXT_TOKENS, IncrementalDetokenizer, step_batch
 from engine.outputs import RequestMetrics, StreamDelta, TokenOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason, TokenLogprob
@@ -41,17 +42,30 @@ class SampleText:
     emitted_token_count: int = 0
     stopped: bool = False  # a stop string ended it: the core's later tokens are dropped
     finish_reason: FinishReason | None = None  # set once its last delta is made
+    decoder: KeepingDecoder | None = None  # None: the usual decode, every special token left out
+
+
+@dataclass(frozen=True, slots=True)
+class KeepingDecoder:
+    """A request's decode that keeps some special tokens in its text (`SamplingParams.kept_special_tokens`)."""
+
+    decode: Callable[[list[int]], str]
 
 
 @dataclass(eq=False, slots=True)
 class _RequestText:
     stops: tuple[str, ...]
+    decoder: KeepingDecoder | None = None
+    # The prompt's last tokens, each sample's first detokenizer window (`IncrementalDetokenizer.after_prompt`).
+    prompt_tail: Sequence[int] = ()
     # Made as the core's outputs name them: `n` is the client's word until the core has accepted it.
     samples: list[SampleText] = field(default_factory=list)
 
     def sample(self, request_id: str, index: int) -> SampleText:
         while len(self.samples) <= index:
-            self.samples.append(SampleText(request_id, len(self.samples), self.stops))
+            detokenizer = IncrementalDetokenizer.after_prompt(self.prompt_tail)
+            self.samples.append(SampleText(request_id, len(self.samples), self.stops, detokenizer=detokenizer,
+                                           decoder=self.decoder))
         return self.samples[index]
 
 
@@ -76,8 +90,12 @@ class OutputProcessor:
             self._singles = self.tokenizer.token_texts(self.tokenizer.vocab_size)
         return self._singles
 
-    def add(self, request_id: str, params: SamplingParams) -> None:
-        self._requests[request_id] = _RequestText(params.stop)
+    def add(self, request_id: str, params: SamplingParams, prompt_ids: Sequence[int] = ()) -> None:
+        """`prompt_ids`: the prompt's tokens, of which the text's first decode takes the last few, so that
+        the output's first token reads as it does after the prompt (its leading space kept)."""
+        kept = params.kept_special_tokens
+        decoder = KeepingDecoder(self.tokenizer.keeping_decoder(kept)) if kept else None
+        self._requests[request_id] = _RequestText(params.stop, decoder, tuple(prompt_ids[-PROMPT_CONTEXT_TOKENS:]))
 
     def forget(self, request_id: str) -> None:
         """Drops the request's text (aborted or failed): later outputs for it are ignored."""
@@ -124,9 +142,12 @@ class OutputProcessor:
         """Decodes a step's new tokens, one decode per sample (`engine.detokenizer.step_batch`)."""
         if not samples:
             return
-        pieces = step_batch(self._decode, self.singles, [s.detokenizer for s in samples],
-                            [s.token_ids for s in samples])
-        for sample, piece in zip(samples, pieces):
+        usual = [s for s in samples if s.decoder is None]
+        keeping = [s for s in samples if s.decoder is not None]
+        pieces = step_batch(self._decode, self.singles, [s.detokenizer for s in usual], [s.token_ids for s in usual])
+        for sample in keeping:  # their own decode, and no table of single tokens' text (it leaves specials out)
+            pieces += step_batch(sample.decoder.decode, (), [sample.detokenizer], [sample.token_ids])
+        for sample, piece in zip(usual + keeping, pieces):
             if piece:  # no new text: no new stop string either (the previous check found none)
                 sample.text += piece
                 if sample.stops and _cut_at_stop(sample):
@@ -138,7 +159,7 @@ class OutputProcessor:
         so that the tokens after the one that completes a stop string are dropped."""
         tokens = sample.token_ids
         for end in range(start + 1, len(tokens) + 1):
-            sample.text += sample.detokenizer.step(self.tokenizer, tokens[:end])
+            sample.text += sample.detokenizer.step(sample.decoder or self.tokenizer, tokens[:end])
             if _cut_at_stop(sample):
                 sample.stopped = True
                 self._stopped.append(sample)
@@ -153,7 +174,7 @@ class OutputProcessor:
                 continue  # its last delta is out
             if finish is not None:  # the core ended it: a stop string found in the same tokens wins
                 if not sample.stopped:  # text held back by the detokenizer is text too, unless cut at a stop
-                    sample.text += sample.detokenizer.flush(self.tokenizer, sample.token_ids)
+                    sample.text += sample.detokenizer.flush(sample.decoder or self.tokenizer, sample.token_ids)
                 sample.finish_reason = FinishReason.STOP if sample.stopped else finish
             elif sample.stopped:
                 continue  # its last delta waits for the core's word that it ended

@@ -77,6 +77,9 @@ class SamplingParams:
     # when positive and multiplied by it when negative; 1 = off.
     repetition_penalty: float = 1.0
     structured: StructuredOutput | None = None  # None: the output is unconstrained
+    # Special tokens the output's text keeps (every other special token is left out of it, as by default):
+    # the markers a tool-call format or reasoning is read by (`[TOOL_CALLS]`, `<|python_tag|>`).
+    kept_special_tokens: frozenset[int] = frozenset()
 
     @property
     def penalized(self) -> bool:
@@ -121,6 +124,9 @@ class SamplingParams:
              "repetition_penalty must be a number in (0, 100]"),
             (lambda: self.structured is None or isinstance(self.structured, StructuredOutput),
              "structured must be a StructuredOutput"),
+            (lambda: isinstance(self.kept_special_tokens, frozenset)
+             and all(is_integer(t) and 0 <= t < vocab_size for t in self.kept_special_tokens),
+             "kept_special_tokens must be valid token ids"),
         )
         for ok, message in checks:
             if not ok():

@@ -38,14 +38,18 @@ index. The second upload carries the row map and the masks: the settings live on
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import llguidance
 import numpy as np
 import torch
+from tokenizers import Tokenizer as FastTokenizer
 
 from engine.errors import RequestRejected
 from engine.sampling_params import StructuredOutput
+from engine.tokenizer import _forget_words as forget_words  # the tokenizer's own word-cache rules
+from engine.tokenizer import _turn_off_word_cache as turn_off_word_cache
 
 # Fuel for building the lexer (about 50k a millisecond) and the grammar's size in symbols: well
 # above what real-world schemas need, low enough that no request holds a step for long.
@@ -102,7 +106,7 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.vocab_size = vocab_size
-        self._tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_token_ids or None)
+        self._tokenizer = _vocabulary(tokenizer_json, vocab_size, eos_token_ids)
         self._executor = llguidance.LLExecutor()
         self.words = (vocab_size + 31) // 32
 
@@ -131,6 +135,54 @@ class GrammarCompiler:
                 else:
                     bits[k, token // 32] &= ~np.uint32(1 << (token % 32))
         return masks
+
+
+def _vocabulary(tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]) -> llguidance.LLTokenizer:
+    """The vocabulary as llguidance indexes it, with the added tokens as the model writes them.
+
+    llguidance, read from `tokenizer.json` alone, takes every added token shaped `<...>` for a special
+    token, which only its `<[id]>` form in a grammar matches, yet tokenizes a grammar's text with the
+    library, which reads `<think>`, `<tool_call>` (added, not special: Qwen's) and `<|im_end|>` in it
+    as those tokens: the mask then offers the token and the matcher refuses it, so the sample aborts.
+    Here each added token that is not special is its text, as the model uses it (a grammar's
+    `<tool_call>` may be written as that one token), and a grammar's text never reads as a special one.
+    """
+    eos = eos_token_ids or None
+    indexed = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos)
+    text_tokens = {token_id: token.content.encode() for token_id, token in
+                   FastTokenizer.from_str(tokenizer_json).get_added_tokens_decoder().items() if not token.special}
+    tokens = [text_tokens.get(t) or indexed.decode_bytes([t]) for t in range(vocab_size)]
+    special = [t for t in range(vocab_size) if t not in text_tokens and indexed.is_special_token(t)]
+    source = _GrammarText(tokenizer_json, tokens, special, eos_token_ids[0] if eos_token_ids else indexed.eos_token,
+                          indexed.greedy_tokenize)
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(source), n_vocab=vocab_size, eos_token=eos)
+
+
+class _GrammarText:
+    """What llguidance's `TokenizerWrapper` reads: each token's bytes, the special ids, and the encoding of
+    a grammar's fixed text, in which added tokens that are not special are matched and special ones never.
+
+    An encoding whose tokens do not spell the text exactly (SentencePiece's word-start space before a
+    fragment) is replaced by the vocabulary's greedy one: a forced token must be one the grammar accepts."""
+
+    bos_token_id = None
+
+    def __init__(self, tokenizer_json: str, tokens: list[bytes], special: list[int], eos_token_id: int,
+                 greedy: Callable[[str], list[int]]) -> None:
+        self.tokens, self.special_token_ids, self.eos_token_id = tokens, special, eos_token_id
+        self._greedy = greedy
+        self._library = FastTokenizer.from_str(tokenizer_json)
+        self._library.encode_special_tokens = True
+        turn_off_word_cache(self._library)
+
+    def __call__(self, text: str) -> list[int]:
+        # A grammar's text is a request's: its words must not stay in the library's cache.
+        try:
+            ids = self._library.encode(text, add_special_tokens=False).ids
+        finally:
+            forget_words(self._library)
+        exact = b"".join(self.tokens[t] for t in ids if t < len(self.tokens)) == text.encode("utf-8", "surrogatepass")
+        return ids if exact else self._greedy(text)
 
 
 def _grammar(structured: StructuredOutput) -> str:

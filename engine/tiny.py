@@ -18,10 +18,25 @@ BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
 HEADER_START, HEADER_END = "<|start_header_id|>", "<|end_header_id|>"
 SPECIAL_TOKENS = [BOS, EOS, HEADER_START, HEADER_END, EOT]
 
+# Tools are shown, and calls written, in the Hermes format (Qwen2.5's): one a node reads (enclave.tool_calls),
+# so that a fleet of this model serves `tool_choice: "auto"`. (A "\n" right after a block tag is written as
+# {{ "\n" }}: templates render with trim_blocks, which drops it.)
+_TOOLS_TEMPLATE = (
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\n' }}{{ tool | tojson }}{% endfor %}{{ '\n' }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    "</tool_call><|eot_id|>{% endif %}"
+)
+_CALLS_TEMPLATE = (
+    "{% for call in message.tool_calls or [] %}<tool_call>\n"
+    "{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}\n</tool_call>{% endfor %}"
+)
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n{{ message['content'] }}<|eot_id|>"
-    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    "{{ bos_token }}" + _TOOLS_TEMPLATE + "{% for message in messages %}"
+    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n{{ message['content'] }}" + _CALLS_TEMPLATE
+    + "<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
 
 _CORPUS = """\

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer as FastTokenizer
@@ -69,6 +69,26 @@ class Tokenizer:
     def decoder(self) -> Callable[[list[int]], str]:
         """`decode` as one call into the library, without this wrapper's frame (per sample per step)."""
         return functools.partial(self._tokenizer.decode, skip_special_tokens=True)
+
+    def keeping_decoder(self, kept: frozenset[int]) -> Callable[[list[int]], str]:
+        """`decode` that keeps the special tokens in `kept` in the text and leaves out every other one."""
+        dropped = self.special_token_ids - kept
+        decode = self._tokenizer.decode
+
+        def decode_keeping(token_ids: list[int]) -> str:
+            return decode([t for t in token_ids if t not in dropped], skip_special_tokens=False)
+
+        return decode_keeping
+
+    @functools.cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        """The added tokens marked special: what a decode leaves out of the text by default."""
+        return frozenset(t for t, token in self._tokenizer.get_added_tokens_decoder().items() if token.special)
+
+    def special_ids_of(self, texts: Iterable[str]) -> frozenset[int]:
+        """The ids of those of `texts` that are special tokens of this vocabulary (others are text anyway)."""
+        ids = (self._tokenizer.token_to_id(text) for text in texts)
+        return frozenset(t for t in ids if t in self.special_token_ids)
 
     def token_texts(self, vocab_size: int) -> list[str]:
         """`decode([t])` of every id below `vocab_size`: the vocabulary's own, nothing of any request."""

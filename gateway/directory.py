@@ -71,6 +71,7 @@ def _render(entries: Sequence[PoolEntry], policy_digest: str) -> bytes:
             "capacity": entry.capacity,
             "attestation_result": entry.attestation_result,
             "models": list(entry.models),
+            "task": entry.task,
             "transparency": entry.transparency,
         }
         for entry in entries

@@ -214,7 +214,8 @@ class PoolKeeper:
     def _verify_and_admit(self, address: str, answer: AttestAnswer) -> Admission:
         """`pool.admit`, with anything else than AdmissionError it raises made that node's refusal."""
         try:
-            return self.pool.admit(address, answer.evidence, answer.capacity, answer.models, answer.transparency)
+            return self.pool.admit(address, answer.evidence, answer.capacity, answer.models, answer.transparency,
+                                   task=answer.task)
         except AdmissionError:
             raise
         except Exception as error:

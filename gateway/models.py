@@ -45,6 +45,11 @@ class DirectoryNode(_Strict):
     capacity: int
     attestation_result: str = Field(description="ES384 JWT: what this gateway verified at admission")
     models: list[str] = Field(description="the model names the node serves, as it states them (not attested)")
+    task: Literal["generate", "embed"] = Field(
+        "generate", description="what the node's models do, as it states it (not attested): generate (chat, "
+        "completions, responses) or embed (/v1/embeddings only); absent: generate")
+    transparency: str = Field("", description="the node's stapled transparency-log proofs (JSON), published unread "
+                              "for clients to verify; empty: none")
 
 
 class Directory(_Strict):

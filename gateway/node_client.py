@@ -32,12 +32,14 @@ _NO_METADATA: tuple[tuple[str, str], ...] = ()
 
 @dataclass(frozen=True, slots=True)
 class AttestAnswer:
-    """A node's evidence bundle (JSON text), its capacity, the models it serves and its stapled log proofs."""
+    """A node's evidence bundle (JSON text), its capacity, the models it serves, its stapled log proofs and
+    what its models do."""
 
     evidence: str
     capacity: int
     models: tuple[str, ...] = ()
     transparency: str = ""  # the node's tlog-proofs (JSON), passed to clients unread: they verify them
+    task: str = ""  # "generate" or "embed" (`protocol.constants.MODEL_TASKS`); empty from an older node
 
 
 class NodeClient:
@@ -60,7 +62,8 @@ class NodeClient:
             answer = await self._stub.Attest(node_pb2.AttestRequest(nonce=nonce), timeout=timeout_s, metadata=_NO_METADATA)
         except grpc.aio.AioRpcError:
             raise NodeUnreachableError("the node did not answer the attestation request") from None
-        return AttestAnswer(answer.evidence_bundle, answer.capacity, tuple(answer.models), answer.transparency_proofs)
+        return AttestAnswer(answer.evidence_bundle, answer.capacity, tuple(answer.models), answer.transparency_proofs,
+                            answer.task)
 
     async def health(self, timeout_s: float) -> HealthReport:
         """The node's health answer."""

@@ -32,6 +32,7 @@ from audit.events import EvictionReason
 from gateway.errors import AdmissionError
 from gateway.results import ResultSigner
 from policy import Policy
+from protocol.constants import MODEL_TASKS, TASK_GENERATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ class PoolEntry:
     attestation_result: str
     models: tuple[str, ...] = ()  # the model names it serves, as the node states them (unsigned, like capacity)
     transparency: str = ""  # the node's stapled log proofs, published as they came (clients verify them)
+    task: str = TASK_GENERATE  # what its models do, as the node states it ("generate" or "embed"; unsigned too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +130,7 @@ class NodePool:
         return nonce
 
     def admit(self, address: str, evidence_json: str, capacity: int, models: tuple[str, ...] = (),
-              transparency: str = "") -> Admission:
+              transparency: str = "", task: str = "") -> Admission:
         """Verify a node's answer to its pending nonce and (re)admit it, or raise AdmissionError."""
         with self._lock:
             nonce = self._pending_nonces.pop(address, None)
@@ -149,6 +151,7 @@ class NodePool:
             attestation_result=self._signer.issue(verified, now=now),
             models=tuple(models),
             transparency=_bounded_proofs(transparency),
+            task=_checked_task(task),
         )
         with self._lock:
             return self._install(entry, verified.hardware_id, now)
@@ -285,6 +288,15 @@ def _check_models(models: tuple[str, ...]) -> None:
             0 < len(name) <= MAX_MODEL_NAME and name.isprintable() for name in models):
         raise AdmissionError(f"a node may list at most {MAX_NODE_MODELS} distinct model names of 1-{MAX_MODEL_NAME} "
                              "printable characters", check="models")
+
+
+def _checked_task(task: str) -> str:
+    # An older node states none, and serves generation only.
+    if not task:
+        return TASK_GENERATE
+    if task not in MODEL_TASKS:
+        raise AdmissionError(f"a node's task must be one of {', '.join(MODEL_TASKS)}", check="task")
+    return task
 
 
 def _check_capacity(capacity: int, most: int) -> None:

@@ -41,3 +41,11 @@ MAX_GRPC_MESSAGE_BYTES = 4 << 20
 # The largest inner request body (the OpenAI-style JSON) a node accepts. The SDK's local proxy refuses
 # a larger one at once rather than seal a request the node will refuse.
 MAX_INNER_BODY_BYTES = 1 << 20
+
+# ----- what a node's models do ------------------------------------------------------------------------
+
+# A node's task (`veil node --task`): the node states it at attestation, the directory publishes it, the
+# SDK draws an embeddings request's candidates among "embed" nodes and any other among "generate" ones.
+TASK_GENERATE = "generate"
+TASK_EMBED = "embed"
+MODEL_TASKS = (TASK_GENERATE, TASK_EMBED)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protocol/node.proto\x12\x0cveil.node.v1\"\x1e\n\rAttestRequest\x12\r\n\x05nonce\x18\x01 \x01(\x0c\"h\n\x0e\x41ttestResponse\x12\x17\n\x0f\x65vidence_bundle\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x1b\n\x13transparency_proofs\x18\x04 \x01(\t\"8\n\x0cInferRequest\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x14\n\x0c\x65ncapsulated\x18\x02 \x01(\x0c\",\n\nInferChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\"\x0f\n\rHealthRequest\"W\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\x12\x0f\n\x07node_id\x18\x04 \x01(\t2\xd1\x01\n\x04Node\x12\x43\n\x06\x41ttest\x12\x1b.veil.node.v1.AttestRequest\x1a\x1c.veil.node.v1.AttestResponse\x12?\n\x05Infer\x12\x1a.veil.node.v1.InferRequest\x1a\x18.veil.node.v1.InferChunk0\x01\x12\x43\n\x06Health\x12\x1b.veil.node.v1.HealthRequest\x1a\x1c.veil.node.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protocol/node.proto\x12\x0cveil.node.v1\"\x1e\n\rAttestRequest\x12\r\n\x05nonce\x18\x01 \x01(\x0c\"v\n\x0e\x41ttestResponse\x12\x17\n\x0f\x65vidence_bundle\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x1b\n\x13transparency_proofs\x18\x04 \x01(\t\x12\x0c\n\x04task\x18\x05 \x01(\t\"8\n\x0cInferRequest\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x14\n\x0c\x65ncapsulated\x18\x02 \x01(\x0c\",\n\nInferChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\"\x0f\n\rHealthRequest\"W\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\x12\x0f\n\x07node_id\x18\x04 \x01(\t2\xd1\x01\n\x04Node\x12\x43\n\x06\x41ttest\x12\x1b.veil.node.v1.AttestRequest\x1a\x1c.veil.node.v1.AttestResponse\x12?\n\x05Infer\x12\x1a.veil.node.v1.InferRequest\x1a\x18.veil.node.v1.InferChunk0\x01\x12\x43\n\x06Health\x12\x1b.veil.node.v1.HealthRequest\x1a\x1c.veil.node.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,15 +34,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ATTESTREQUEST']._serialized_start=37
   _globals['_ATTESTREQUEST']._serialized_end=67
   _globals['_ATTESTRESPONSE']._serialized_start=69
-  _globals['_ATTESTRESPONSE']._serialized_end=173
-  _globals['_INFERREQUEST']._serialized_start=175
-  _globals['_INFERREQUEST']._serialized_end=231
-  _globals['_INFERCHUNK']._serialized_start=233
-  _globals['_INFERCHUNK']._serialized_end=277
-  _globals['_HEALTHREQUEST']._serialized_start=279
-  _globals['_HEALTHREQUEST']._serialized_end=294
-  _globals['_HEALTHRESPONSE']._serialized_start=296
-  _globals['_HEALTHRESPONSE']._serialized_end=383
-  _globals['_NODE']._serialized_start=386
-  _globals['_NODE']._serialized_end=595
+  _globals['_ATTESTRESPONSE']._serialized_end=187
+  _globals['_INFERREQUEST']._serialized_start=189
+  _globals['_INFERREQUEST']._serialized_end=245
+  _globals['_INFERCHUNK']._serialized_start=247
+  _globals['_INFERCHUNK']._serialized_end=291
+  _globals['_HEALTHREQUEST']._serialized_start=293
+  _globals['_HEALTHREQUEST']._serialized_end=308
+  _globals['_HEALTHRESPONSE']._serialized_start=310
+  _globals['_HEALTHRESPONSE']._serialized_end=397
+  _globals['_NODE']._serialized_start=400
+  _globals['_NODE']._serialized_end=609
 # @@protoc_insertion_point(module_scope)

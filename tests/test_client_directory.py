@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.directory import DirectoryEntry, capped, listed_models, parse_directory, sample_candidates, serving
+from client.directory import (DirectoryEntry, capped, listed_models, model_pool, parse_directory, request_task,
+                              sample_candidates, serving)
+from client.errors import ModelNotFoundError, ModelTaskError
 
 SETTINGS = settings(max_examples=50, deadline=None)
 
@@ -73,6 +75,34 @@ def test_nodes_that_state_no_models_may_serve_any_and_an_unlisted_model_has_no_p
     assert serving([stated, unstated], "beta") == [unstated]
     assert serving([stated], "beta") == []
     assert serving([stated], None) == [stated]
+
+
+def test_a_listing_states_each_nodes_task_and_one_without_generates() -> None:
+    [embedding] = parse_directory(_listing(models=["alpha"], task="embed"), fetched_at=0.0).entries
+    [unstated] = parse_directory(_listing(models=["alpha"]), fetched_at=0.0).entries
+    assert (embedding.task, unstated.task) == ("embed", "generate")
+    with pytest.raises(ValueError):
+        parse_directory(_listing(task=["embed"]), fetched_at=0.0)
+
+
+def test_a_request_is_drawn_among_the_nodes_whose_model_does_its_task() -> None:
+    generating = DirectoryEntry("g", b"cfg", "{}", 1, ("alpha",))
+    embedding = DirectoryEntry("e", b"cfg", "{}", 1, ("alpha", "beta"), task="embed")
+    unstated = DirectoryEntry("u", b"cfg", "{}", 1)
+    entries = [generating, embedding, unstated]
+    assert request_task("POST", "/v1/embeddings") == "embed" and request_task("POST", "/v1/responses") == "generate"
+    assert request_task("GET", "/v1/models") is None
+    assert model_pool(entries, "alpha", "embed") == [embedding, unstated]
+    assert model_pool(entries, "alpha", "generate") == [generating, unstated]
+    assert model_pool(entries, "alpha", None) == entries
+    with pytest.raises(ModelTaskError) as refused:  # beta embeds only: a chat request for it is sent nowhere
+        model_pool([generating, embedding], "beta", "generate")
+    assert (refused.value.code, refused.value.param) == ("model_not_generation", "model")
+    with pytest.raises(ModelTaskError) as refused:
+        model_pool([generating], "alpha", "embed")
+    assert refused.value.code == "model_not_embedding"
+    with pytest.raises(ModelNotFoundError):
+        model_pool([generating, embedding], "gamma", "embed")
 
 
 def test_an_unknown_version_is_refused() -> None:

@@ -3,6 +3,8 @@ whatever the tokens (split multi-byte characters, special tokens, SentencePiece'
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +14,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from engine.detokenizer import IncrementalDetokenizer, step_batch
 from engine.tokenizer import Tokenizer
 from tests.engine_models import tiny_model_dir
+from veil.models import shipped_model_dir
 
 TEXT = "Grüße aus Zürich ✓ — naïve café 東京 🙂 plain ascii words, spaces  and\nnewlines " * 4
 
@@ -39,9 +42,10 @@ class Metaspace:
 METASPACE = Metaspace()
 
 
-def built_text(decoder, token_ids: list[int]) -> tuple[str, list[str]]:
-    """(final text, the pieces `step` gave along the way), feeding the tokens one at a time."""
-    detokenizer = IncrementalDetokenizer()
+def built_text(decoder, token_ids: list[int], prompt: list[int] | None = None) -> tuple[str, list[str]]:
+    """(final text, the pieces `step` gave along the way), feeding the tokens one at a time; after `prompt`'s
+    last tokens if given."""
+    detokenizer = IncrementalDetokenizer() if prompt is None else IncrementalDetokenizer.after_prompt(prompt)
     pieces = [detokenizer.step(decoder, token_ids[: end + 1]) for end in range(len(token_ids))]
     return "".join(pieces) + detokenizer.flush(decoder, token_ids), pieces
 
@@ -113,10 +117,14 @@ def singles_of(decoder, vocab_size: int) -> list[str]:
     return [decoder.decode([t]) for t in range(vocab_size)]
 
 
-def check_batch_matches_one_by_one(decoder, singles: list[str], samples: list[list[int]]) -> None:
-    """Samples of different lengths stepped together, a token per step each, as an engine's batch is."""
-    batched = [IncrementalDetokenizer() for _ in samples]
-    alone = [IncrementalDetokenizer() for _ in samples]
+def check_batch_matches_one_by_one(decoder, singles: list[str], samples: list[list[int]],
+                                   prompts: list[list[int]] | None = None) -> None:
+    """Samples of different lengths stepped together, a token per step each, as an engine's batch is; each
+    after its prompt's last tokens if `prompts` are given."""
+    prompts = prompts or [None] * len(samples)
+    made = [IncrementalDetokenizer() if p is None else IncrementalDetokenizer.after_prompt(p) for p in prompts]
+    batched = [dataclasses.replace(d) for d in made]
+    alone = [dataclasses.replace(d) for d in made]
     for end in range(1, max(map(len, samples), default=0) + 1):
         live = [i for i, ids in enumerate(samples) if len(ids) >= end]
         pieces = step_batch(decoder.decode, singles, [batched[i] for i in live], [samples[i][:end] for i in live])
@@ -161,3 +169,57 @@ def test_a_batch_decodes_once_per_sample_per_step(byte_level: Tokenizer) -> None
         assert pieces[0]  # every token of plain ASCII adds text at once
         # The window's old token is looked up in the table; only the window with the new one is decoded.
         assert counting.calls - before == 3
+
+
+# ----- after a prompt (a trained model's SentencePiece tokenizer) ------------------------------------------
+
+# Prompts that end in a whole character; "" is the BOS token alone.
+STORY_PROMPTS = ("Lily and Ben went to the park. They saw", "Once upon a time", "Grüße 🙂 aus Zürich", "")
+
+
+@pytest.fixture(scope="module")
+def stories() -> Tokenizer:
+    return Tokenizer(shipped_model_dir())
+
+
+def test_an_output_keeps_the_leading_space_it_has_after_its_prompt(stories: Tokenizer) -> None:
+    prompt = stories.encode("They saw")
+    output = stories.encode("They saw a big box", add_special_tokens=True)[len(prompt):]
+    assert stories.decode(output) == "a big box"  # decoded alone, the first word loses its space
+    assert built_text(stories, output, prompt)[0] == " a big box"
+    assert built_text(stories, output)[0] == "a big box"  # no prompt: a whole decode, as before
+
+
+def story_outputs(stories: Tokenizer, max_pieces: int) -> st.SearchStrategy[list[int]]:
+    """Outputs of whole characters: pieces, special tokens and the byte tokens of encoded text. (Byte tokens
+    that spell invalid UTF-8 are left out: the decoder makes a whole invalid run one U+FFFD per byte, which
+    text streamed before the run ends cannot know; a model's bytes are then garbage anyway.)"""
+    first_piece = 3 + 256  # after <unk>, <s>, </s> and the 256 byte tokens
+    piece = st.integers(first_piece, stories.vocab_size - 1).map(lambda token: [token])
+    special = st.integers(0, 2).map(lambda token: [token])
+    text = st.text(max_size=3).map(lambda chars: stories.encode(chars, add_special_tokens=False))
+    parts = st.lists(st.one_of(piece, special, text), max_size=max_pieces)
+    return parts.map(lambda lists: [token for part in lists for token in part])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_prompt_text_and_output_text_are_the_decode_of_prompt_and_output_tokens(stories: Tokenizer,
+                                                                                data: st.DataObject) -> None:
+    prompt = stories.encode(data.draw(st.sampled_from(STORY_PROMPTS)))
+    ids = data.draw(story_outputs(stories, 20))
+    final, pieces = built_text(stories, ids, prompt)
+    whole = stories.decode(prompt + ids)
+    assert stories.decode(prompt) + final == whole
+    streamed = stories.decode(prompt)
+    for piece in pieces:
+        streamed += piece
+        assert whole.startswith(streamed)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_a_batch_after_prompts_steps_each_sample_as_it_would_alone(stories: Tokenizer, data: st.DataObject) -> None:
+    samples = data.draw(st.lists(st.lists(st.integers(0, stories.vocab_size - 1), max_size=20), max_size=5))
+    prompts = [stories.encode(data.draw(st.sampled_from(STORY_PROMPTS))) for _ in samples]
+    check_batch_matches_one_by_one(stories, stories.token_texts(stories.vocab_size), samples, prompts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ import pytest
 
 from gateway.directory import DirectoryCache, sample
 from gateway.errors import GatewaySettingsError
+from gateway.models import Directory
 from gateway.pool import PoolEntry
 from gateway.settings import GatewaySettings
 from policy import shipped_policy
@@ -47,6 +49,13 @@ def listed(cache: DirectoryCache) -> list[str]:
 def test_a_pool_within_the_size_is_listed_whole() -> None:
     pool = FakePool([entry(i) for i in range(5)])
     assert listed(DirectoryCache(pool, size=5, epoch_s=60, clock=Clock())) == [e.node_id for e in pool.entries()]
+
+
+def test_each_node_is_published_with_its_task() -> None:
+    generating, embedding = entry(1), dataclasses.replace(entry(2), models=("alpha",), task="embed")
+    nodes = json.loads(DirectoryCache(FakePool([generating, embedding]), size=5, epoch_s=60, clock=Clock()).render())
+    assert [(node["models"], node["task"]) for node in nodes["nodes"]] == [([], "generate"), (["alpha"], "embed")]
+    Directory.model_validate(nodes)  # the REST schema documents the field
 
 
 def test_a_larger_pool_is_sampled_to_the_size_without_duplicates_in_pool_order() -> None:

@@ -89,7 +89,8 @@ def test_directory_lists_the_verified_nodes_identically_for_every_caller(gateway
     assert forged.node_id not in plain.text
     for entry in directory["nodes"]:
         assert set(entry) == {"node_id", "key_config", "evidence", "capacity", "attestation_result", "models",
-                              "transparency"}
+                              "transparency", "task"}
+        assert entry["task"] == "generate"
         assert entry["capacity"] == 4
     assert all(str(node.port) not in plain.text for node in nodes)  # never an address
     assert "set-cookie" not in plain.headers and "server" not in plain.headers and "date" not in plain.headers

@@ -213,6 +213,20 @@ def test_a_node_is_published_with_the_models_it_states(pool: NodePool, node: Sim
     assert [entry.models for entry in pool.entries()] == [("alpha", "beta")]
 
 
+@pytest.mark.parametrize(("stated", "published"), [("", "generate"), ("generate", "generate"), ("embed", "embed")])
+def test_a_node_is_published_with_its_task_and_one_stating_none_generates(pool: NodePool, node: SimEvidence,
+                                                                          stated: str, published: str) -> None:
+    pool.admit(ADDRESS, node.evidence(pool.challenge(ADDRESS)), 4, ("alpha",), task=stated)
+    assert [entry.task for entry in pool.entries()] == [published]
+
+
+@pytest.mark.parametrize("task", ["rerank", "EMBED", "embed\n"])
+def test_a_node_stating_a_task_no_client_knows_is_refused(pool: NodePool, node: SimEvidence, task: str) -> None:
+    with pytest.raises(AdmissionError) as refused:
+        pool.admit(ADDRESS, node.evidence(pool.challenge(ADDRESS)), 4, ("alpha",), task=task)
+    assert refused.value.check == "task" and not pool.entries()
+
+
 @pytest.mark.parametrize("models", [("alpha", "alpha"), ("",), ("x" * 257,), ("line\nbreak",),
                                     tuple(f"m{index}" for index in range(17))])
 def test_a_node_stating_models_the_directory_cannot_publish_is_refused(pool: NodePool, node: SimEvidence,

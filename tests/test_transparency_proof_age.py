@@ -9,6 +9,7 @@ the stapler's and the witness's injected clock, so the proofs age by constructio
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from concurrent import futures
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from audit.events import ProofFreshness, ProofRefreshOutcome, ProofsRefreshed
 from audit.metrics import Metrics, MetricsSink
 from audit.sink import MemorySink
 from enclave.health import NODE_SERVICE, NodeHealth
+from enclave.cli import _log_proof_refresh
 from enclave.transparency import RETRY_S, TransparencyStapler, retry_delay_s
 from gateway.transparency.apps import log_app, witness_app
 from gateway.transparency.log import append_entries, init_log
@@ -72,7 +74,9 @@ def test_a_log_outage_is_reported_before_the_proofs_expire_and_the_node_turns_no
     stapler = TransparencyStapler(
         "", MEASUREMENT, lambda: b"a key config", lambda nonce: "{}", key_lifetime_s=3600, refresh_s=60,
         receipt_key=bytes(32), requirement=REQUIREMENT, clock=lambda: now[0],
-        on_refresh=lambda outcome, proofs: sink.emit(ProofsRefreshed(NODE_ID, outcome, proofs)))
+        on_refresh=lambda outcome, proofs: (sink.emit(ProofsRefreshed(NODE_ID, outcome, proofs)),
+                                            lines.append(stapler.failure_line(outcome, proofs))))
+    lines: list[tuple[bool, str] | None] = []  # what `veil node` logs of each refresh (the node logs nothing)
     with served(witness_app(witness)) as witness_url:
         writer = UncheckedWriter(tmp_path / "log", LOG, policy=None, witness_urls=(witness_url,))  # type: ignore[arg-type]
         with served(log_app(tmp_path / "log", writer)) as log_url:
@@ -100,11 +104,25 @@ def test_a_log_outage_is_reported_before_the_proofs_expire_and_the_node_turns_no
     exposition = metrics.exposition()
     assert sample(exposition, "veil_node_proof_refreshes_total", outcome="log_unreachable", proofs="aging") == 1
     assert sample(exposition, "veil_node_proof_refreshes_total", outcome="ok", proofs="fresh") == 1
-    lines = [(record.levelno, record.getMessage()) for record in caplog.records if record.name == "veil.node"]
-    assert len(lines) == 4 and all("transparency proofs not refreshed (log_unreachable" in text for _, text in lines)
-    assert [level for level, _ in lines] == [logging.WARNING, logging.WARNING, logging.ERROR, logging.ERROR]
-    assert "the stapled proofs are aging" in lines[1][1] and f"retrying in {2 * RETRY_S:g} s" in lines[1][1]
+    assert lines[0] is None  # a refresh that worked has no line
+    failed = lines[1:]
+    assert len(failed) == 4 and all("transparency proofs not refreshed (log_unreachable" in text for _, text in failed)
+    assert [serious for serious, _ in failed] == [False, False, True, True]  # warnings, then errors near expiry
+    assert "the stapled proofs are aging" in failed[1][1] and f"retrying in {2 * RETRY_S:g} s" in failed[1][1]
     assert stapler.failures == 4
+    _check_veil_node_logs_the_lines(stapler, caplog)
+
+
+def _check_veil_node_logs_the_lines(stapler: TransparencyStapler, caplog: pytest.LogCaptureFixture) -> None:
+    """`veil node` writes a failed refresh's line to its log: a warning, an error once the proofs are expiring."""
+    node = SimpleNamespace(stapler=stapler)
+    with caplog.at_level(logging.INFO, logger="veil.node"):
+        _log_proof_refresh(node, ProofRefreshOutcome.OK, ProofFreshness.FRESH)
+        _log_proof_refresh(node, ProofRefreshOutcome.LOG_UNREACHABLE, ProofFreshness.AGING)
+        _log_proof_refresh(node, ProofRefreshOutcome.LOG_UNREACHABLE, ProofFreshness.EXPIRING)
+    records = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "veil.node"]
+    assert [level for level, _ in records] == [logging.WARNING, logging.ERROR]
+    assert all("transparency proofs not refreshed" in text for _, text in records)
 
 
 def _health(stapler: TransparencyStapler) -> tuple[grpc.Server, NodeHealth, grpc.Channel]:

@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _register_proxy(subparsers)
     demo = subparsers.add_parser("demo", help="start a local fleet, send encrypted requests, show what was verified")
     demo.add_argument("--nodes", type=int, default=3, help="node processes to start (default: 3)")
-    demo.add_argument("--model", type=Path, default=None, help="model folder (default: the built-in tiny model)")
+    demo.add_argument("--model", type=Path, default=None,
+                      help="Hugging Face model folder (default: the shipped trained model, stories260K)")
     demo.add_argument("--tokens", action=argparse.BooleanOptionalAction, default=True,
                       help="run a token issuer and spend one Privacy Pass token per request")
     demo.add_argument("--relay", action=argparse.BooleanOptionalAction, default=True,
@@ -53,7 +54,8 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--gateway-port", type=int, default=8000, help="loopback port of the gateway (default: 8000; 0 picks one)")
     up.add_argument("--capacity", type=int, default=8,
                     help="concurrent requests each node declares, at most the policy's max_node_capacity (default: 8)")
-    up.add_argument("--model", type=Path, default=None, help="model folder (default: the built-in tiny model)")
+    up.add_argument("--model", type=Path, default=None,
+                    help="Hugging Face model folder (default: the shipped trained model, stories260K)")
     up.add_argument("--workdir", type=Path, default=None, help="where logs and audit files go (default: a temporary folder)")
     up.add_argument("--relay", action=argparse.BooleanOptionalAction, default=False,
                     help="run an OHTTP relay in front of the gateway and print its URL for clients; the gateway "

@@ -1,8 +1,12 @@
 """`veil demo` (what `make demo` runs): a local fleet, a few encrypted requests, what was verified, the audit.
 
 Everything runs on loopback with SIMULATED attestation, the development policy
-and the built-in tiny model (random weights, so the answers are noise): the
-point is the path, not the prose. By default the whole anonymous path runs:
+and, unless `--model` names another folder, the shipped trained model
+(stories260K, `veil.models`): a 260K-parameter Llama trained on children's
+stories. It is a base model, which continues text rather than answering
+questions, so every prompt is the opening of a story, completions as well as
+chats, and the first answer is greedy: the story `transformers` writes from the
+same folder. By default the whole anonymous path runs:
 the client obtains Privacy Pass tokens blindly from the fleet's issuer and
 sends each request, with one token, through an OHTTP relay, from an address
 of its own (127.0.0.3) that the gateway never sees. The fleet runs a transparency log and two
@@ -16,9 +20,11 @@ import os
 import socket
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -31,9 +37,13 @@ from veil.demo_transparency import print_transparency
 from veil.fleet import Fleet, FleetSettings
 from veil.fleet_access import RELAY_ADDRESS
 
-PROMPTS = ("What does a confidential-computing GPU protect?", "Name three prime numbers.")
-COMPLETION_PROMPT = "Once upon a time"
-STREAMED_PROMPT = "Tell me a short story about a lighthouse."
+# Story openings: the shipped model is a base model that continues text (see the module's docstring).
+GREEDY_PROMPT = "Once upon a time"  # a completion at temperature 0: tests hold it to transformers' story
+GREEDY_TOKENS = 96
+SAMPLED_PROMPT = "One day, a little dog named Max"
+CHAT_PROMPT = "Lily and Ben went to the park. They saw"  # a chat: the template writes it as plain text
+STREAMED_PROMPT = "Tom had a red boat. One day,"
+STORY_WIDTH = 76
 _BAR = "=" * 78
 DEMO_ACCOUNT = "demo"
 CLIENT_ADDRESS = "127.0.0.3"  # a loopback address of the client's own, unlike the relay's
@@ -76,7 +86,7 @@ def run_demo(nodes: int = 3, model_dir: Path | None = None, tokens: bool = True,
             wallet = fleet.token_wallet(kind=CountingWallet) if tokens else None
             with _client_http(fleet.client_url, address) as http, \
                     Client(fleet.client_url, policy=fleet.policy, tokens=wallet, http=http) as client:
-                _requests(client)
+                _requests(client, model_dir)
                 print_transparency(fleet.gateway_url, client.policy)
                 _anonymous_path(fleet, http, address, wallet)
         audit_files = sorted((root / "fleet" / "audit").glob("*.jsonl"))
@@ -136,26 +146,32 @@ def _banner() -> None:
     print(_BAR, flush=True)
 
 
-def _requests(client: Client) -> None:
+def _requests(client: Client, model_dir: Path | None) -> None:
     model = client.models.list().data[0].id
-    print(f"model served by the fleet: {model!r} (random weights: the text is noise)\n")
-    first_route = None
-    for number, prompt in enumerate(PROMPTS, 1):
-        answer = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
-                                                max_tokens=24, temperature=0.8, seed=number)
-        first_route = first_route or answer.route
-        _show(f"chat #{number}", prompt, answer.choices[0].message.content, answer.route)
-    completion = client.completions.create(model=model, prompt=COMPLETION_PROMPT, max_tokens=24, seed=7,
-                                           temperature=0.8)
-    _show("completion", COMPLETION_PROMPT, completion.choices[0].text, completion.route)
-    print(f"[streamed chat] > {STREAMED_PROMPT}\n  < ", end="", flush=True)
+    print(f"model served by the fleet: {model!r} {_about_model(model_dir)}\n")
+    greedy = client.completions.create(model=model, prompt=GREEDY_PROMPT, max_tokens=GREEDY_TOKENS, temperature=0)
+    _show("completion, greedy", GREEDY_PROMPT, greedy.choices[0].text, greedy)
+    sampled = client.completions.create(model=model, prompt=SAMPLED_PROMPT, max_tokens=64, temperature=0.8, seed=7)
+    _show("completion, sampled with seed 7", SAMPLED_PROMPT, sampled.choices[0].text, sampled)
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": CHAT_PROMPT}],
+                                          max_tokens=48, temperature=0.8, seed=1)
+    _show("chat", CHAT_PROMPT, chat.choices[0].message.content, chat)
+    print(f"[streamed chat]\n    {STREAMED_PROMPT}", end="", flush=True)
     with client.chat.completions.create(model=model, messages=[{"role": "user", "content": STREAMED_PROMPT}],
-                                        stream=True, max_tokens=32, temperature=0.8, seed=11) as stream:
+                                        stream=True, max_tokens=48, temperature=0.8, seed=11) as stream:
         print_streamed(stream)
         print(f"\n  served by node {stream.route.node_id[:16]} "
               f"(chosen by the gateway among {_verified(stream.route)} verified candidate(s))\n")
-    print("what the client verified itself for chat #1 (never trusting the gateway):")
-    print(describe_route(first_route, compact=True))
+    print("what the client verified itself for the greedy completion (never trusting the gateway):")
+    print(describe_route(greedy.route, compact=True))
+
+
+def _about_model(model_dir: Path | None) -> str:
+    if model_dir is not None:
+        return f"(from {model_dir})"
+    return ("(stories260K, shipped with Veil: a 260K-parameter Llama trained on children's stories.\n"
+            "It is a base model, which continues text, so each prompt below is a story's opening, chats too;\n"
+            "the first story is greedy, the others sampled. Serve another model with --model DIR.)")
 
 
 def print_streamed(chunks: Iterable[ChatCompletionChunk]) -> None:
@@ -171,8 +187,14 @@ def escaped(text: str) -> str:
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
-def _show(label: str, prompt: str, text: str, route: object) -> None:
-    print(f"[{label}] > {prompt}\n  < {text!r}")
+def _show(label: str, prompt: str, text: str | None, answer: Any) -> None:
+    """The prompt and its continuation as one story, wrapped, each paragraph escaped like a streamed answer;
+    "…" marks a story cut by max_tokens."""
+    print(f"[{label}]")
+    story = prompt + (text or "") + ("…" if answer.choices[0].finish_reason == "length" else "")
+    for paragraph in story.split("\n"):
+        print(textwrap.fill(escaped(paragraph), STORY_WIDTH, initial_indent="    ", subsequent_indent="    "))
+    route = answer.route
     print(f"  served by node {route.node_id[:16]} (chosen by the gateway among {_verified(route)} verified candidate(s))\n")
 
 

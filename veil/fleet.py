@@ -3,16 +3,16 @@ a `veil issuer` whose tokens the gateway then demands, a `veil relay` in front o
 transparency log with two witnesses (`veil.fleet_transparency`).
 
 For development, the demo, the end-to-end tests and the benchmark. Nodes run
-the built-in tiny model under SIMULATED attestation and the development
-policy: nothing protects them, and every entry point that starts a fleet says
-so. Each process writes its own stdout and stderr to files in the fleet's
-work folder, next to its audit file, so that tests can prove none of them
-holds anything of a request.
+the shipped trained model (`veil.models`: stories260K) unless given another
+folder, under SIMULATED attestation and the development policy: nothing
+protects them, and every entry point that starts a fleet says so. Each process
+writes its own stdout and stderr to files in the fleet's work folder, next to
+its audit file, so that tests can prove none of them holds anything of a request.
 
 Neither this module nor the SDK imports the engine, the node or the gateway's
 servers (only the transparency log's files, to create it and log a release):
-processes are started as `python -m veil ...`, and the tiny model is written by
-a `veil model init-tiny` subprocess.
+processes are started as `python -m veil ...`. A random-weight model for
+benchmarks is written by `veil model init-tiny DIR` and named as the model folder.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ from veil.fleet_access import (
     write_issuer_config,
     write_policy_listing,
 )
+from veil.models import shipped_model_dir
 
-DEFAULT_MODEL_DIR = Path(".veil/tiny-model")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _POLL_S = 0.05
 W = TypeVar("W", bound=TokenWallet)
@@ -70,7 +70,7 @@ class FleetSettings:
 
     nodes: int = 3
     gateway_port: int = 0
-    model_dir: Path | None = None  # default: .veil/tiny-model, written if missing
+    model_dir: Path | None = None  # default: the shipped trained model (veil.models)
     workdir: Path | None = None  # default: a temporary folder, removed on stop
     sim_root_dir: Path | None = None  # default: <workdir>/sim-root
     policy: str = "dev"
@@ -100,6 +100,7 @@ class FleetSettings:
     # An OHTTP relay in front of the gateway, which then takes requests for nodes from the relay's address only.
     relay: bool = False
     relay_target: str | None = None  # where the relay forwards (default: this fleet's gateway)
+    extra_relay_args: tuple[str, ...] = ()  # for example --metrics-listen
     # A transparency log (`veil log serve`) and two witnesses (`veil witness`): the fleet's policy requires a
     # quorum of both, the release of its nodes is logged, and each node logs its key and staples its proofs.
     transparency: bool = False
@@ -154,7 +155,7 @@ class Fleet:
             raise FleetError(f"cannot use {root} as the fleet's work folder ({error.strerror})") from None
         self.workdir = root
         self.sim_root_dir = self.settings.sim_root_dir or root / "sim-root"
-        self.model_dir = self.settings.model_dir or DEFAULT_MODEL_DIR
+        self.model_dir = self.settings.model_dir or shipped_model_dir()
         self.nodes: list[FleetProcess] = []
         self.gateway: FleetProcess | None = None
         self.issuer: FleetProcess | None = None
@@ -171,8 +172,8 @@ class Fleet:
     # ----- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> Fleet:
-        """Write the model if needed, start the issuer and nodes, the gateway, then the relay; return once
-        all N nodes are admitted."""
+        """Check the model, start the issuer and nodes, the gateway, then the relay; return once all N nodes
+        are admitted."""
         try:
             load_or_create_sim_root(self.sim_root_dir)  # before the nodes, so they share one root
             self._ensure_model()
@@ -324,15 +325,10 @@ class Fleet:
         if (self.model_dir / "config.json").is_file():
             return
         if self.settings.model_dir is not None:
-            # A folder the user named is theirs: a random model is never written, nor served, in its place.
+            # A folder the user named is theirs: another model is never served in its place.
             raise FleetError(f"no model in {self.model_dir} (no config.json); name a Hugging Face model folder, "
-                             "or leave the model out for the built-in tiny one")
-        result = subprocess.run(
-            [sys.executable, "-m", "veil", "model", "init-tiny", str(self.model_dir)],
-            env=self._env(), capture_output=True, text=True, timeout=300,
-        )
-        if result.returncode != 0:
-            raise FleetError(f"could not write the tiny model to {self.model_dir}: {result.stderr.strip()[-500:]}")
+                             "or leave the model out for the shipped one")
+        raise FleetError(f"the shipped model is missing from {self.model_dir}; reinstall veil")
 
     def _spawn(self, name: str, arguments: list[str], cpus: frozenset[int] | None = None) -> FleetProcess:
         stdout_path, stderr_path = self.paths.logs / f"{name}.out", self.paths.logs / f"{name}.err"
@@ -421,7 +417,8 @@ class Fleet:
     def _start_relay(self) -> FleetProcess:
         target = self.settings.relay_target or self.gateway_url
         return self._spawn("relay", ["relay", "--gateway", target, "--listen", "127.0.0.1:0",
-                                     "--port-file", str(self.paths.run / "relay.port")], self.settings.gateway_cpus)
+                                     "--port-file", str(self.paths.run / "relay.port"),
+                                     *self.settings.extra_relay_args], self.settings.gateway_cpus)
 
     def _access_arguments(self) -> list[str]:
         """The gateway's options for the fleet's issuer and relay."""
