@@ -54,15 +54,51 @@ class ToolRequest:
             return None
         chosen = [t["function"] for t in self.tools if self.function in (None, t["function"]["name"])]
         one = self.function is not None or not self.parallel
-        calls = {"type": "array", "minItems": 1, "maxItems": 1 if one else MAX_FORCED_CALLS,
-                 "items": {"anyOf": [_call_schema(function) for function in chosen]}}
-        return StructuredOutput("json_schema", json.dumps(calls), field="tool_choice")
+        try:
+            calls = {"type": "array", "minItems": 1, "maxItems": 1 if one else MAX_FORCED_CALLS,
+                     "items": {"anyOf": [_call_schema(function) for function in chosen]}}
+            return StructuredOutput("json_schema", json.dumps(calls), field="tool_choice")
+        except RecursionError:
+            raise ApiError(400, "invalid_request", "a function's parameters in 'tools' are nested too deeply",
+                           param="tools") from None
 
 
 def _call_schema(function: dict) -> dict:
-    parameters = function.get("parameters") or {"type": "object", "properties": {}}
+    parameters = _closed(function.get("parameters") or {"type": "object", "properties": {}})
     return {"type": "object", "properties": {"name": {"const": function["name"]}, "parameters": parameters},
             "required": ["name", "parameters"], "additionalProperties": False}
+
+
+# The keywords whose values are subschemas (a schema, a list of them, or a mapping of names to them).
+# `not` and `if` are left as they are: closing a condition would change what it matches.
+_SUBSCHEMA_KEYS = ("items", "prefixItems", "additionalProperties", "anyOf", "oneOf", "then", "else", "contains",
+                   "properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _closed(schema: object, in_all_of: bool = False) -> object:
+    """The schema with every object that lists its `properties` and says nothing of others closed to them
+    (`additionalProperties: false`), as OpenAI's strict mode and vLLM's default (xgrammar's strict mode) read
+    a tool's parameters: otherwise a forced call may go on writing made-up properties until the context ends.
+    The parts of an `allOf` stay open: each holds only some of the object's properties."""
+    if isinstance(schema, list):
+        return [_closed(part, in_all_of) for part in schema]
+    if not isinstance(schema, dict):
+        return schema
+    copy = {key: _closed_value(key, value) for key, value in schema.items()}
+    if "allOf" in schema:
+        copy["allOf"] = _closed(schema["allOf"], in_all_of=True)
+    lists_properties = isinstance(schema.get("properties"), dict)
+    if lists_properties and not in_all_of and not {"additionalProperties", "unevaluatedProperties"} & set(schema):
+        copy["additionalProperties"] = False
+    return copy
+
+
+def _closed_value(key: str, value: object) -> object:
+    if key not in _SUBSCHEMA_KEYS:
+        return value  # `const`, `enum`, `default`, `examples`: data, never schemas
+    if key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas") and isinstance(value, dict):
+        return {name: _closed(part) for name, part in value.items()}
+    return _closed(value)
 
 
 def tool_request(body: dict) -> ToolRequest:
@@ -150,14 +186,24 @@ def _tool_call(entry: object) -> ToolCall:
     function = entry["function"]
     if not valid_function_name(function.get("name")):
         raise _message_error("a tool call's function needs a name of 1-64 letters, digits, underscores or dashes")
-    arguments = function.get("arguments", "{}")
+    return ToolCall(entry["id"], function["name"], _arguments(function.get("arguments")))
+
+
+def _arguments(raw: object) -> dict:
+    """A replayed call's arguments as the template needs them, a mapping, read as vLLM reads them: JSON text
+    of an object, the object itself, or none at all (missing, null or "", as a streamed call of a function
+    without parameters leaves them: `{}`). Text that is no JSON object cannot be rendered as one: refused."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, dict):
+        return raw
     try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+        parsed = json.loads(raw) if isinstance(raw, str) else None
     except (ValueError, RecursionError):
         parsed = None
     if not isinstance(parsed, dict):
         raise _message_error("a tool call's 'arguments' must be a JSON object written as a string")
-    return ToolCall(entry["id"], function["name"], parsed)
+    return parsed
 
 
 def _message_error(message: str) -> ApiError:

@@ -29,7 +29,7 @@ CITY_FORMAT = {"type": "json_schema", "name": "city", "strict": True,
 @pytest.fixture(scope="module")
 def api() -> Iterator[InnerApi]:
     # A short context, so that an answer running to its end (no max_tokens) is a few hundred tokens, not 2,000.
-    core = EngineCoreClient(tiny_model_dir(), EngineConfig(kv_cache_gib=0.05, device="cpu", max_model_len=320))
+    core = EngineCoreClient(tiny_model_dir(), EngineConfig(kv_cache_gib=0.05, device="cpu", max_model_len=640))
     core.start()
     yield InnerApi(core, Tokenizer(tiny_model_dir()), "tiny", aliases=(ALIAS,))
     core.stop()

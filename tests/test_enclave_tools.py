@@ -16,6 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from enclave import tool_fields
 from enclave.api import InnerApi
 from engine import ChatMessage, EngineConfig, Tokenizer, ToolCall
 from engine.core_client import EngineCoreClient
@@ -121,6 +122,27 @@ def test_a_malformed_tool_turn_is_refused_naming_what_is_wrong(api, message: dic
     refused(api, chat(messages=[*REPLAY, message]), "messages", words)
 
 
+@pytest.mark.parametrize("arguments", ["", None, {}])
+def test_a_replayed_call_without_arguments_reads_as_an_empty_object(api, arguments) -> None:
+    """As vLLM reads them: missing, null or "" is `{}`, an object is taken as it is."""
+    def replayed(value) -> list[dict]:
+        call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": value}}
+        return [REPLAY[0], {"role": "assistant", "content": None, "tool_calls": [call]}, REPLAY[2]]
+
+    status, answer = post(api, chat(messages=replayed(arguments)))
+    _, expected = post(api, chat(messages=replayed("{}")))
+    assert status == 200, answer
+    assert answer["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+
+
+def test_replayed_arguments_given_as_an_object_render_as_their_json_text(api) -> None:
+    as_object = [REPLAY[0], json.loads(json.dumps(REPLAY[1])), REPLAY[2]]
+    as_object[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris", "days": 1}
+    status, answer = post(api, chat(messages=as_object))
+    _, expected = post(api, chat())
+    assert status == 200 and answer["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+
+
 def test_a_refusal_says_which_message_was_wrong(api) -> None:
     status, answer = post(api, chat(messages=[*REPLAY, {"role": "tool", "content": "x"}]))
     assert status == 400 and "messages[3]" in answer["error"]["message"]
@@ -216,7 +238,11 @@ def streamed_calls(chunks: list[dict]) -> dict[int, list[dict]]:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_required_always_yields_valid_tool_calls(api, seed: int) -> None:
-    status, answer = post(api, chat(tool_choice="required", seed=seed, **FORCED))
+    assert_required_calls(api, seed=seed)
+
+
+def assert_required_calls(api: InnerApi, **fields) -> None:
+    status, answer = post(api, chat(**{"tool_choice": "required", **FORCED, **fields}))
     assert status == 200, answer
     [choice] = answer["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
@@ -255,6 +281,63 @@ def test_streamed_calls_add_up_to_the_whole_answer(api) -> None:
     assert all(c["choices"][0]["delta"].get("content") in ("", None) for c in chunks)
 
 
-def test_a_forced_choice_cannot_be_combined_with_another_constraint(api) -> None:
-    status, answer = post(api, chat(tool_choice="required", response_format={"type": "json_object"}))
-    assert status == 400 and answer["error"]["param"] in ("tool_choice", "response_format")
+CITY_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("response_format", [CITY_FORMAT, {"type": "json_object"}])
+def test_a_forced_choice_serves_beside_a_response_format_as_openai_does(api, response_format: dict) -> None:
+    """The format shapes message text, which a forced call has none of: it gives way (the Agents SDK sends both
+    for an Agent with an `output_type` and `tool_choice="required"`)."""
+    assert_required_calls(api, response_format=response_format)
+
+
+def test_a_forced_function_call_is_served_beside_a_text_format(api) -> None:
+    """The same on the Responses API, where the Agents SDK sends `text.format` with `tool_choice`."""
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMETERS}
+    text = {"format": {"type": "json_schema", **CITY_FORMAT["json_schema"]}}
+    body = {"model": MODEL, "input": REPLAY[0]["content"], "tools": [tool], "tool_choice": "required", "text": text,
+            "seed": 1, "max_output_tokens": 1000}
+    status, answer = post_to(api, b"/v1/responses", body)
+    assert status == 200, answer
+    assert answer["output"] and {item["type"] for item in answer["output"]} == {"function_call"}
+    assert_valid_calls([{"id": item["call_id"], "type": "function", "function": item} for item in answer["output"]],
+                       {"get_weather"})
+
+
+@pytest.mark.parametrize("constraint", [{"guided_json": {"type": "object"}}, {"guided_regex": "a+"},
+                                        {"structured_outputs": {"json_object": True}}])
+def test_a_forced_choice_refuses_a_constraint_on_the_whole_answer(api, constraint: dict) -> None:
+    refused(api, chat(tool_choice="required", **constraint), "tool_choice", "structured_outputs, guided_*")
+
+
+OPEN_CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_forced_call_writes_only_the_properties_its_function_lists(api, seed: int) -> None:
+    """Parameters that do not say `additionalProperties` are read as OpenAI's strict mode and vLLM's default do:
+    a random model would otherwise go on inventing properties until the context ends."""
+    tool = {"type": "function", "function": {"name": "get_city", "parameters": OPEN_CITY}}
+    named = {"type": "function", "function": {"name": "get_city"}}
+    status, answer = post(api, chat(tools=[tool], tool_choice=named, seed=seed, **FORCED))
+    assert status == 200, answer
+    [choice] = answer["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    assert set(json.loads(call["function"]["arguments"])) == {"city"}
+
+
+def test_the_forced_grammar_closes_listed_objects_and_leaves_declared_ones_alone() -> None:
+    parameters = {"type": "object", "properties": {"place": {"$ref": "#/$defs/Place"}, "tags": {
+        "type": "object", "additionalProperties": {"type": "string"}}, "both": {"allOf": [
+            {"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "integer"}}}]}},
+        "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+    tools = tool_fields.tool_request({"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}],
+                                      "tool_choice": "required"})
+    [call] = json.loads(tools.grammar().spec)["items"]["anyOf"]
+    closed = call["properties"]["parameters"]
+    assert closed["additionalProperties"] is False and closed["$defs"]["Place"]["additionalProperties"] is False
+    assert closed["properties"]["tags"]["additionalProperties"] == {"type": "string"}  # said: kept as said
+    assert all("additionalProperties" not in part for part in closed["properties"]["both"]["allOf"])
+    assert parameters["$defs"]["Place"] == {"type": "object", "properties": {"city": {"type": "string"}}}  # a copy
