@@ -6,6 +6,7 @@ answer; their template says so (it handles `</think>` in the conversation). The 
 parsers return it, and only the text after it is content, read for tool calls. Where the prompt
 itself ends inside an open `<think>` (DeepSeek-R1's newer templates), the answer starts as
 reasoning and `</think>` alone ends it; an answer that never closes its block is all reasoning. A
+constrained answer reasons first too (`reasoning_first`: the constraint applies after `</think>`). A
 reasoning trace is text of the answer like any other: never logged, audited or kept.
 
 As for tool calls, one parser per sample reads the text as it streams and a whole answer is the
@@ -14,11 +15,16 @@ same parser fed at once, so a streamed answer's parts add up to the whole one.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from engine import THINK_CLOSE, THINK_OPEN, SamplingParams
 from enclave.tool_calls import ChoiceCalls, Parsed, safe_end
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+# The prompt's last tokens that `reasoning_place` reads: enough to spell `</think>\n\n` byte by byte, in a
+# vocabulary where the markers are no tokens of their own.
+TAIL_TOKENS = 16
 
 
 def reasons(template: str | None) -> bool:
@@ -28,7 +34,25 @@ def reasons(template: str | None) -> bool:
 
 def prompt_opens_reasoning(prompt_tail: str) -> bool:
     """Whether the prompt ends inside a `<think>` block (so the answer starts as reasoning)."""
-    return prompt_tail.rstrip().endswith(THINK_OPEN)
+    return reasoning_place(prompt_tail) == "inside"
+
+
+def reasoning_place(prompt_tail: str) -> str:
+    """Where a reasoning model's block stands as its prompt ends (`engine.sampling_params.REASONING_PLACES`):
+    "inside" one the prompt opened, "none" where the prompt closed one itself (Qwen3's `enable_thinking`
+    false renders an empty block: the answer reasons no more), else "block": the answer opens one."""
+    tail = prompt_tail.rstrip()
+    if tail.endswith(THINK_OPEN):
+        return "inside"
+    return "none" if tail.endswith(THINK_CLOSE) else "block"
+
+
+def reasoning_first(params: SamplingParams, place: str) -> SamplingParams:
+    """A reasoning model's constraint applied after its reasoning, which is free text up to `</think>`
+    (`engine.reasoning_grammar`), as vLLM does: the answer's content is still exactly what it allows."""
+    if params.structured is None or place == "none":
+        return params
+    return dataclasses.replace(params, structured=dataclasses.replace(params.structured, reasoning=place))
 
 
 @dataclass(slots=True)

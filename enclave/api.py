@@ -139,9 +139,10 @@ class InnerApi:
         kwargs = template_fields.template_kwargs(body, template)
         prompt = self.tokenizer.encode_chat(messages, tools=tools.tools, template_kwargs=kwargs)
         reasoning = answer_parts.reasons(template)
-        # Whether the template's generation prompt opened the block: read from the prompt's last few tokens.
-        opened = reasoning and answer_parts.prompt_opens_reasoning(self._prompt_text(prompt[-4:]))
-        return self._generate(body, prompt, chat=True, tools=tools, reasoning=(reasoning, opened))
+        # Whether the template's generation prompt opened or closed the block: read from its last few tokens.
+        tail = self._prompt_text(prompt[-answer_parts.TAIL_TOKENS:])
+        place = answer_parts.reasoning_place(tail) if reasoning else "none"
+        return self._generate(body, prompt, chat=True, tools=tools, reasoning=(reasoning, place))
 
     def _completions(self, request: Request) -> InnerResponse:
         body = self._json_body(request)
@@ -179,20 +180,21 @@ class InnerApi:
 
     def _generate(self, body: dict, prompt: str | list[int], chat: bool, echo: str = "",
                   tools: tool_fields.ToolRequest | None = None,
-                  reasoning: tuple[bool, bool] = (False, False)) -> InnerResponse:
-        """`reasoning`: whether the model reasons in `<think>` blocks, and whether the prompt opened one."""
+                  reasoning: tuple[bool, str] = (False, "none")) -> InnerResponse:
+        """`reasoning`: whether the model reasons in `<think>` blocks, and where the prompt left one
+        (`answer_parts.reasoning_place`): a constraint then applies after the reasoning."""
         tools = tools or tool_fields.ToolRequest()
         params = _with_tool_grammar(request_fields.sampling_params(body, chat, self.max_tokens_limit), tools)
         template = self.tokenizer.chat_template(with_tools=True)
         call_format = tools.call_format(template, self.tool_call_format)
-        params = self._keeping_markers(params, call_format, reasoning[0])
+        params = self._keeping_markers(answer_parts.reasoning_first(params, reasoning[1]), call_format, reasoning[0])
         handle = self.engine.submit(prompt, params)
         completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         shape = ResponseShape(completion_id, self.model_name, chat, int(time.time()),
                               logprobs=params.logprobs is not None, token_text=self._token_text, echo=echo,
                               tool_format=call_format, parallel_tool_calls=tools.parallel,
                               tool_call_ids=self.tool_call_format or tool_format(template),
-                              reasoning=reasoning[0], reasoning_opened=reasoning[1])
+                              reasoning=reasoning[0], reasoning_opened=reasoning[1] == "inside")
         include_usage = request_fields.include_usage(body)
         if body.get("stream") is True:
             batches = handle.delta_batches()
@@ -227,13 +229,16 @@ _SAMPLING_NAMES = frozenset({"max_tokens", "temperature", "top_k", "top_p", "min
 
 
 def _with_tool_grammar(params: SamplingParams, tools: tool_fields.ToolRequest) -> SamplingParams:
-    """A forced tool choice constrains the answer as a structured output does: one constraint per answer."""
+    """A forced tool choice constrains the answer as a structured output does: one constraint per answer.
+    OpenAI's `response_format` (`text.format`) shapes message text, which a forced call has none of, so it
+    gives way, as OpenAI's does; vLLM's own constraints (`structured_outputs`, `guided_*`) are on the whole
+    output, and are refused beside a forced choice."""
     grammar = tools.grammar()
     if grammar is None:
         return params
-    if params.structured is not None:
+    if params.structured is not None and not params.structured.field.startswith("response_format"):
         raise ApiError(400, "unsupported_parameter", "a forced 'tool_choice' cannot be combined with another "
-                       "constraint on the answer (response_format, structured_outputs, guided_*)", param="tool_choice")
+                       "constraint on the whole answer (structured_outputs, guided_*)", param="tool_choice")
     return dataclasses.replace(params, structured=grammar)
 
 

@@ -35,6 +35,8 @@ _EXPORTS = {
     "SamplingParams": "engine.sampling_params",
     "StreamDelta": "engine.outputs",
     "StructuredOutput": "engine.sampling_params",
+    "THINK_CLOSE": "engine.reasoning_grammar",  # a reasoning block's markers, as constraints write them
+    "THINK_OPEN": "engine.reasoning_grammar",
     "TokenLogprob": "engine.sequence",
     "Tokenizer": "engine.tokenizer",
     "ToolCall": "engine.chat_template",
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
     from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, StreamDelta
     from engine.pooling import EmbeddingOutput, PoolingKind, PoolingParams, model_pooling
+    from engine.reasoning_grammar import THINK_CLOSE, THINK_OPEN
     from engine.sampling_params import SamplingParams, StructuredOutput
     from engine.sequence import FinishReason, TokenLogprob
     from engine.chat_template import ToolCall

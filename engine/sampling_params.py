@@ -19,6 +19,10 @@ MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's own limit on logit_bias
 # bounds the text; `engine.structured` bounds the compile's work.
 MAX_STRUCTURED_SPEC_BYTES = 64 * 1024
 STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+# Where a reasoning model's `<think>` block stands when its constrained answer begins (`engine.reasoning_grammar`):
+# no block ("none": the constraint from the first token), one the answer writes first ("block"), or one the
+# prompt opened, which the answer closes first ("inside").
+REASONING_PLACES = ("none", "block", "inside")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +31,14 @@ class StructuredOutput:
 
     `spec` is the JSON schema as JSON text (json_schema), the regex (regex), the choices as a JSON
     list of strings (choice), a Lark grammar (grammar), or "" (json_object: any JSON object).
-    `field` is the request field it came from, which refusals name (never its content).
+    `field` is the request field it came from, which refusals name (never its content). `reasoning`
+    (one of `REASONING_PLACES`): whether free reasoning up to `</think>` comes before the constraint.
     """
 
     kind: str
     spec: str = ""
     field: str = "response_format"
+    reasoning: str = "none"
 
     def problem(self) -> str | None:
         """Why this constraint cannot be served as given, naming its field; None when it can."""
@@ -44,6 +50,8 @@ class StructuredOutput:
             return f"{self.field} is over {MAX_STRUCTURED_SPEC_BYTES} bytes"
         if self.kind != "json_object" and not self.spec:
             return f"{self.field} is empty"
+        if self.reasoning not in REASONING_PLACES:
+            return f"{self.field}: the reasoning before it must be one of {', '.join(REASONING_PLACES)}"
         return None
 
 

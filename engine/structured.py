@@ -9,6 +9,9 @@ compile time tell whether someone else used the same schema recently. What every
 only the model's vocabulary as llguidance indexes it (`GrammarCompiler`), built once from the
 tokenizer and never changed by a grammar.
 
+A reasoning model's constraint starts after its `<think>` block where its answer has one to write: the
+grammar compiled is then the free reasoning, `</think>`, and the request's grammar (`engine.reasoning_grammar`).
+
 Compiling is bounded: the text by `MAX_STRUCTURED_SPEC_BYTES`, the work by llguidance's own fuel and
 size limits (`_LIMITS`, counted in work, not time, so the same schema is refused on every machine),
 and each step's mask computation by its per-step limits. Regexes cannot backtrack catastrophically:
@@ -44,9 +47,11 @@ from dataclasses import dataclass
 import llguidance
 import numpy as np
 import torch
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as FastTokenizer
 
 from engine.errors import RequestRejected
+from engine.reasoning_grammar import ThinkMarkers, reasoning_first
 from engine.sampling_params import StructuredOutput
 from engine.tokenizer import _forget_words as forget_words  # the tokenizer's own word-cache rules
 from engine.tokenizer import _turn_off_word_cache as turn_off_word_cache
@@ -106,18 +111,31 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.vocab_size = vocab_size
-        self._tokenizer = _vocabulary(tokenizer_json, vocab_size, eos_token_ids)
+        added_tokens = FastTokenizer.from_str(tokenizer_json).get_added_tokens_decoder()
+        self._tokenizer = _vocabulary(tokenizer_json, vocab_size, eos_token_ids, added_tokens)
+        self._think = ThinkMarkers.of(added_tokens, self._tokenizer.tokenize_str)
         self._executor = llguidance.LLExecutor()
         self.words = (vocab_size + 31) // 32
 
     def compile(self, structured: StructuredOutput) -> Guide:
         """A fresh matcher for one request; raises RequestRejected naming the field."""
         grammar = _grammar(structured)
+        matcher = self._matcher(grammar, structured)
+        if structured.reasoning == "inside" or (structured.reasoning == "block" and not self._writes_block(matcher)):
+            matcher = self._matcher(reasoning_first(grammar, structured.reasoning, self._think), structured)
+        return Guide(matcher)
+
+    def _matcher(self, grammar: str, structured: StructuredOutput) -> llguidance.LLMatcher:
         limits = llguidance.LLParserLimits(**_LIMITS)
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise RequestRejected("invalid_structured_output", _refusal(structured, matcher.get_error()))
-        return Guide(matcher)
+        return matcher
+
+    def _writes_block(self, matcher: llguidance.LLMatcher) -> bool:
+        """Whether a constraint's answer may begin with `<think>`: it shapes the reasoning block itself."""
+        opening = list(self._think.open_tokens)
+        return bool(opening) and matcher.validate_tokens(opening) == len(opening)
 
     def masks(self, requests: list[MaskRequest]) -> torch.Tensor:
         """[requests, words] int32 bitmasks of the tokens each may pick next, filled in parallel on the host."""
@@ -137,7 +155,8 @@ class GrammarCompiler:
         return masks
 
 
-def _vocabulary(tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]) -> llguidance.LLTokenizer:
+def _vocabulary(tokenizer_json: str, vocab_size: int, eos_token_ids: list[int],
+                added_tokens: dict[int, AddedToken]) -> llguidance.LLTokenizer:
     """The vocabulary as llguidance indexes it, with the added tokens as the model writes them.
 
     llguidance, read from `tokenizer.json` alone, takes every added token shaped `<...>` for a special
@@ -149,8 +168,7 @@ def _vocabulary(tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]) 
     """
     eos = eos_token_ids or None
     indexed = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos)
-    text_tokens = {token_id: token.content.encode() for token_id, token in
-                   FastTokenizer.from_str(tokenizer_json).get_added_tokens_decoder().items() if not token.special}
+    text_tokens = {token_id: token.content.encode() for token_id, token in added_tokens.items() if not token.special}
     tokens = [text_tokens.get(t) or indexed.decode_bytes([t]) for t in range(vocab_size)]
     special = [t for t in range(vocab_size) if t not in text_tokens and indexed.is_special_token(t)]
     source = _GrammarText(tokenizer_json, tokens, special, eos_token_ids[0] if eos_token_ids else indexed.eos_token,
