@@ -1,17 +1,20 @@
 """Run the client libraries applications use against `veil proxy`, and print what works as a table.
 
-A local fleet on loopback (SIMULATED attestation, the `dev` policy): one generation node and one embedding
-node (`veil node --task embed --pooling mean`) behind one gateway, and `veil proxy` in front of it, started as
-`veil proxy` is. Each library then makes its ordinary calls against the proxy's URL: its default agent or tool
-loop, its structured-output helper, its embeddings call, and a request without `max_tokens` that must run past
-128 tokens. The table says, per library and feature, `works`, `refused` (a Veil refusal, naming its field), or
-`fails` (another error), with the reason; it never shows a prompt or an answer.
+A local fleet on loopback (SIMULATED attestation, the `dev` policy): one generation node, one embedding node
+(`veil node --task embed --pooling mean`) and a tool node (below) behind one gateway, and `veil proxy` in front
+of it, started as `veil proxy` is. Each library then makes its ordinary calls against the proxy's URL: its
+default agent or tool loop, its structured-output helper, its embeddings call, and a request without
+`max_tokens` that must run past 128 tokens. The table says, per library and feature, `works`, `refused` (a Veil
+refusal, naming its field), or `fails` (another error), with the reason; it never shows a prompt or an answer.
 
 A small story model writes no tool call of its own accord, so each tool loop is driven on its first turn only
 (the table's notes say how): a regex constraint (`guided_regex`) that makes the model write a call in the
 served template's Hermes format, which the node reads back under `tool_choice: "auto"`; or `tool_choice:
 "required"` (forced by grammar). Where a library has no setting for one turn alone, `async_driving_client`, an httpx
 transport, adds `tool_choice: "required"` to the first request of a conversation that has no tool result yet.
+The loops forced by `tool_choice: "required"` (openai-agents, llama-index, pydantic-ai) run on a third node, a
+random-weight `veil model init-tiny` model with a 2048-token context served as `veil-tools`: its forced answer may
+hold up to 16 parallel calls, each replayed with its result, which outgrows stories260K's 512-token context.
 
 The newest releases of these libraries cannot share one environment (instructor pins `jiter` below what the
 newest `openai` needs), so each library runs in a virtual environment of its own, `VENVS/<library>/` (this
@@ -30,6 +33,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -44,6 +48,8 @@ sys.path.insert(0, str(_REPO_ROOT))
 from pydantic import BaseModel, Field  # noqa: E402  (every library's environment has pydantic; only the fleet's has Veil)
 
 CHAT_MODEL, EMBED_MODEL = "veil-chat", "veil-embed"
+TOOL_MODEL = "veil-tools"  # the node of the loops forced by "required" (the docstring says why)
+TOOL_PRESET, _TOOL_CONTEXT = "tiny", 2048  # the preset's max_position_embeddings
 FEATURES = ("tool loop", "structured output", "embeddings", "no max_tokens, > 128 tokens")
 LIBRARIES = {  # the name in the table: the distributions whose versions it ran
     "openai": ("openai",),
@@ -216,12 +222,13 @@ def agents_tool_loop(target: Target) -> str:
         return get_weather(city)
 
     # A story answer cut by the context is `incomplete`, which the SDK raises: output_type makes the last turn end.
-    agent = agents.Agent(name="weather", instructions="Answer about the weather.", model=CHAT_MODEL, tools=[weather],
+    agent = agents.Agent(name="weather", instructions="Answer about the weather.", model=TOOL_MODEL, tools=[weather],
                          model_settings=agents.ModelSettings(tool_choice="required"), output_type=City)
     result = agents.Runner.run_sync(agent, PROMPT, max_turns=4)
-    _expect(len(called) == 1 and isinstance(result.final_output, City), "the tool did not run once before an answer")
-    return ("Agent + @function_tool on the Responses API; turn 1 tool_choice required, reset to auto after the call "
-            "(the SDK's default); output_type=City so that the story model's last turn ends")
+    _expect(bool(called) and isinstance(result.final_output, City), "the tool did not run before an answer")
+    return (f"Agent + @function_tool on the Responses API; turn 1 tool_choice required ({len(called)} parallel "
+            "calls, each run), reset to auto after the calls (the SDK's default); output_type=City so that the last "
+            "turn ends")
 
 
 def agents_structured(target: Target) -> str:
@@ -383,8 +390,9 @@ def litellm_uncapped(target: Target) -> str:
 def _openai_like(target: Target, **fields):
     from llama_index.llms.openai_like import OpenAILike
 
-    return OpenAILike(model=CHAT_MODEL, api_base=target.base_url, api_key=API_KEY, is_chat_model=True,
-                      is_function_calling_model=True, context_window=512, max_retries=0, timeout=300, **fields)
+    settings = {"model": CHAT_MODEL, "context_window": 512} | fields
+    return OpenAILike(api_base=target.base_url, api_key=API_KEY, is_chat_model=True, is_function_calling_model=True,
+                      max_retries=0, timeout=300, **settings)
 
 
 def llamaindex_tool_loop(target: Target) -> str:
@@ -393,19 +401,22 @@ def llamaindex_tool_loop(target: Target) -> str:
 
     called: list[str] = []
 
-    def weather(city: str) -> str:  # llama-index cannot resolve a postponed Literal here
+    def weather(city: str) -> str:
         """The weather in a city."""
         called.append(city)
         return get_weather(city)
 
-    llm = _openai_like(target, async_http_client=async_driving_client())
-    agent = FunctionAgent(tools=[FunctionTool.from_defaults(fn=weather)], llm=llm)
+    # llama-index cannot resolve a postponed Literal from the signature, so the schema is given: a random model's
+    # free-text `city` runs on to the context's end.
+    llm = _openai_like(target, model=TOOL_MODEL, context_window=_TOOL_CONTEXT, async_http_client=async_driving_client())
+    agent = FunctionAgent(tools=[FunctionTool.from_defaults(fn=weather, fn_schema=City)], llm=llm)
     async def run_agent():
         return await agent.run(user_msg=PROMPT)  # the workflow needs a running loop when it starts
 
     answer = asyncio.run(run_agent())
-    _expect(len(called) == 1 and answer is not None, "the tool did not run once before an answer")
-    return "FunctionAgent + FunctionTool; turn 1 driven by FirstTurnDriver (tool_choice required)"
+    _expect(bool(called) and answer is not None, "the tool did not run before an answer")
+    return (f"FunctionAgent + FunctionTool(fn_schema=City); turn 1 driven by FirstTurnDriver (tool_choice required: "
+            f"{len(called)} parallel calls, each run)")
 
 
 def llamaindex_structured(target: Target) -> str:
@@ -436,20 +447,20 @@ def llamaindex_uncapped(target: Target) -> str:
 # ----- pydantic-ai ----------------------------------------------------------------------------------
 
 
-def _pydantic_model(target: Target, http_client=None):
+def _pydantic_model(target: Target, http_client=None, name: str = CHAT_MODEL):
     """The model `Agent("openai:NAME")` makes, given a provider pointing at the proxy."""
     from pydantic_ai.models import infer_model
     from pydantic_ai.providers.openai import OpenAIProvider
 
     provider = OpenAIProvider(base_url=target.base_url, api_key=API_KEY, http_client=http_client)
-    return infer_model(f"openai:{CHAT_MODEL}", provider_factory=lambda _: provider)
+    return infer_model(f"openai:{name}", provider_factory=lambda _: provider)
 
 
 def pydantic_tool_loop(target: Target) -> str:
     from pydantic_ai import Agent
 
     called: list[str] = []
-    model = _pydantic_model(target, async_driving_client())
+    model = _pydantic_model(target, async_driving_client(), TOOL_MODEL)
     agent = Agent(model)
 
     @agent.tool_plain
@@ -459,8 +470,9 @@ def pydantic_tool_loop(target: Target) -> str:
         return get_weather(city)
 
     result = agent.run_sync(PROMPT)
-    _expect(len(called) == 1 and isinstance(result.output, str), "the tool did not run once before an answer")
-    return f"Agent('openai:…') ({type(model).__name__}) + tool_plain; turn 1 driven by FirstTurnDriver"
+    _expect(bool(called) and isinstance(result.output, str), "the tool did not run before an answer")
+    return (f"Agent('openai:…') ({type(model).__name__}) + tool_plain; turn 1 driven by FirstTurnDriver "
+            f"(tool_choice required: {len(called)} parallel calls, each run)")
 
 
 def pydantic_structured(target: Target) -> str:
@@ -603,29 +615,41 @@ def start_proxy(gateway_url: str, env: dict[str, str], deadline_s: float) -> tup
 
 
 def run(args: argparse.Namespace) -> int:
-    from attestation.sim_root import ROOT_DIR_ENV
+    from engine.tiny import write_tiny_model
     from veil.fleet import Fleet, FleetSettings
 
     workdir = Path(args.workdir).resolve() if args.workdir else None
     common = {"nodes": 1, "model_dir": args.model, "torch_threads": 1}
     embed_settings = FleetSettings(**common, model_names=(EMBED_MODEL,), workdir=workdir and workdir / "embed",
                                    extra_node_args=("--task", "embed", "--pooling", "mean"))
-    with Fleet(embed_settings) as embedding:
-        chat_settings = FleetSettings(**common, sim_root_dir=embedding.sim_root_dir, model_names=(CHAT_MODEL,),
-                                      workdir=workdir and workdir / "chat",
-                                      extra_gateway_nodes=(f"127.0.0.1:{embedding.nodes[0].port}",))
-        with Fleet(chat_settings) as fleet:
-            fleet.wait_for_pool(2, timeout_s=120)
-            proxy, base_url = start_proxy(fleet.gateway_url, {**os.environ, ROOT_DIR_ENV: str(fleet.sim_root_dir)},
-                                          deadline_s=120)
-            try:
-                results = {library: checks_in_venv(library, args.venvs, base_url, args.traceback, args.timeout_s)
-                           for library in CHECKS if not args.only or library in args.only}
-            finally:
-                proxy.terminate()
-                proxy.wait(30)
+    with Fleet(embed_settings) as embedding, tempfile.TemporaryDirectory() as scratch:
+        tool_model = write_tiny_model(Path(scratch) / "tools", TOOL_PRESET)
+        tool_settings = FleetSettings(**{**common, "model_dir": tool_model}, sim_root_dir=embedding.sim_root_dir,
+                                      model_names=(TOOL_MODEL,), workdir=workdir and workdir / "tools")
+        with Fleet(tool_settings) as tools:
+            extra = tuple(f"127.0.0.1:{fleet.nodes[0].port}" for fleet in (embedding, tools))
+            chat_settings = FleetSettings(**common, sim_root_dir=embedding.sim_root_dir, model_names=(CHAT_MODEL,),
+                                          workdir=workdir and workdir / "chat", extra_gateway_nodes=extra)
+            results = _run_behind_proxy(chat_settings, args)
     print(table(results))
     return 0 if all(status in ("works", "n/a") for r in results.values() for status, _ in r["outcomes"]) else 1
+
+
+def _run_behind_proxy(chat_settings, args: argparse.Namespace) -> dict[str, dict]:
+    """The chat fleet, whose gateway also admits the embedding and tool nodes, `veil proxy`, and the checks."""
+    from attestation.sim_root import ROOT_DIR_ENV
+    from veil.fleet import Fleet
+
+    with Fleet(chat_settings) as fleet:
+        fleet.wait_for_pool(3, timeout_s=120)
+        proxy, base_url = start_proxy(fleet.gateway_url, {**os.environ, ROOT_DIR_ENV: str(fleet.sim_root_dir)},
+                                      deadline_s=120)
+        try:
+            return {library: checks_in_venv(library, args.venvs, base_url, args.traceback, args.timeout_s)
+                    for library in CHECKS if not args.only or library in args.only}
+        finally:
+            proxy.terminate()
+            proxy.wait(30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -633,7 +657,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="`make frameworks` installs the libraries and runs this.")
     parser.add_argument("--model", type=Path, default=None,
-                        help="the model folder both nodes serve (default: the shipped stories260K)")
+                        help="the model folder the chat and embedding nodes serve (default: the shipped stories260K); "
+                             "the forced tool loops' node serves `veil model init-tiny`")
     parser.add_argument("--venvs", type=Path, default=_REPO_ROOT / ".venv-frameworks",
                         help="the folder holding one virtual environment per library, named as the table names it "
                              "(default: .venv-frameworks)")
