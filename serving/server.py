@@ -1,6 +1,7 @@
-"""Serving the gateway application with uvicorn: no access log, no server or date header, bounded reads.
+"""Serving a Veil application with uvicorn (the gateway, the relay, the issuer, the log and the witness):
+no access log, no server or date header, bounded reads.
 
-`serve` binds the listening socket itself (so that port 0 yields a known
+`serve_app` binds the listening socket itself (so that port 0 yields a known
 port), writes the port file atomically once uvicorn is serving, and returns 0
 when SIGINT or SIGTERM has stopped the server cleanly.
 
@@ -28,9 +29,8 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from audit.logs import ensure_logging
-from gateway.errors import GatewayError, RequestTimeoutError
-from gateway.settings import GatewaySettings, parse_address
-from protocol.errors import error_body
+from serving.errors import RequestTimeoutError
+from serving.settings import Listening, parse_address
 
 if TYPE_CHECKING:
     import uvicorn
@@ -38,12 +38,12 @@ if TYPE_CHECKING:
 _log = logging.getLogger("veil.server")
 
 
-class GatewayStartError(Exception):
-    """The gateway cannot start; the message says why and what to change."""
+class ServerStartError(Exception):
+    """A server cannot start; the message says why and what to change."""
 
 
 _TIMED_OUT = RequestTimeoutError("the request did not arrive within the gateway's timeouts; send it again in one go")
-_TIMEOUT_BODY = json.dumps(error_body(_TIMED_OUT.status, _TIMED_OUT.code, _TIMED_OUT.message)).encode()
+_TIMEOUT_BODY = json.dumps(_TIMED_OUT.body()).encode()
 # Written below the application (no request was handed to it, or it is still reading the body).
 REQUEST_TIMEOUT_ANSWER = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
@@ -113,7 +113,7 @@ class DeadlineH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def uvicorn_config_options(settings: GatewaySettings) -> dict[str, object]:
+def uvicorn_config_options(settings: Listening) -> dict[str, object]:
     """The uvicorn options that keep the server from recording or revealing anything about callers,
     and that bound what one connection can hold (`settings`: timeouts and the connection cap)."""
     protocol = functools.partial(DeadlineH11Protocol, header_timeout_s=settings.header_timeout_s,
@@ -133,25 +133,8 @@ def uvicorn_config_options(settings: GatewaySettings) -> dict[str, object]:
     }
 
 
-def serve(settings: GatewaySettings) -> int:
-    """Run the gateway for `settings` until it is stopped; raise GatewayStartError on bad configuration."""
-    from audit.errors import AuditError
-    from gateway.app import create_app
-    from policy import PolicyError
-
-    ensure_logging()
-    try:
-        app = create_app(settings)
-    except (PolicyError, AuditError, GatewayError) as error:
-        raise GatewayStartError(str(error)) from None
-    if app.state.runtime.pool.policy.is_development:
-        _log.warning("veil gateway: policy %r admits nodes with SIMULATED attestation; nothing protects user "
-                     "data on them. Development only.", app.state.runtime.pool.policy.name)
-    return serve_app(app, settings, name="veil gateway")
-
-
-def serve_app(app: Any, settings: GatewaySettings, *, name: str) -> int:
-    """Serve `app` on `settings.listen` with the gateway's uvicorn options until stopped (also the issuer's)."""
+def serve_app(app: Any, settings: Listening, *, name: str) -> int:
+    """Serve `app` on `settings.listen` with Veil's uvicorn options until stopped."""
     import uvicorn
 
     ensure_logging()
@@ -195,7 +178,7 @@ def bind_listener(listen: str) -> socket.socket:
         sock.bind((host, port))
     except OSError as error:
         sock.close()
-        raise GatewayStartError(f"cannot listen on {listen} ({error.strerror}); choose another address") from None
+        raise ServerStartError(f"cannot listen on {listen} ({error.strerror}); choose another address") from None
     sock.listen(1024)
     sock.set_inheritable(True)
     return sock

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from gateway.errors import OverloadedError
+from serving.errors import OverloadedError
 
 _GATEWAY_FULL = "the gateway is at its bound of requests in flight; retry after the Retry-After delay"
 _NODE_FULL = "the chosen node is at its bound of requests in flight; retry after the Retry-After delay"
