@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.relay import RelaySettings, create_relay_app
+from relay.app import RelaySettings, create_relay_app
 from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     GrpcNode,
     LiveGateway,
@@ -272,7 +272,7 @@ def test_metrics_are_served_on_their_own_listener_never_on_the_public_port(gatew
 def test_a_relay_without_a_metrics_listener_serves_no_metrics_and_a_taken_address_fails_its_start(gateway) -> None:
     import socket
 
-    from gateway.errors import GatewaySettingsError
+    from serving.errors import SettingsError
 
     with start_relay(gateway.url) as live, from_client(live.url) as http:
         assert live.app.state.metrics_server is None and http.get("/metrics").status_code == 404
@@ -280,7 +280,7 @@ def test_a_relay_without_a_metrics_listener_serves_no_metrics_and_a_taken_addres
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         address = f"127.0.0.1:{taken.getsockname()[1]}"
-        with pytest.raises(GatewaySettingsError, match="cannot serve metrics on"):
+        with pytest.raises(SettingsError, match="cannot serve metrics on"):
             create_relay_app(RelaySettings(gateway_url=gateway.url, metrics_listen=address))
 
 
@@ -303,9 +303,9 @@ def test_the_relay_sends_no_cookie_the_gateway_set_and_passes_none_on(nodes) -> 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8000", "ftp://gateway", "http://", "http://gw/?a=1", "http://gw/#x"])
 def test_the_gateway_url_must_be_http_or_https_to_a_host(url: str) -> None:
-    from gateway.errors import GatewaySettingsError
+    from serving.errors import SettingsError
 
-    with pytest.raises(GatewaySettingsError):
+    with pytest.raises(SettingsError):
         RelaySettings(gateway_url=url)
 
 

@@ -50,22 +50,23 @@ from fastapi import Depends, FastAPI, Path as PathParameter, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.app import refuse_expectations, request_media_type
-from gateway.backpressure import InFlightLimiter, Permit
 from audit.metrics import Metrics, MetricsServer, serve_metrics
-from gateway.errors import GatewaySettingsError, GatewayUnreachableError, NotFoundError
-from gateway.models import NODE_ID_PATTERN
-from gateway.probes import READINESS_PATH, install_probes
-from gateway.responses import install_error_handlers, read_bounded
-from gateway.settings import GatewaySettings
 from protocol.constants import (
     DIRECTORY_PATH,
     INFER_PATH,
     MAX_ENCAPSULATED_BYTES,
     NODE_ATTEST_PATH,
     NODE_ID_HEADER,
+    NODE_ID_PATTERN,
     NODE_OHTTP_PATH,
 )
+from relay.errors import GatewayUnreachableError
+from serving.backpressure import InFlightLimiter, Permit
+from serving.errors import NotFoundError, SettingsError
+from serving.ohttp_requests import refuse_expectations, request_media_type
+from serving.probes import READINESS_PATH, install_probes
+from serving.responses import install_error_handlers, read_bounded
+from serving.settings import MAX_BODY_BYTES, MAX_IN_FLIGHT, RETRY_AFTER_S, SERVER_DEFAULTS, ServerSettings
 
 # What a client needs of an answer: how to read it, whether it comes incrementally, when to retry,
 # which node answered (the SDK decrypts with that node's context), that it is not to be cached, and
@@ -77,7 +78,6 @@ TOKEN_SCHEME = "privatetoken "
 MAX_TOKEN_HEADER_BYTES = 4096
 _JSON = "application/json"
 _NODE_ID = re.compile(NODE_ID_PATTERN, re.ASCII)
-_GATEWAY_DEFAULTS = GatewaySettings()
 _UNREACHABLE = "the relay could not reach the gateway; retry later"
 PROBE_TIMEOUT_S = 2.0
 _log = logging.getLogger("veil.relay")
@@ -85,41 +85,41 @@ _log = logging.getLogger("veil.relay")
 
 @dataclass(frozen=True, slots=True)
 class RelaySettings:
-    """Everything `create_relay_app` needs; the serving bounds are the gateway's own defaults."""
+    """Everything `create_relay_app` needs; the serving bounds are every Veil server's defaults."""
 
     gateway_url: str
     listen: str = "127.0.0.1:0"
     port_file: Path | None = None
-    max_body_bytes: int = _GATEWAY_DEFAULTS.max_body_bytes
-    max_in_flight: int = _GATEWAY_DEFAULTS.max_in_flight
-    retry_after_s: int = _GATEWAY_DEFAULTS.retry_after_s
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_in_flight: int = MAX_IN_FLIGHT
+    retry_after_s: int = RETRY_AFTER_S
     connect_timeout_s: float = 10.0
     # How long the gateway may pause within an answer (a whole answer's body comes when generation ends).
     answer_timeout_s: float = 600.0
-    header_timeout_s: float = _GATEWAY_DEFAULTS.header_timeout_s
-    body_timeout_s: float = _GATEWAY_DEFAULTS.body_timeout_s
-    keep_alive_s: float = _GATEWAY_DEFAULTS.keep_alive_s
-    max_connections: int = _GATEWAY_DEFAULTS.max_connections
+    header_timeout_s: float = SERVER_DEFAULTS.header_timeout_s
+    body_timeout_s: float = SERVER_DEFAULTS.body_timeout_s
+    keep_alive_s: float = SERVER_DEFAULTS.keep_alive_s
+    max_connections: int = SERVER_DEFAULTS.max_connections
     # HOST:PORT of the operator's `/metrics` listener, apart from the public port (None: no metrics served).
     metrics_listen: str | None = None
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.gateway_url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-            raise GatewaySettingsError("the gateway URL must look like https://HOST[:PORT] (http:// on loopback)")
+            raise SettingsError("the gateway URL must look like https://HOST[:PORT] (http:// on loopback)")
         for name in ("max_body_bytes", "max_in_flight", "retry_after_s"):
             if getattr(self, name) < 1:
-                raise GatewaySettingsError(f"{name} must be at least 1")
+                raise SettingsError(f"{name} must be at least 1")
         for name in ("connect_timeout_s", "answer_timeout_s"):
             if not getattr(self, name) > 0:
-                raise GatewaySettingsError(f"{name} must be a positive number of seconds")
-        self.serving()  # the listen address and the serving bounds are checked as the gateway checks its own
+                raise SettingsError(f"{name} must be a positive number of seconds")
+        self.serving()  # the listen address and the serving bounds are checked as every server checks its own
 
-    def serving(self) -> GatewaySettings:
-        """The settings `gateway.serve` serves with: the listen address, port file and connection bounds."""
-        return GatewaySettings(listen=self.listen, port_file=self.port_file, header_timeout_s=self.header_timeout_s,
-                               body_timeout_s=self.body_timeout_s, keep_alive_s=self.keep_alive_s,
-                               max_connections=self.max_connections)
+    def serving(self) -> ServerSettings:
+        """The settings `serving.server` serves with: the listen address, port file and connection bounds."""
+        return ServerSettings(listen=self.listen, port_file=self.port_file, header_timeout_s=self.header_timeout_s,
+                              body_timeout_s=self.body_timeout_s, keep_alive_s=self.keep_alive_s,
+                              max_connections=self.max_connections)
 
 
 class Upstream:
@@ -246,7 +246,7 @@ def _metrics_server(metrics: Metrics, listen: str | None) -> MetricsServer | Non
     try:
         return serve_metrics(metrics, listen)
     except OSError as error:
-        raise GatewaySettingsError(str(error)) from None
+        raise SettingsError(str(error)) from None
 
 
 def _install_routes(app: FastAPI, upstream: Upstream, max_body_bytes: int) -> None:
@@ -280,7 +280,7 @@ def _checked(node_id: str) -> str:
 
 def serve_relay(settings: RelaySettings) -> int:
     """Run the relay until SIGINT/SIGTERM (exit status 0)."""
-    from gateway.serve import serve_app
+    from serving.server import serve_app
 
     app = create_relay_app(settings)
     if app.state.metrics_server is not None:
