@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from audit.logs import add_log_format, configure_logging
-from gateway.cli import add_connection_limits
-from gateway.settings import GatewaySettings
+from serving.settings import ServerSettings, add_connection_limits
 
 if TYPE_CHECKING:
-    from gateway.issuer.keys import IssuerKeyring
+    from issuer.keys import IssuerKeyring
 
 
 def register(subparsers: Any) -> None:
@@ -55,11 +54,11 @@ def _add_transparency(parser: argparse.ArgumentParser) -> None:
 
 def run_issuer(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM, or add a key; exit 2 on a bad configuration."""
-    from gateway.errors import GatewayError
-    from gateway.issuer.app import create_issuer_app
-    from gateway.issuer.config import load_config
-    from gateway.issuer.keys import add_key, load_keyring
-    from gateway.serve import GatewayStartError, serve_app
+    from serving.errors import ServingError
+    from issuer.app import create_issuer_app
+    from issuer.config import load_config
+    from issuer.keys import add_key, load_keyring
+    from serving.server import ServerStartError, serve_app
 
     try:
         if args.add_key_not_before is not None:
@@ -67,7 +66,7 @@ def run_issuer(args: argparse.Namespace) -> int:
             try:
                 key = add_key(args.keys, not_before)
             except OSError as error:
-                raise GatewayStartError(f"cannot write a key in {args.keys} ({error.strerror})") from None
+                raise ServerStartError(f"cannot write a key in {args.keys} ({error.strerror})") from None
             print(f"veil issuer: added token key {key.token_key.key_id.hex()} valid from {not_before}; "
                   "list this id in the gateway policy's [authorization] issuer_keys")
             return 0
@@ -79,10 +78,10 @@ def run_issuer(args: argparse.Namespace) -> int:
         for dated in keyring.published(time.time()):
             logging.getLogger("veil.issuer").info("veil issuer: publishing token key %s valid from %s",
                                                   dated.key.token_key.key_id.hex(), dated.not_before)
-        settings = GatewaySettings(listen=args.listen, port_file=args.port_file, header_timeout_s=args.header_timeout_s,
-                                   body_timeout_s=args.body_timeout_s, max_connections=args.max_connections)
+        settings = ServerSettings(listen=args.listen, port_file=args.port_file, header_timeout_s=args.header_timeout_s,
+                                  body_timeout_s=args.body_timeout_s, max_connections=args.max_connections)
         return serve_app(create_issuer_app(config, keyring), settings, name="veil issuer")
-    except (GatewayStartError, GatewayError) as error:
+    except (ServerStartError, ServingError) as error:
         print(f"veil issuer: cannot start: {error}", file=sys.stderr)
         return 2
 
@@ -92,13 +91,13 @@ def _log_keys(args: argparse.Namespace, keyring: IssuerKeyring) -> None:
     import httpx
 
     from attestation.transparency.errors import TransparencyError
-    from gateway.issuer.transparency import log_issuer_keys
-    from gateway.serve import GatewayStartError
-    from gateway.transparency.cosign import cosign_checkpoint
-    from gateway.transparency.keys import read_signer
+    from issuer.transparency import log_issuer_keys
+    from serving.server import ServerStartError
+    from transparency.cosign import cosign_checkpoint
+    from transparency.keys import read_signer
 
     if args.transparency_log_key is None or args.transparency_lifetime_s < 1:
-        raise GatewayStartError("--transparency-log needs --transparency-log-key (the log's signing key) and a "
+        raise ServerStartError("--transparency-log needs --transparency-log-key (the log's signing key) and a "
                                 "positive --transparency-lifetime-s")
     try:
         signer = read_signer(args.transparency_log_key)
@@ -108,7 +107,7 @@ def _log_keys(args: argparse.Namespace, keyring: IssuerKeyring) -> None:
             with httpx.Client(timeout=30.0) as client:
                 cosign_checkpoint(args.transparency_log, signer, args.transparency_witness, client)
     except TransparencyError as error:
-        raise GatewayStartError(f"cannot log the token keys in {args.transparency_log}: {error}") from None
+        raise ServerStartError(f"cannot log the token keys in {args.transparency_log}: {error}") from None
     for statement in logged:
         logging.getLogger("veil.issuer").info("veil issuer: logged token key %s in %s", statement.token_key_id,
                                               args.transparency_log)

@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.transparency.audit_run import add_audit_arguments
+from transparency.audit_run import add_audit_arguments
 
 if TYPE_CHECKING:
-    from gateway.transparency.audit import AuditedEntry
-    from gateway.transparency.writer import LogWriter
+    from transparency.audit import AuditedEntry
+    from transparency.writer import LogWriter
 
 
 def register(subparsers: Any) -> None:
@@ -92,8 +92,8 @@ def _fail(command: str, message: object, status: int = 2) -> int:
 def _init(args: argparse.Namespace) -> int:
     from attestation.transparency.errors import TransparencyError
     from attestation.transparency.note import generate_signer
-    from gateway.transparency.keys import write_key
-    from gateway.transparency.log import init_log
+    from transparency.keys import write_key
+    from transparency.log import init_log
 
     try:
         signer = generate_signer(args.origin)
@@ -116,9 +116,9 @@ def _append(args: argparse.Namespace) -> int:
     import httpx
 
     from attestation.transparency.errors import TransparencyError
-    from gateway.transparency.cosign import cosign_checkpoint
-    from gateway.transparency.keys import read_signer, read_statements
-    from gateway.transparency.log import append_entries, read_checkpoint
+    from transparency.cosign import cosign_checkpoint
+    from transparency.keys import read_signer, read_statements
+    from transparency.log import append_entries, read_checkpoint
 
     try:
         signer = read_signer(args.key)
@@ -139,11 +139,11 @@ def _append(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.serve import GatewayStartError, serve_app
-    from gateway.settings import GatewaySettings
+    from serving.server import ServerStartError, serve_app
+    from serving.settings import ServerSettings
     from attestation.transparency.errors import TransparencyError
-    from gateway.transparency.apps import log_app
-    from gateway.transparency.writer import start_cosigner
+    from transparency.apps import log_app
+    from transparency.writer import start_cosigner
     from policy import PolicyError
 
     if not (args.directory / "checkpoint").is_file():
@@ -155,17 +155,17 @@ def _serve(args: argparse.Namespace) -> int:
         if writer is not None and args.witness:
             start_cosigner(writer, args.cosign_every_s)
         return serve_app(log_app(args.directory, writer, args.max_appends_in_flight),
-                         GatewaySettings(listen=args.listen, port_file=args.port_file), name="veil log serve")
+                         ServerSettings(listen=args.listen, port_file=args.port_file), name="veil log serve")
     except (TransparencyError, PolicyError, ValueError) as error:
         return _fail("log serve", error)
-    except GatewayStartError as error:
+    except ServerStartError as error:
         return _fail("log serve", f"cannot start: {error}")
 
 
 def _writer(args: argparse.Namespace) -> LogWriter | None:
     """The writer for `--key` (None without it); refuse writer options without a key."""
-    from gateway.transparency.keys import read_signer
-    from gateway.transparency.writer import LogWriter
+    from transparency.keys import read_signer
+    from transparency.writer import LogWriter
     from policy import resolve_policy
 
     if args.key is None:
@@ -179,8 +179,8 @@ def _writer(args: argparse.Namespace) -> LogWriter | None:
 
 def _audit(args: argparse.Namespace) -> int:
     from attestation.transparency.errors import TransparencyError
-    from gateway.transparency.audit_run import AuditInputError, run_audit
-    from gateway.transparency.report import print_report
+    from transparency.audit_run import AuditInputError, run_audit
+    from transparency.report import print_report
 
     try:
         report = run_audit(args)
@@ -195,7 +195,7 @@ def _audit(args: argparse.Namespace) -> int:
 def _check_receipt(path: Path, entries: list[AuditedEntry]) -> int:
     """Exit 0 when the receipt verifies against a node key statement of the audited log, 1 otherwise."""
     from attestation.receipts import ReceiptError
-    from gateway.transparency.receipt_lookup import logged_statement_for
+    from transparency.receipt_lookup import logged_statement_for
 
     try:
         entry, receipt = logged_statement_for(entries, path.read_bytes()[:4096].strip())
@@ -211,11 +211,11 @@ def _check_receipt(path: Path, entries: list[AuditedEntry]) -> int:
 def _witness(args: argparse.Namespace) -> int:
     from attestation.transparency.cosignature import CosignatureSigner, generate_cosigner
     from attestation.transparency.errors import TransparencyError
-    from gateway.serve import GatewayStartError, serve_app
-    from gateway.settings import GatewaySettings
-    from gateway.transparency.apps import witness_app
-    from gateway.transparency.keys import read_signer, read_verifier, write_key
-    from gateway.transparency.witness import Witness
+    from serving.server import ServerStartError, serve_app
+    from serving.settings import ServerSettings
+    from transparency.apps import witness_app
+    from transparency.keys import read_signer, read_verifier, write_key
+    from transparency.witness import Witness
 
     try:
         if args.new_key:
@@ -230,9 +230,9 @@ def _witness(args: argparse.Namespace) -> int:
             return _fail("witness", "name at least one log to follow with --log KEY")
         witness = Witness(signer, [read_verifier(key) for key in args.log], args.state)
         print(f"veil witness: {signer.verifier.encode()} follows {len(witness.logs)} log(s)", file=sys.stderr)
-        return serve_app(witness_app(witness), GatewaySettings(listen=args.listen, port_file=args.port_file),
+        return serve_app(witness_app(witness), ServerSettings(listen=args.listen, port_file=args.port_file),
                          name="veil witness")
     except TransparencyError as error:
         return _fail("witness", error)
-    except GatewayStartError as error:
+    except ServerStartError as error:
         return _fail("witness", f"cannot start: {error}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 
 from attestation.transparency.statements import IssuerKeyStatement, NodeKeyStatement, ReleaseStatement
-from gateway.transparency.audit import AuditedEntry, AuditReport
+from transparency.audit import AuditedEntry, AuditReport
 
 
 def print_report(report: AuditReport) -> int:

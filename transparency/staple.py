@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from attestation.transparency.client_check import ProofBundle, StapledEntry
 from attestation.transparency.proof import TlogProof
-from gateway.transparency.reader import LogReader
+from transparency.reader import LogReader
 
 
 def stapled_entry(reader: LogReader, index: int) -> StapledEntry:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_RED_LINE, report_commands
-from gateway.transparency.audit_run import add_audit_arguments
+from transparency.audit_run import add_audit_arguments
 
 
 def register(subparsers: Any) -> None:
@@ -28,8 +28,8 @@ def register(subparsers: Any) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from attestation.transparency.errors import TransparencyError
-    from gateway.transparency.audit_document import write_failed_audit, write_transparency_report
-    from gateway.transparency.audit_run import AuditInputError, run_audit
+    from transparency.audit_document import write_failed_audit, write_transparency_report
+    from transparency.audit_run import AuditInputError, run_audit
 
     try:
         try:

@@ -18,7 +18,7 @@ from attestation.receipts import (
     verify_against_statement,
 )
 from attestation.transparency.statements import NodeKeyStatement
-from gateway.transparency.audit import AuditedEntry
+from transparency.audit import AuditedEntry
 
 
 def logged_statement_for(entries: list[AuditedEntry], data: bytes) -> tuple[AuditedEntry, Receipt]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from gateway.issuer.errors import IssuerConfigError
+from issuer.errors import IssuerConfigError
 
 ALGORITHMS = {"ES256": ec.EllipticCurvePublicKey, "EdDSA": ed25519.Ed25519PublicKey}
 _ACCOUNT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")

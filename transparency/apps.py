@@ -1,6 +1,6 @@
 """The log's read-only file server and the witness's endpoint, as FastAPI applications.
 
-Neither keeps an access log (they run under `gateway.serve.serve_app`). The log server answers
+Neither keeps an access log (they run under `serving.server.serve_app`). The log server answers
 `GET /checkpoint` and `GET /tile/...` from the directory: no listing, no path outside the tile
 layout. Full tiles and bundles never change, so they may be cached forever. Given a writer (`veil log
 serve --key`), it also takes attested nodes' key statements (`POST /add-node-key`) and gives nodes
@@ -25,13 +25,13 @@ from starlette.concurrency import run_in_threadpool
 from attestation.transparency.errors import ForkError, NoteSignatureError, ProofError, TransparencyError
 from attestation.transparency.node_append import APPEND_PATH, MAX_APPEND_BYTES, AppendRefusedError, parse_append_request
 from attestation.transparency.tiles import TILE_WIDTH, parse_tile_path
-from gateway.errors import OverloadedError
-from gateway.responses import install_error_handlers, read_bounded
-from gateway.transparency.errors import LogStoreError, StaleSizeError, UnknownLogError
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.protocol import MAX_REQUEST_BYTES, SIZE_MEDIA_TYPE, cosignature_line, parse_add_checkpoint
-from gateway.transparency.witness import Witness
-from gateway.transparency.writer import LogWriter
+from serving.errors import OverloadedError
+from serving.responses import install_error_handlers, read_bounded
+from transparency.errors import LogStoreError, StaleSizeError, UnknownLogError
+from transparency.fetch import directory_fetch
+from transparency.protocol import MAX_REQUEST_BYTES, SIZE_MEDIA_TYPE, cosignature_line, parse_add_checkpoint
+from transparency.witness import Witness
+from transparency.writer import LogWriter
 
 _NO_DOCS = {"openapi_url": None, "docs_url": None, "redoc_url": None}
 DEFAULT_MAX_APPENDS_IN_FLIGHT = 4

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 
 from attestation.transparency.tiles import TILE_WIDTH, Fetch, parse_tile_path
-from gateway.transparency.errors import LogFetchError
+from transparency.errors import LogFetchError
 
 # The largest file a log serves: a full entry bundle of maximal entries.
 MAX_FILE_BYTES = TILE_WIDTH * (2 + 0xFFFF)

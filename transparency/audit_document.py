@@ -14,7 +14,7 @@ from pathlib import Path
 
 from attestation.transparency.statements import IssuerKeyStatement, NodeKeyStatement, ReleaseStatement
 from audit.reports.document import Document, Table, WrittenReport
-from gateway.transparency.audit import AuditedEntry, AuditReport
+from transparency.audit import AuditedEntry, AuditReport
 
 STEM = "transparency"
 TITLE = "Veil transparency log audit"

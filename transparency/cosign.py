@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 
 from attestation.transparency.note import NoteSigner, Signature
-from gateway.transparency.errors import StaleSizeError, WitnessRequestError
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.log import add_cosignatures
-from gateway.transparency.protocol import AddCheckpoint, request_cosignature
-from gateway.transparency.reader import LogReader
+from transparency.errors import StaleSizeError, WitnessRequestError
+from transparency.fetch import directory_fetch
+from transparency.log import add_cosignatures
+from transparency.protocol import AddCheckpoint, request_cosignature
+from transparency.reader import LogReader
 
 
 def cosign_checkpoint(directory: Path, signer: NoteSigner, witness_urls: Sequence[str],

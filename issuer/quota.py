@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.issuer.errors import QuotaExceededError
+from issuer.errors import QuotaExceededError
 
 
 @dataclass(slots=True)

@@ -16,10 +16,10 @@ from attestation.transparency.errors import StatementFormatError
 from attestation.transparency.note import NoteSigner
 from attestation.transparency.statements import IssuerKeyStatement, decode_statement, encode_statement
 from attestation.transparency.tiles import tile_count
-from gateway.issuer.keys import DatedKey
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.log import append_entries
-from gateway.transparency.reader import LogReader
+from issuer.keys import DatedKey
+from transparency.fetch import directory_fetch
+from transparency.log import append_entries
+from transparency.reader import LogReader
 
 DEFAULT_LIFETIME_S = 90 * 86400
 

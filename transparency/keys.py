@@ -7,10 +7,11 @@ import os
 import re
 from pathlib import Path
 
+from attestation.transparency.encoded_keys import parse_signer, parse_verifier
 from attestation.transparency.errors import StatementFormatError
-from attestation.transparency.note import NoteSigner, NoteVerifier, parse_signer, parse_verifier
+from attestation.transparency.note import NoteSigner, NoteVerifier
 from attestation.transparency.statements import encode_statement, statement_from_value
-from gateway.transparency.errors import LogStoreError
+from transparency.errors import LogStoreError
 
 MAX_FILE_BYTES = 1 << 20
 _DIGEST = re.compile(r"[0-9a-f]{64}")

@@ -20,8 +20,8 @@ from typing import Any
 
 import jwt
 
-from gateway.issuer.config import Account
-from gateway.issuer.errors import AccountAuthError
+from issuer.config import Account
+from issuer.errors import AccountAuthError
 
 MAX_LIFETIME_S = 300
 MAX_CREDENTIAL_CHARS = 4096

@@ -27,9 +27,9 @@ from attestation.transparency.merkle import HASH_SIZE, leaf_hash, root_of, subtr
 from attestation.transparency.note import NoteVerifier
 from attestation.transparency.statements import IssuerKeyStatement, ReleaseStatement, Statement, decode_statement
 from attestation.transparency.tiles import TILE_WIDTH, Fetch, TileName, tile_count, tile_root, tiles_for
-from gateway.transparency.difference import describe_difference
-from gateway.transparency.errors import LogStoreError
-from gateway.transparency.reader import LogReader
+from transparency.difference import describe_difference
+from transparency.errors import LogStoreError
+from transparency.reader import LogReader
 
 
 @dataclass(frozen=True, slots=True)

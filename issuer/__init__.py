@@ -3,5 +3,8 @@
 It authenticates an account, counts its tokens against a quota and blindly
 signs token requests; it never sees a token, so it cannot tell the gateway
 which account sent which request. It keeps per-account counters and nothing
-else: no nonce, no blinded message, no signature.
+else: no nonce, no blinded message, no signature. It imports nothing of the
+gateway or the relay: what it shares with them is how a Veil server serves
+(`serving`). It logs the keys it publishes in the operator's transparency log
+(`transparency`), as any publisher of statements does.
 """

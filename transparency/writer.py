@@ -26,13 +26,13 @@ from attestation.transparency.errors import TransparencyError
 from attestation.transparency.node_append import AppendRequest, check_append
 from attestation.transparency.note import NoteSigner
 from attestation.transparency.statements import encode_statement
-from gateway.transparency.cosign import cosign_checkpoint
-from gateway.transparency.errors import LogGrewError, LogStoreError
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.log import append_entries
-from gateway.transparency.log_index import LogIndex
-from gateway.transparency.reader import LogReader
-from gateway.transparency.staple import stapled_entry
+from transparency.cosign import cosign_checkpoint
+from transparency.errors import LogGrewError, LogStoreError
+from transparency.fetch import directory_fetch
+from transparency.log import append_entries
+from transparency.log_index import LogIndex
+from transparency.reader import LogReader
+from transparency.staple import stapled_entry
 from policy.model import Policy
 
 _log = logging.getLogger("veil.log")

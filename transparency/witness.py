@@ -29,7 +29,7 @@ from attestation.transparency.cosignature import CosignatureSigner
 from attestation.transparency.errors import ConsistencyProofError, ForkError
 from attestation.transparency.merkle import HASH_SIZE, verify_consistency
 from attestation.transparency.note import NoteVerifier, Signature, open_note, parse_note
-from gateway.transparency.errors import (
+from transparency.errors import (
     LogStoreError,
     StaleSizeError,
     UnknownLogError,

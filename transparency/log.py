@@ -29,8 +29,8 @@ from attestation.transparency.tiles import (
     parse_tile,
     tile_root,
 )
-from gateway.transparency.errors import LogGrewError, LogStoreError
-from gateway.transparency.fetch import directory_fetch
+from transparency.errors import LogGrewError, LogStoreError
+from transparency.fetch import directory_fetch
 
 
 def init_log(directory: Path, signer: NoteSigner) -> SignedCheckpoint:

@@ -7,7 +7,7 @@ from attestation.transparency.errors import TileError
 from attestation.transparency.merkle import consistency_proof, inclusion_proof
 from attestation.transparency.note import NoteVerifier
 from attestation.transparency.tiles import TILE_WIDTH, Fetch, TileHashes, TileName, parse_bundle
-from gateway.transparency.errors import LogFetchError
+from transparency.errors import LogFetchError
 
 
 class LogReader:

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.issuer.app import create_issuer_app
-from gateway.issuer.errors import IssuerConfigError
-from gateway.issuer.keys import add_key, load_keyring
+from issuer.app import create_issuer_app
+from issuer.errors import IssuerConfigError
+from issuer.keys import add_key, load_keyring
 from ohttp.privacypass import (
     TOKEN_REQUEST_MEDIA_TYPE,
     TokenChallenge,

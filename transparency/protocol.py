@@ -20,7 +20,7 @@ import httpx
 
 from attestation.transparency.errors import NoteFormatError
 from attestation.transparency.note import Note, Signature, decode_b64, parse_note
-from gateway.transparency.errors import StaleSizeError, WitnessRequestError
+from transparency.errors import StaleSizeError, WitnessRequestError
 
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_PROOF_HASHES = 64

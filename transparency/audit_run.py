@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.transparency.audit import AuditReport
+    from transparency.audit import AuditReport
 
 
 class AuditInputError(ValueError):
@@ -38,9 +38,9 @@ def run_audit(args: argparse.Namespace) -> AuditReport:
 
     from attestation.transparency.cosignature import CosignatureVerifier
     from attestation.transparency.errors import TransparencyError
-    from gateway.transparency.audit import audit_log
-    from gateway.transparency.fetch import source_fetch
-    from gateway.transparency.keys import read_trusted, read_verifier
+    from transparency.audit import audit_log
+    from transparency.fetch import source_fetch
+    from transparency.keys import read_trusted, read_verifier
 
     try:
         log_key = read_verifier(args.log_key)

@@ -17,15 +17,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from gateway.errors import UnsupportedMediaTypeError
-from gateway.issuer.accounts import authenticate
-from gateway.issuer.config import IssuerConfig
-from gateway.issuer.errors import TokenRequestError
-from gateway.issuer.keys import IssuerKeyring
-from gateway.issuer.quota import QuotaLedger
+from serving.errors import UnsupportedMediaTypeError
+from issuer.accounts import authenticate
+from issuer.config import IssuerConfig
+from issuer.errors import TokenRequestError
+from issuer.keys import IssuerKeyring
+from issuer.quota import QuotaLedger
 from audit.metrics import Metrics
-from gateway.probes import install_metrics, install_probes
-from gateway.responses import install_error_handlers, read_bounded
+from serving.probes import install_metrics, install_probes
+from serving.responses import install_error_handlers, read_bounded
 from ohttp.privacypass import (
     TOKEN_REQUEST_MEDIA_TYPE,
     TOKEN_RESPONSE_MEDIA_TYPE,

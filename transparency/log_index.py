@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from attestation.transparency.errors import TransparencyError
 from attestation.transparency.statements import ReleaseStatement, decode_statement
 from attestation.transparency.tiles import TILE_WIDTH
-from gateway.transparency.reader import LogReader
+from transparency.reader import LogReader
 
 
 @dataclass(slots=True)

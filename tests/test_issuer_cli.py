@@ -79,7 +79,7 @@ def test_refuses_to_start_without_keys_or_config_and_help_shows_defaults(tmp_pat
 
 def test_the_readmes_issuer_toml_is_a_configuration_the_issuer_loads(tmp_path: Path) -> None:
     """The README's example, with a real key where it shows `...`, loads as written, defaults and all."""
-    from gateway.issuer.config import load_config
+    from issuer.config import load_config
 
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     [example] = re.findall(r"```toml\n(issuer_name = .*?)```", readme, flags=re.DOTALL)

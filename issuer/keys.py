@@ -19,7 +19,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gateway.issuer.errors import IssuerConfigError
+from issuer.errors import IssuerConfigError
 from ohttp.privacypass import DirectoryKey, IssuerKey, issuer_key
 from ohttp.privacypass.token_key import TOKEN_KEY_BITS
 
