@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
 
 def report_commands(subparsers: Any) -> Any:
     """The subcommands of `veil audit report`, for a package that adds a report of its own (audit imports
-    none: the transparency report is gateway.transparency's, registered after this one)."""
+    none: the transparency report is the `transparency` package's, registered after this one)."""
     return _subcommands(_subcommands(subparsers.choices["audit"]).choices["report"])
 
 

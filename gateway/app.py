@@ -18,28 +18,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Path, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from audit.metrics import Metrics, MetricsSink
 from audit.sink import AuditSink, open_sink
 from gateway.audit import GatewayAuditor, TokenTallyReporter
 from gateway.auth import Admission, TokenGate, authorize_anonymously, token_back_unless_taken
-from gateway.backpressure import InFlightLimiter
 from gateway.directory import DirectoryCache
 from gateway.discovery import Resolver, resolve_addresses
-from gateway.errors import (
-    ExpectationFailedError,
-    MalformedRequestError,
-    NoCandidateError,
-    NodeFailedError,
-    NodeUnreachableError,
-    UnsupportedMediaTypeError,
-)
-from gateway.forwarding import Forwarder
+from gateway.errors import NoCandidateError, NodeFailedError, NodeUnreachableError
+from gateway.forwarding import Forwarder, RelayedAnswer
 from gateway.keeper import PoolKeeper
 from gateway.models import (
     NODE_ID_PATTERN,
-    RESPONSE_MEDIA_TYPES,
     Candidate,
     Directory,
     ErrorBody,
@@ -49,20 +41,25 @@ from gateway.models import (
     parse_register_body,
 )
 from gateway.pool import NodePool
-from gateway.probes import install_metrics, install_probes
 from gateway.relay_only import only_from_relays
-from gateway.responses import install_error_handlers, read_bounded, relay_response
 from gateway.results import ResultSigner
 from gateway.settings import GatewaySettings
 from gateway.token_gate import token_gate_for
+from ohttp.media_types import OHTTP_CHUNKED_RESPONSE
 from policy import resolve_policy
 from protocol.constants import (
     DIRECTORY_PATH,
     INFER_PATH,
     MAX_ENCAPSULATED_BYTES,
     NODE_ATTEST_PATH,
+    NODE_ID_HEADER,
     NODE_OHTTP_PATH,
 )
+from serving.backpressure import InFlightLimiter
+from serving.errors import MalformedRequestError
+from serving.ohttp_requests import refuse_expectations, request_media_type
+from serving.probes import install_metrics, install_probes
+from serving.responses import install_error_handlers, read_bounded
 
 _NODE_ID = re.compile(NODE_ID_PATTERN.strip("^$"), re.ASCII)
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -214,25 +211,6 @@ def _install_routes(app: FastAPI, runtime: GatewayRuntime) -> None:
             return {"node_id": admission.entry.node_id}
 
 
-async def refuse_expectations(request: Request) -> None:
-    """Refuse (417) an OHTTP request that carries `Expect`, before a byte of its body is read.
-
-    RFC 9458 section 5.1 forbids the 100-continue expectation for OHTTP; answering before reading
-    the body means no 100 (Continue) interim response is ever sent.
-    """
-    if "expect" in request.headers:
-        raise ExpectationFailedError("OHTTP requests must not carry Expect (RFC 9458 section 5.1); send the "
-                                     "request without it, body included")
-
-
-def request_media_type(request: Request) -> str:
-    """The declared OHTTP request media type, or UnsupportedMediaTypeError (415)."""
-    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if media_type not in RESPONSE_MEDIA_TYPES:
-        raise UnsupportedMediaTypeError("the content type must be message/ohttp-req or message/ohttp-chunked-req")
-    return media_type
-
-
 def _is_node_id(text: str) -> bool:
     return _NODE_ID.fullmatch(text) is not None
 
@@ -255,3 +233,25 @@ def _inline(node: Any, definitions: dict[str, Any]) -> Any:
     return node
 
 
+class RelayResponse(StreamingResponse):
+    """Streams a node's answer and always closes the route, even if the client is gone before the start."""
+
+    def __init__(self, answer: RelayedAnswer) -> None:
+        headers = {NODE_ID_HEADER: answer.route.node_id, "cache-control": "no-store"}
+        if answer.route.response_media_type == OHTTP_CHUNKED_RESPONSE:
+            # Chunked OHTTP is only useful delivered as it comes: RFC 9842 asks every intermediary
+            # (a relay, a load balancer) to forward this response incrementally, never to buffer it.
+            headers["incremental"] = "?1"
+        super().__init__(answer.chunks(), media_type=answer.route.response_media_type, headers=headers)
+        self._answer = answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._answer.close()
+
+
+def relay_response(answer: RelayedAnswer) -> RelayResponse:
+    """The streaming answer for a route that has started."""
+    return RelayResponse(answer)

@@ -39,6 +39,7 @@ from starlette.concurrency import run_in_threadpool
 
 from audit import TokenRefusal
 from gateway.errors import FinalRefusalError, GatewayError, SpentTokensError
+from serving.errors import ServingError
 from gateway.spent_tokens import SpentTokens
 from ohttp.privacypass import (
     PrivacyPassError,
@@ -77,6 +78,9 @@ class TokenRequiredError(GatewayError):
     def __init__(self, message: str, www_authenticate: str) -> None:
         super().__init__(message)
         self.www_authenticate = www_authenticate
+
+    def headers(self) -> dict[str, str] | None:
+        return {"www-authenticate": self.www_authenticate, "cache-control": "no-store"}
 
 
 class ProcessSpentTokens:
@@ -240,7 +244,7 @@ async def token_back_unless_taken(gate: TokenGate | None, admission: Admission) 
     """
     try:
         yield
-    except GatewayError as error:
+    except ServingError as error:
         if gate is not None and not isinstance(error, FinalRefusalError):
             await run_in_threadpool(gate.give_back, admission)
         raise

@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from audit.logs import add_operation_options, configure_logging
+from audit.logs import add_operation_options, configure_logging, ensure_logging
 from gateway.settings import GatewaySettings
+from serving.settings import add_connection_limits
+
+_log = logging.getLogger("veil.server")
 
 DEFAULTS = GatewaySettings()
-
-
-def add_connection_limits(parser: argparse.ArgumentParser) -> None:
-    """The slow-client bounds every Veil HTTP server takes (gateway, relay, issuer): head and body deadlines
-    and a cap on open connections."""
-    parser.add_argument("--header-timeout-s", type=float, default=DEFAULTS.header_timeout_s,
-                        help="close a connection whose request head takes longer (default: %(default)s)")
-    parser.add_argument("--body-timeout-s", type=float, default=DEFAULTS.body_timeout_s,
-                        help="close a connection whose request body takes longer (default: %(default)s)")
-    parser.add_argument("--max-connections", type=int, default=DEFAULTS.max_connections,
-                        help="past this many open connections, answer 503 (default: %(default)s)")
 
 
 def register(subparsers: Any) -> None:
@@ -72,60 +65,12 @@ def register(subparsers: Any) -> None:
                         help="spent-token store, sqlite:PATH or redis://HOST:PORT/DB (default: this process only)")
     add_operation_options(parser)
     parser.set_defaults(handler=run_gateway)
-    _register_relay(subparsers)
-
-
-def _register_relay(subparsers: Any) -> None:
-    """Add `veil relay` to the command line."""
-    parser = subparsers.add_parser(
-        "relay",
-        help="run an OHTTP relay that keeps client addresses from a gateway",
-        description="Forward encrypted requests (/v1/infer, /v1/nodes/ID/ohttp, /v1/nodes/ID/attest) and the "
-                    "directory (/v1/nodes) to one gateway, with no client header but a Privacy Pass token, no "
-                    "client address and nothing added; stream answers back as they come. No access log is kept. "
-                    "Run it apart from the gateway's operator: whoever runs both can link addresses to requests.",
-    )
-    parser.add_argument("--gateway", required=True, metavar="URL", help="the gateway to forward to (https://HOST[:PORT])")
-    parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (port 0 picks a free one)")
-    parser.add_argument("--port-file", type=Path, help="write the chosen port here once serving (default: none, not written)")
-    parser.add_argument("--max-in-flight", type=int, default=DEFAULTS.max_in_flight,
-                        help="past this many requests in flight, answer 503 with Retry-After")
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULTS.max_body_bytes,
-                        help="answer 413 to a larger request body")
-    parser.add_argument("--answer-timeout-s", type=float, default=600.0,
-                        help="end an answer the gateway pauses within for longer")
-    parser.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
-                        help="serve Prometheus metrics on HOST:PORT, a listener apart from --listen that clients "
-                             "should not reach (default: none, no metrics)")
-    add_connection_limits(parser)
-    add_operation_options(parser)
-    parser.set_defaults(handler=run_relay)
-
-
-def run_relay(args: argparse.Namespace) -> int:
-    """Build the relay's settings and serve until SIGINT/SIGTERM; exit 2 on a bad configuration."""
-    from gateway.errors import GatewayError
-    from gateway.relay import RelaySettings, serve_relay
-    from gateway.serve import GatewayStartError
-
-    configure_logging(args.log_format)
-    try:
-        settings = RelaySettings(
-            gateway_url=args.gateway, listen=args.listen, port_file=args.port_file, max_in_flight=args.max_in_flight,
-            max_body_bytes=args.max_body_bytes, answer_timeout_s=args.answer_timeout_s,
-            header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
-            max_connections=args.max_connections, metrics_listen=args.metrics_listen,
-        )
-        return serve_relay(settings)
-    except (GatewayStartError, GatewayError) as error:
-        print(f"veil relay: cannot start: {error}", file=sys.stderr)
-        return 2
 
 
 def run_gateway(args: argparse.Namespace) -> int:
     """Build the settings and serve until SIGINT/SIGTERM; exit 2 on a bad configuration."""
-    from gateway.errors import GatewayError
-    from gateway.serve import GatewayStartError, serve
+    from serving.errors import ServingError
+    from serving.server import ServerStartError
 
     configure_logging(args.log_format)
     try:
@@ -141,6 +86,25 @@ def run_gateway(args: argparse.Namespace) -> int:
             origin=args.origin, issuer_directory=args.issuer_directory, spent_tokens=args.spent_tokens,
         )
         return serve(settings)
-    except (GatewayStartError, GatewayError) as error:
+    except (ServerStartError, ServingError) as error:
         print(f"veil gateway: cannot start: {error}", file=sys.stderr)
         return 2
+
+
+def serve(settings: GatewaySettings) -> int:
+    """Run the gateway for `settings` until it is stopped; raise ServerStartError on bad configuration."""
+    from audit.errors import AuditError
+    from gateway.app import create_app
+    from policy import PolicyError
+    from serving.errors import ServingError
+    from serving.server import ServerStartError, serve_app
+
+    ensure_logging()
+    try:
+        app = create_app(settings)
+    except (PolicyError, AuditError, ServingError) as error:
+        raise ServerStartError(str(error)) from None
+    if app.state.runtime.pool.policy.is_development:
+        _log.warning("veil gateway: policy %r admits nodes with SIMULATED attestation; nothing protects user "
+                     "data on them. Development only.", app.state.runtime.pool.policy.name)
+    return serve_app(app, settings, name="veil gateway")

@@ -1,4 +1,4 @@
-"""The gateway's exception hierarchy.
+"""The gateway's exception hierarchy, below the errors every Veil server shares (`serving.errors`).
 
 Every error that reaches a caller becomes OpenAI's `{"error": {"message", "type", "param", "code"}}`
 with the status below. Messages are fixed sentences: they say what was wrong
@@ -9,24 +9,16 @@ header, a byte of ciphertext), so a response can never reflect its request.
 from __future__ import annotations
 
 from protocol import codes
+from protocol.errors import error_body
+from serving.errors import ServingError, SettingsError
+
+# RFC 9458 section 5.3 and RFC 9457: the problem type for a request sealed to a key the resource does not hold.
+OHTTP_KEY_PROBLEM = "https://iana.org/assignments/http-problem-types#ohttp-key"
+PROBLEM_JSON = "application/problem+json"
 
 
-class GatewayError(Exception):
-    """Base of every gateway error; `status` and `code` are what the caller sees."""
-
-    status: int = 500
-    code: str = "gateway_error"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class MalformedRequestError(GatewayError):
-    """The request body does not follow the gateway's REST API."""
-
-    status = 400
-    code = "malformed"
+class GatewayError(ServingError):
+    """Base of every error of the gateway's own; `status` and `code` are what the caller sees."""
 
 
 class NoCandidateError(GatewayError):
@@ -34,48 +26,6 @@ class NoCandidateError(GatewayError):
 
     status = 404
     code = codes.NO_CANDIDATE
-
-
-class NotFoundError(GatewayError):
-    """The path names nothing this gateway serves."""
-
-    status = 404
-    code = "not_found"
-
-
-class MethodNotAllowedError(GatewayError):
-    """The path exists, but not for this HTTP method."""
-
-    status = 405
-    code = "method_not_allowed"
-
-
-class RequestTooLargeError(GatewayError):
-    """The request body is over the gateway's size bound."""
-
-    status = 413
-    code = "too_large"
-
-
-class RequestTimeoutError(GatewayError):
-    """A request's head or body did not arrive within the gateway's timeouts."""
-
-    status = 408
-    code = "request_timeout"
-
-
-class UnsupportedMediaTypeError(GatewayError):
-    """A forwarded OHTTP request does not declare an OHTTP request media type."""
-
-    status = 415
-    code = "unsupported_media_type"
-
-
-class ExpectationFailedError(GatewayError):
-    """An OHTTP request carried `Expect` (RFC 9458 section 5.1 forbids 100-continue): send it without one."""
-
-    status = 417
-    code = "expectation_failed"
 
 
 class NodeFailedError(GatewayError):
@@ -100,6 +50,12 @@ class UnknownKeyError(UndecryptableError):
     """The request names a key configuration the node does not hold (rotated away, or never its own)."""
 
     code = codes.UNKNOWN_KEY
+    media_type = PROBLEM_JSON
+
+    def body(self) -> dict[str, object]:
+        # RFC 9458 section 5.3: a problem detail any OHTTP client understands; `error` stays for the SDK.
+        return {"type": OHTTP_KEY_PROBLEM, "title": "key identifier unknown", "status": self.status,
+                **error_body(self.status, self.code, self.message)}
 
 
 class AcceptTimeoutError(FinalRefusalError):
@@ -107,17 +63,6 @@ class AcceptTimeoutError(FinalRefusalError):
 
     status = 504
     code = codes.NODE_TIMEOUT
-
-
-class OverloadedError(GatewayError):
-    """The gateway or the chosen node is at its in-flight bound; retry after `retry_after_s`."""
-
-    status = 503
-    code = "overloaded"
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 class RegistrationError(GatewayError):
@@ -144,7 +89,7 @@ class NodeUnreachableError(GatewayError):
     code = "node_unreachable"
 
 
-class GatewaySettingsError(GatewayError):
+class GatewaySettingsError(GatewayError, SettingsError):
     """The gateway's configuration is invalid (a bad address, bound or policy)."""
 
     code = "settings"
@@ -168,12 +113,8 @@ class SpentTokensError(GatewayError):
         super().__init__(message)
         self.retry_after_s = retry_after_s
 
-
-class GatewayUnreachableError(GatewayError):
-    """A relay could not reach the gateway it forwards to, or lost it before its answer began."""
-
-    status = 502
-    code = "gateway_unreachable"
+    def headers(self) -> dict[str, str] | None:
+        return {"retry-after": str(self.retry_after_s)}
 
 
 class RelayOnlyError(GatewayError):

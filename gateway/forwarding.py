@@ -26,20 +26,19 @@ from dataclasses import dataclass
 
 from audit.events import RouteOutcome
 from gateway.audit import GatewayAuditor
-from gateway.backpressure import InFlightLimiter, Permit
 from gateway.errors import (
     FinalRefusalError,
-    GatewayError,
     NoCandidateError,
     NodeBusyError,
     NodeFailedError,
     NodeUnreachableError,
-    OverloadedError,
 )
 from gateway.keeper import PoolKeeper
 from gateway.models import RESPONSE_MEDIA_TYPES, Candidate
 from gateway.node_client import InferStream
 from gateway.routing import failover_order
+from serving.backpressure import InFlightLimiter, Permit
+from serving.errors import OverloadedError, ServingError
 
 _NO_CANDIDATE = "none of the candidates is an admitted node; fetch /v1/nodes again and choose from it"
 _ALL_FAILED = "every candidate node failed before answering; fetch /v1/nodes again and retry"
@@ -72,7 +71,7 @@ class Forwarder:
         self.accept_timeout_s = accept_timeout_s
 
     async def open(self, candidates: Sequence[Candidate]) -> RelayedAnswer:
-        """Route `candidates` and return the node's answer to relay, or raise a GatewayError."""
+        """Route `candidates` and return the node's answer to relay, or raise a ServingError."""
         started = time.monotonic()
         ids = tuple(candidate.node_id for candidate in candidates)
         try:
@@ -110,7 +109,7 @@ class Forwarder:
             failed_addresses.add(entry.address)
         raise self._refusal(ids, tried, busy, started)
 
-    def _refusal(self, ids: tuple[str, ...], tried: list[str], busy: bool, started: float) -> GatewayError:
+    def _refusal(self, ids: tuple[str, ...], tried: list[str], busy: bool, started: float) -> ServingError:
         chosen = tried[-1] if tried else None
         if busy:
             self.auditor.route(ids, chosen, RouteOutcome.OVERLOADED, started)
@@ -168,7 +167,7 @@ class RelayedAnswer:
         try:
             async for chunk in route.stream.data():
                 yield chunk
-        except GatewayError:
+        except ServingError:
             # Nothing to fail over to once the node accepted: end the stream and evict the node.
             route.outcome = RouteOutcome.NODE_ERROR
             self._forwarder.keeper.report_failure(route.address)

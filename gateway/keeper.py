@@ -25,17 +25,13 @@ import logging
 
 from audit.events import EvictionReason
 from gateway.audit import GatewayAuditor
-from gateway.errors import (
-    AdmissionError,
-    GatewaySettingsError,
-    MalformedRequestError,
-    NodeUnreachableError,
-    RegistrationError,
-)
+from gateway.errors import AdmissionError, NodeUnreachableError, RegistrationError
 from gateway.discovery import NodeDiscovery, Resolver, resolve_addresses
 from gateway.node_client import AttestAnswer, NodeClient
 from gateway.pool import Admission, Eviction, HealthVerdict, NodePool, eviction_reason
-from gateway.settings import GatewaySettings, parse_address
+from gateway.settings import GatewaySettings
+from serving.errors import MalformedRequestError, SettingsError
+from serving.settings import parse_address
 
 _log = logging.getLogger("veil.gateway")
 MAX_KNOWN_NODES = 1024
@@ -110,7 +106,7 @@ class PoolKeeper:
         """Admit a node that asked to join; remember it for upkeep only once it verified."""
         try:
             parse_address(address)
-        except GatewaySettingsError:
+        except SettingsError:
             raise MalformedRequestError("a node registers with {\"address\": \"HOST:PORT\"}") from None
         if address not in self._known and len(self._known) >= MAX_KNOWN_NODES:
             raise RegistrationError("this gateway knows as many nodes as it can keep; register later")

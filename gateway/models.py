@@ -9,11 +9,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import MalformedRequestError, RequestTooLargeError
 from ohttp.media_types import OHTTP_CHUNKED_REQUEST, OHTTP_CHUNKED_RESPONSE, OHTTP_REQUEST, OHTTP_RESPONSE
-from protocol.constants import MAX_CANDIDATES, MAX_ENCAPSULATED_BYTES
+from protocol.constants import MAX_CANDIDATES, MAX_ENCAPSULATED_BYTES, NODE_ID_PATTERN
+from serving.errors import MalformedRequestError, RequestTooLargeError
 
-NODE_ID_PATTERN = r"^[0-9a-f]{16,64}$"
 RESPONSE_MEDIA_TYPES: dict[str, str] = {OHTTP_REQUEST: OHTTP_RESPONSE, OHTTP_CHUNKED_REQUEST: OHTTP_CHUNKED_RESPONSE}
 RequestMediaType = Literal["message/ohttp-req", "message/ohttp-chunked-req"]
 

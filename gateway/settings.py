@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.errors import GatewaySettingsError
 from protocol.constants import MAX_CANDIDATES, MAX_DIRECTORY_NODES
-
-_ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})", re.ASCII)
+from serving.settings import MAX_BODY_BYTES, MAX_IN_FLIGHT, RETRY_AFTER_S, SERVER_DEFAULTS, check_server_settings, parse_address
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +37,10 @@ class GatewaySettings:
     # After a node rotates its key, its old id keeps routing to it this long
     # (the node honours its previous key for the same grace period).
     key_grace_s: float = 300.0
-    max_in_flight: int = 256
+    max_in_flight: int = MAX_IN_FLIGHT
     max_in_flight_per_node: int = 64
-    retry_after_s: int = 1
-    max_body_bytes: int = 4 * 1024 * 1024
+    retry_after_s: int = RETRY_AFTER_S
+    max_body_bytes: int = MAX_BODY_BYTES
     max_candidates: int = MAX_CANDIDATES
     attest_timeout_s: float = 10.0
     health_timeout_s: float = 2.0
@@ -56,14 +54,11 @@ class GatewaySettings:
     # redrawn every epoch (clients accept directories of up to 4,096 nodes).
     directory_size: int = 256
     directory_epoch_s: float = 60.0
-    # How long a client may take to send a request's head, and then its body; past either the
-    # connection is closed (with 408), so a client sending a byte now and then holds nothing.
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-    # How long an idle connection is kept open for a next request.
-    keep_alive_s: float = 5.0
-    # Open connections past this many get 503 for each request, and are closed.
-    max_connections: int = 1024
+    # The serving bounds every Veil server takes (`serving.settings.ServerSettings` says what each does).
+    header_timeout_s: float = SERVER_DEFAULTS.header_timeout_s
+    body_timeout_s: float = SERVER_DEFAULTS.body_timeout_s
+    keep_alive_s: float = SERVER_DEFAULTS.keep_alive_s
+    max_connections: int = SERVER_DEFAULTS.max_connections
     # When set, only these peers (relay addresses or networks) may send requests for nodes.
     relay_only: tuple[str, ...] = ()
     # Used only when the policy's [authorization] lists issuer keys: the origin name tokens must be
@@ -77,7 +72,7 @@ class GatewaySettings:
         for address in (*self.nodes, *self.node_dns):
             parse_address(address)
         _require_positive("dns_refresh_s", self.dns_refresh_s)
-        parse_address(self.listen)
+        check_server_settings(self)
         relay_networks(self.relay_only)
         _require_positive("reattest_s", self.reattest_s)
         _require_positive("health_s", self.health_s)
@@ -85,25 +80,15 @@ class GatewaySettings:
         _require_positive("health_timeout_s", self.health_timeout_s)
         _require_positive("accept_timeout_s", self.accept_timeout_s)
         _require_positive("directory_epoch_s", self.directory_epoch_s)
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
-            _require_positive(name, getattr(self, name))
         if not 1 <= self.directory_size <= MAX_DIRECTORY_NODES:
             raise GatewaySettingsError(f"directory_size must be between 1 and {MAX_DIRECTORY_NODES}")
         if self.key_grace_s < 0 or self.startup_admission_s < 0:
             raise GatewaySettingsError("key_grace_s and startup_admission_s must not be negative")
-        for name in ("max_in_flight", "max_in_flight_per_node", "retry_after_s", "max_body_bytes", "max_connections"):
+        for name in ("max_in_flight", "max_in_flight_per_node", "retry_after_s", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise GatewaySettingsError(f"{name} must be at least 1")
         if not 1 <= self.max_candidates <= MAX_CANDIDATES:
             raise GatewaySettingsError(f"max_candidates must be between 1 and {MAX_CANDIDATES}")
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """Split `host:port`, or raise GatewaySettingsError saying what form is expected."""
-    match = _ADDRESS.fullmatch(address)
-    if match is None or not 0 <= int(match["port"]) <= 65535:
-        raise GatewaySettingsError("a node or listen address must look like HOST:PORT (for example 127.0.0.1:7001)")
-    return match["host"].strip("[]"), int(match["port"])
 
 
 def relay_networks(addresses: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

@@ -21,13 +21,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _show(args: argparse.Namespace) -> int:
     from policy import PolicyError, resolve_policy
+    from policy.canonical import canonical_encoding
 
     try:
         policy = resolve_policy(args.policy)
     except PolicyError as error:
         print(f"policy refused: {error}", file=sys.stderr)
         return 1
-    print(json.dumps(json.loads(policy.canonical_bytes()), indent=2, sort_keys=True))
+    print(json.dumps(json.loads(canonical_encoding(policy)), indent=2, sort_keys=True))
     print(f"digest: {policy.digest.hex()}")
     if policy.is_development:
         print("WARNING: development policy: it accepts SIMULATED evidence", file=sys.stderr)

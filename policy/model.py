@@ -173,15 +173,10 @@ class Policy:
     audit: AuditPolicy
     authorization: AuthorizationPolicy
     transparency: TransparencyPolicy
-    digest: bytes  # SHA-256 of canonical_bytes()
+    digest: bytes  # SHA-256 of policy.canonical.canonical_encoding(policy)
 
     @property
     def is_development(self) -> bool:
         """True when the policy accepts simulated evidence: never a production policy."""
         return self.attestation.allow_simulated
 
-    def canonical_bytes(self) -> bytes:
-        """The canonical encoding the digest is taken over."""
-        from policy.canonical import canonical_encoding
-
-        return canonical_encoding(self)

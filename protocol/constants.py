@@ -25,6 +25,8 @@ MAX_CANDIDATES = 8
 NODE_ATTEST_PATH = "/v1/nodes/{node_id}/attest"
 # A plain RFC 9458 or chunked OHTTP request for one node, from any standard OHTTP client.
 NODE_OHTTP_PATH = "/v1/nodes/{node_id}/ohttp"
+# What a node id in those paths looks like: the gateway accepts no other, and the relay forwards no other.
+NODE_ID_PATTERN = r"^[0-9a-f]{16,64}$"
 # The node that served a request: the gateway sets it on every relayed answer, the relay passes it
 # on, the SDK reports it as the route; the node also names itself under it inside its sealed answer.
 NODE_ID_HEADER = "veil-node-id"

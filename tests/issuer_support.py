@@ -11,7 +11,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from gateway.issuer.config import IssuerConfig, parse_config
+from issuer.config import IssuerConfig, parse_config
 
 ISSUER_NAME = "issuer.veil.test"
 

@@ -19,8 +19,8 @@ import pytest
 from client.errors import TokenIssuanceError, TokenPolicyError
 from client.sdk import Client
 from client.tokens import TokenWallet
-from gateway.issuer.app import create_issuer_app
-from gateway.issuer.keys import add_key, load_keyring
+from issuer.app import create_issuer_app
+from issuer.keys import add_key, load_keyring
 from ohttp.privacypass import IssuerKey, parse_authorization
 from tests.http_stand_in import served
 from tests.issuer_support import es256_account, issuer_config

@@ -17,8 +17,8 @@ from client.errors import GatewayError
 from client.sdk import Client
 from client.tokens import TokenWallet
 from engine.tiny import write_tiny_model
-from gateway.issuer.app import create_issuer_app
-from gateway.issuer.keys import add_key, load_keyring
+from issuer.app import create_issuer_app
+from issuer.keys import add_key, load_keyring
 from ohttp.privacypass import parse_authorization
 from tests.http_stand_in import served
 from tests.issuer_support import es256_account, issuer_config

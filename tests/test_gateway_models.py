@@ -8,8 +8,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import MalformedRequestError
 from gateway.models import parse_infer_body
+from serving.errors import MalformedRequestError
 
 CANARY = "CANARY-models-41c2-TEAL-IBIS"
 NODE_ID = "0123456789abcdef" * 2

@@ -17,9 +17,9 @@ import pytest
 
 from client.proxy import create_proxy_app
 from client.sdk import Client
-from gateway.issuer.app import create_issuer_app
-from gateway.issuer.keys import add_key, load_keyring
-from gateway.relay import RelaySettings, create_relay_app
+from issuer.app import create_issuer_app
+from issuer.keys import add_key, load_keyring
+from relay.app import RelaySettings, create_relay_app
 from tests.issuer_support import es256_account, issuer_config
 from tests.test_gateway_support import LiveGateway, LiveServer, gateway_settings, sim_root  # noqa: F401
 

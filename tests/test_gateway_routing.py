@@ -10,9 +10,9 @@ import pytest
 from scipy.stats import chisquare
 
 from gateway import routing
-from gateway.backpressure import InFlightLimiter
-from gateway.errors import OverloadedError
 from gateway.routing import failover_order
+from serving.backpressure import InFlightLimiter
+from serving.errors import OverloadedError
 
 IDS = ("a" * 32, "b" * 32, "c" * 32, "d" * 32)
 

@@ -32,11 +32,12 @@ from attestation.verifier import node_id_for
 from audit.sink import MemorySink
 from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
 from gateway.app import create_app
-from gateway.serve import bind_listener, uvicorn_config_options
 from gateway.settings import GatewaySettings
 from ohttp.keys import KeyPair, generate_key_pair
 from policy import shipped_policy
 from protocol import node_pb2, node_pb2_grpc
+from serving.server import bind_listener, uvicorn_config_options
+from serving.settings import Listening
 from tests.conftest import HANG_S
 
 TEST_CODE_DIGEST = hashlib.sha256(b"veil-gateway-test-code").digest()
@@ -196,9 +197,9 @@ class GrpcNode:
 
 
 class LiveServer:
-    """An ASGI application on a real uvicorn server (with the gateway's serving options) in a background thread."""
+    """An ASGI application on a real uvicorn server (with every Veil server's serving options) in a background thread."""
 
-    def __init__(self, app, settings: GatewaySettings) -> None:
+    def __init__(self, app, settings: Listening) -> None:
         self.app = app
         self._socket = bind_listener("127.0.0.1:0")
         self.port = self._socket.getsockname()[1]

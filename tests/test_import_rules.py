@@ -103,8 +103,8 @@ def test_nothing_imports_the_composition_root() -> None:
 
 
 def test_the_packages_are_the_owners_folders_and_veil() -> None:
-    assert {"attestation", "audit", "client", "enclave", "engine", "gateway", "kernels", "ohttp", "policy",
-            "veil"} <= set(packages())
+    assert {"attestation", "audit", "client", "enclave", "engine", "gateway", "issuer", "kernels", "ohttp", "policy",
+            "relay", "serving", "transparency", "veil"} <= set(packages())
 
 
 # ----- the reader the rules rely on -------------------------------------------------------------------
@@ -149,11 +149,28 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     "attestation": frozenset({"ohttp", "policy"}),  # key configurations in evidence; what a policy allows
     "engine": frozenset({"kernels"}),  # the model's compute; nothing of wire, routing or attestation
     "enclave": frozenset({"attestation", "audit", "engine", "ohttp", "policy", "protocol"}),  # the node
-    "gateway": frozenset({"attestation", "audit", "ohttp", "policy", "protocol"}),  # never engine or enclave
+    # How every party's HTTP server serves (uvicorn options, error shapes, probes, metrics, the OHTTP
+    # requests it checks); no party owns it, and it imports none of them.
+    "serving": frozenset({"audit", "ohttp", "protocol"}),
+    # The parties, one package each, none importing another's: the gateway sees requests, never addresses
+    # or accounts (never the engine or the node either); the relay sees addresses, and knows of the gateway
+    # only the paths of its REST API (`protocol`); the issuer sees accounts.
+    "gateway": frozenset({"attestation", "audit", "ohttp", "policy", "protocol", "serving"}),
+    "relay": frozenset({"audit", "protocol", "serving"}),
+    # The one edge between parties' packages: the issuer appends the token keys it publishes to the
+    # operator's log, through the log's own writing code, as `veil log append` does; the log knows no issuer.
+    "issuer": frozenset({"attestation", "audit", "ohttp", "serving", "transparency"}),
+    # The log server, the witness and the monitor, over attestation.transparency's formats (which the
+    # SDK and the node read too, so they stay in attestation, apart from any server).
+    "transparency": frozenset({"attestation", "audit", "policy", "serving"}),
     "client": frozenset({"attestation", "ohttp", "policy", "protocol"}),  # the SDK verifies and seals
-    "veil": frozenset({"attestation", "audit", "client", "engine", "enclave", "gateway", "kernels", "ohttp",
-                       "policy", "protocol"}),  # the composition root starts everything
+    "veil": frozenset({"attestation", "audit", "client", "engine", "enclave", "gateway", "issuer", "kernels",
+                       "ohttp", "policy", "protocol", "relay", "serving", "transparency"}),  # starts everything
 }
+
+PARTIES = ("gateway", "relay", "issuer", "transparency")
+# The edges between parties' packages the design allows (each is explained in ALLOWED_IMPORTS).
+BETWEEN_PARTIES = frozenset({("issuer", "transparency")})
 
 
 def package_edges(package: str) -> dict[str, list[str]]:
@@ -181,10 +198,21 @@ def test_a_package_imports_only_what_the_graph_allows(package: str) -> None:
     ("engine", "ohttp"), ("engine", "gateway"), ("engine", "client"), ("engine", "enclave"),
     ("kernels", "engine"), ("gateway", "engine"), ("gateway", "enclave"), ("ohttp", "attestation"),
     ("audit", "engine"), ("protocol", "enclave"), ("client", "veil"), ("enclave", "client"),
+    ("relay", "gateway"), ("issuer", "gateway"), ("issuer", "relay"), ("gateway", "relay"), ("gateway", "issuer"),
+    ("gateway", "transparency"), ("transparency", "gateway"), ("transparency", "issuer"),
+    ("serving", "gateway"), ("serving", "relay"), ("serving", "issuer"), ("serving", "transparency"),
 ])
 def test_the_edges_the_design_forbids_are_not_allowed(package: str, target: str) -> None:
     """The graph above cannot grow one of these by accident: each is a design rule, not a current fact."""
     assert target not in ALLOWED_IMPORTS[package]
+
+
+def test_no_partys_package_imports_another_partys_but_the_issuer_logging_its_keys() -> None:
+    """A relay operator must be able to read what it runs without the gateway's code, and so must each party."""
+    edges = {(package, target) for package in PARTIES for target in ALLOWED_IMPORTS[package] if target in PARTIES}
+    assert edges == BETWEEN_PARTIES
+    found = {(package, target) for package in PARTIES for target in package_edges(package) if target in PARTIES}
+    assert found == BETWEEN_PARTIES
 
 
 def private_imports(root: Path = REPO_ROOT) -> list[str]:

@@ -108,7 +108,7 @@ def test_the_system_resolver_follows_localhost(nodes: list[GrpcNode]) -> None:
 
 
 def test_a_name_must_be_name_colon_port() -> None:
-    from gateway.errors import GatewaySettingsError
+    from serving.errors import SettingsError
 
-    with pytest.raises(GatewaySettingsError):
+    with pytest.raises(SettingsError):
         gateway_settings([], node_dns=("no-port",))

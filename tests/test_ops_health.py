@@ -19,11 +19,11 @@ from enclave.node import NodeServer
 from enclave.service import NOT_ADMITTING
 from enclave.settings import NodeSettings
 from engine.tiny import write_tiny_model
-from gateway.issuer.app import create_issuer_app
-from gateway.issuer.keys import add_key, load_keyring
-from gateway.relay import RelaySettings, create_relay_app
-from gateway.settings import GatewaySettings
+from issuer.app import create_issuer_app
+from issuer.keys import add_key, load_keyring
+from relay.app import RelaySettings, create_relay_app
 from protocol import node_pb2, node_pb2_grpc
+from serving.settings import ServerSettings
 from tests.issuer_support import es256_account, issuer_config
 from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     GrpcNode,
@@ -191,7 +191,7 @@ def test_a_relay_is_ready_only_while_its_gateway_is(sim_root) -> None:
             assert client.get("/readyz").status_code == 200
     finally:
         node.stop()
-    unreachable = GatewaySettings().listen.replace(":0", ":9")  # the discard port: nothing listens there
+    unreachable = ServerSettings().listen.replace(":0", ":9")  # the discard port: nothing listens there
     with start_relay(f"http://{unreachable}") as relay, http(relay.url) as client:
         assert client.get("/livez").status_code == 200
         assert client.get("/readyz").status_code == 503
@@ -201,6 +201,6 @@ def test_a_relay_is_ready_only_while_its_gateway_is(sim_root) -> None:
 def test_an_issuer_is_ready_only_while_a_key_signs_now(tmp_path: Path, not_before_offset_s: int, ready: bool) -> None:
     add_key(tmp_path / "keys", int(time.time()) + not_before_offset_s)
     app = create_issuer_app(issuer_config([es256_account("alice")]), load_keyring(tmp_path / "keys"))
-    with LiveServer(app, GatewaySettings()) as issuer, http(issuer.url) as client:
+    with LiveServer(app, ServerSettings()) as issuer, http(issuer.url) as client:
         assert client.get("/livez").status_code == 200
         assert client.get("/readyz").status_code == (200 if ready else 503)

@@ -21,7 +21,7 @@ import pytest
 from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
 from client.sdk import Client
 from engine.tiny import write_tiny_model
-from gateway.issuer.keys import add_key
+from issuer.keys import add_key
 from tests.conftest import REPO_ROOT
 from tests.k8s_support import K8S, PodLauncher, build, containers, image_entrypoint, named, pod_specs
 

@@ -14,8 +14,8 @@ import pytest
 from attestation.transparency.node_append import APPEND_PATH, AppendRequest
 from attestation.measurement import Measurement
 from enclave.transparency import TransparencyStapler
-from gateway.transparency.apps import log_app
-from gateway.transparency.writer import LogWriter
+from transparency.apps import log_app
+from transparency.writer import LogWriter
 from tests.http_stand_in import served
 from tests.conftest import HANG_S
 

@@ -17,9 +17,9 @@ from attestation.transparency.statements import (
     encode_statement,
 )
 from attestation.transparency.tiles import encode_bundle, parse_bundle
-from gateway.issuer.keys import add_key
-from gateway.transparency.keys import read_signer
-from gateway.transparency.log import append_entries
+from issuer.keys import add_key
+from transparency.keys import read_signer
+from transparency.log import append_entries
 from tests.test_audit_routes import route_events, simulate_routes, write_audit_file
 from tests.token_support import policy_listing
 from veil.cli import main

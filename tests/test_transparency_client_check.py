@@ -33,9 +33,9 @@ from attestation.transparency.note import generate_signer
 from attestation.transparency.policy import parse_policy
 from attestation.transparency.proof import TlogProof, parse_proof
 from attestation.transparency.statements import NodeKeyStatement, ReleaseStatement, encode_statement
-from gateway.transparency.reader import LogReader
-from gateway.transparency.staple import proof_bundle, stapled_entry
-from gateway.transparency.witness import Witness
+from transparency.reader import LogReader
+from transparency.staple import proof_bundle, stapled_entry
+from transparency.witness import Witness
 from tests.transparency_support import witnessed_log
 
 NOW = 1_800_000_000

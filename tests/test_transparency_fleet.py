@@ -38,9 +38,9 @@ from client.errors import NoVerifiedNodeError
 from client.sdk import Client
 from client.transparency import TransparencyCheck
 from client.verify import CandidateVerifier
-from gateway.transparency.errors import StaleSizeError, WitnessRequestError
-from gateway.transparency.keys import read_signer
-from gateway.transparency.protocol import AddCheckpoint, request_cosignature
+from transparency.errors import StaleSizeError, WitnessRequestError
+from transparency.keys import read_signer
+from transparency.protocol import AddCheckpoint, request_cosignature
 from policy import load_policy, parse_policy
 from policy.errors import InvalidValueError
 from policy.shipped import shipped_policy_path

@@ -30,9 +30,9 @@ from attestation.transparency.statements import NodeKeyStatement, ReleaseStateme
 from attestation.verifier import node_id_for
 from client.errors import GatewayError, NoVerifiedNodeError
 from client.sdk import Client
-from gateway.transparency.keys import read_signer
-from gateway.transparency.staple import proof_bundle
-from gateway.transparency.witness import Witness
+from transparency.keys import read_signer
+from transparency.staple import proof_bundle
+from transparency.witness import Witness
 from ohttp import generate_key_pair
 from policy import load_policy
 from tests.http_stand_in import environment, served

@@ -32,7 +32,8 @@ from attestation.transparency.merkle import (
     verify_consistency,
     verify_inclusion,
 )
-from attestation.transparency.note import generate_signer, parse_note, parse_signer, parse_verifier, sign_note
+from attestation.transparency.encoded_keys import parse_signer, parse_verifier
+from attestation.transparency.note import generate_signer, parse_note, sign_note
 from attestation.transparency.policy import parse_policy
 from attestation.transparency.proof import parse_proof
 from attestation.transparency.statements import (
@@ -55,7 +56,7 @@ from attestation.transparency.tiles import (
     tile_count,
     tiles_for,
 )
-from gateway.transparency.protocol import parse_add_checkpoint
+from transparency.protocol import parse_add_checkpoint
 
 ROOT = hashlib.sha256(b"root").digest()
 

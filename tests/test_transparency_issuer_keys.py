@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from attestation.transparency.note import parse_verifier
+from attestation.transparency.encoded_keys import parse_verifier
 from attestation.transparency.statements import IssuerKeyStatement, decode_statement
-from gateway.issuer.keys import add_key
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.reader import LogReader
+from issuer.keys import add_key
+from transparency.fetch import directory_fetch
+from transparency.reader import LogReader
 from tests.issuer_support import write_config
 from tests.token_support import policy_listing
 from tests.transparency_support import veil_server

@@ -21,11 +21,11 @@ from attestation.transparency.statements import (
     encode_statement,
 )
 from attestation.transparency.tiles import encode_bundle, parse_bundle
-from gateway.transparency.audit import audit_log
-from gateway.transparency.errors import LogStoreError
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.log import append_entries, init_log
-from gateway.transparency.reader import LogReader
+from transparency.audit import audit_log
+from transparency.errors import LogStoreError
+from transparency.fetch import directory_fetch
+from transparency.log import append_entries, init_log
+from transparency.reader import LogReader
 
 SIGNER = generate_signer("log.example/veil")
 

@@ -1,4 +1,4 @@
-"""The log server's index of its own log (`gateway.transparency.log_index`), held to what reading every entry
+"""The log server's index of its own log (`transparency.log_index`), held to what reading every entry
 back says: each entry's newest index and each release's, caught up as the log grows past bundle edges,
 whoever appends."""
 
@@ -8,11 +8,11 @@ import dataclasses
 from pathlib import Path
 
 from attestation.transparency.statements import ReleaseStatement, decode_statement, encode_statement
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.log import append_entries, init_log
-from gateway.transparency.log_index import LogIndex
-from gateway.transparency.reader import LogReader
-from gateway.transparency.writer import LogWriter
+from transparency.fetch import directory_fetch
+from transparency.log import append_entries, init_log
+from transparency.log_index import LogIndex
+from transparency.reader import LogReader
+from transparency.writer import LogWriter
 from tests.test_transparency_log import NODE_KEY, RELEASE, SIGNER, UNTRUSTED, _digest, issuer_key
 
 

@@ -21,7 +21,7 @@ from attestation.transparency.merkle import leaf_hash, root_of
 from attestation.transparency.note import generate_signer, sign_note
 from attestation.transparency.statements import IssuerKeyStatement, encode_statement
 from attestation.transparency.tiles import TileName, encode_bundle, parse_bundle
-from gateway.transparency.log import append_entries, init_log
+from transparency.log import append_entries, init_log
 from tests.transparency_support import REPO_ROOT, veil_server
 from veil.cli import main
 

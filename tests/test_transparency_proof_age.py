@@ -29,10 +29,10 @@ from audit.sink import MemorySink
 from enclave.health import NODE_SERVICE, NodeHealth
 from enclave.cli import _log_proof_refresh
 from enclave.transparency import RETRY_S, TransparencyStapler, retry_delay_s
-from gateway.transparency.apps import log_app, witness_app
-from gateway.transparency.log import append_entries, init_log
-from gateway.transparency.witness import Witness
-from gateway.transparency.writer import LogWriter
+from transparency.apps import log_app, witness_app
+from transparency.log import append_entries, init_log
+from transparency.witness import Witness
+from transparency.writer import LogWriter
 from policy.model import TransparencyPolicy, WitnessKey
 from tests.http_stand_in import served
 from tests.test_ops_health import check

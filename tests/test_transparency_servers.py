@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from attestation.transparency.checkpoint import Checkpoint, open_checkpoint
-from attestation.transparency.note import parse_verifier, sign_note
-from gateway.transparency.keys import read_signer
-from gateway.transparency.protocol import AddCheckpoint, encode_add_checkpoint
+from attestation.transparency.encoded_keys import parse_verifier
+from attestation.transparency.note import sign_note
+from transparency.keys import read_signer
+from transparency.protocol import AddCheckpoint, encode_add_checkpoint
 from veil.cli import main
 from tests.conftest import HANG_S
 

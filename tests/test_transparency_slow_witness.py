@@ -16,12 +16,12 @@ from attestation.transparency.checkpoint import open_checkpoint
 from attestation.transparency.cosignature import generate_cosigner
 from attestation.transparency.note import Signature, generate_signer, parse_note
 from attestation.transparency.statements import ReleaseStatement, encode_statement
-from gateway.transparency.apps import log_app, witness_app
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.log import append_entries, init_log
-from gateway.transparency.reader import LogReader
-from gateway.transparency.witness import Witness
-from gateway.transparency.writer import LogWriter
+from transparency.apps import log_app, witness_app
+from transparency.fetch import directory_fetch
+from transparency.log import append_entries, init_log
+from transparency.reader import LogReader
+from transparency.witness import Witness
+from transparency.writer import LogWriter
 from tests.http_stand_in import served
 
 LOG = generate_signer("log.example/veil")

@@ -21,7 +21,8 @@ from attestation.transparency.errors import (
     NoteSignatureError,
 )
 from attestation.transparency.merkle import leaf_hash, verify_consistency, verify_inclusion
-from attestation.transparency.note import open_note, parse_signer, parse_verifier, sign_note
+from attestation.transparency.encoded_keys import parse_signer, parse_verifier
+from attestation.transparency.note import open_note, sign_note
 from tests.conftest import vectors_path
 
 MERKLE = vectors_path() / "transparency" / "merkle"

@@ -18,12 +18,12 @@ from attestation.transparency.errors import (
     NoteSignatureError,
 )
 from attestation.transparency.note import generate_signer, parse_note, sign_note
-from gateway.transparency.errors import StaleSizeError, UnknownLogError, WitnessRequestError
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.log import append_entries, init_log
-from gateway.transparency.protocol import AddCheckpoint, encode_add_checkpoint, parse_add_checkpoint
-from gateway.transparency.reader import LogReader
-from gateway.transparency.witness import Witness
+from transparency.errors import StaleSizeError, UnknownLogError, WitnessRequestError
+from transparency.fetch import directory_fetch
+from transparency.log import append_entries, init_log
+from transparency.protocol import AddCheckpoint, encode_add_checkpoint, parse_add_checkpoint
+from transparency.reader import LogReader
+from transparency.witness import Witness
 
 LOG = generate_signer("log.example/veil")
 COSIGNER = generate_cosigner("witness.example")
@@ -127,7 +127,7 @@ def test_refuses_a_tree_of_size_zero_with_any_root_but_the_empty_one(log: Path, 
 def test_a_corrupt_state_file_stops_the_witness(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
     state.write_text('{"logs": {"log.example/veil": {"size": "7"}}}')
-    from gateway.transparency.errors import LogStoreError
+    from transparency.errors import LogStoreError
 
     with pytest.raises(LogStoreError, match="corrupt"):
         _witness(state)

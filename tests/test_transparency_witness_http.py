@@ -13,12 +13,13 @@ import httpx
 import pytest
 
 from attestation.transparency.checkpoint import Checkpoint
-from attestation.transparency.note import parse_verifier, sign_note
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.keys import read_signer
-from gateway.transparency.log import append_entries, init_log
-from gateway.transparency.protocol import AddCheckpoint, encode_add_checkpoint
-from gateway.transparency.reader import LogReader
+from attestation.transparency.encoded_keys import parse_verifier
+from attestation.transparency.note import sign_note
+from transparency.fetch import directory_fetch
+from transparency.keys import read_signer
+from transparency.log import append_entries, init_log
+from transparency.protocol import AddCheckpoint, encode_add_checkpoint
+from transparency.reader import LogReader
 from tests.transparency_support import veil_server
 from veil.cli import main
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.issuer.accounts import authenticate
-from gateway.issuer.config import load_config
+from issuer.accounts import authenticate
+from issuer.config import load_config
 from policy import load_policy, shipped_policy
 from veil.fleet import FleetError
 from veil.fleet_access import (
@@ -31,7 +31,7 @@ def test_the_issuer_accepts_the_fleet_accounts_credential(tmp_path: Path) -> Non
 
 
 def test_a_credential_of_another_key_is_refused(tmp_path: Path) -> None:
-    from gateway.issuer.errors import AccountAuthError
+    from issuer.errors import AccountAuthError
 
     registered, impostor = FleetAccount.generate("fleet-account"), FleetAccount.generate("fleet-account")
     config = load_config(write_issuer_config(tmp_path / "issuer.toml", registered, tokens_per_period=7))
@@ -54,7 +54,7 @@ def test_a_base_policy_that_already_names_an_issuer_is_refused(tmp_path: Path) -
 
 
 def test_the_key_id_veil_issuer_prints_is_the_one_it_publishes(tmp_path: Path) -> None:
-    from gateway.issuer.keys import load_keyring
+    from issuer.keys import load_keyring
 
     added = subprocess.run([sys.executable, "-m", "veil", "issuer", "--keys", str(tmp_path), "--add-key-not-before",
                             "0"], capture_output=True, text=True, timeout=120, check=True)

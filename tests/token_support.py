@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from gateway.issuer.keys import add_key
+from issuer.keys import add_key
 from ohttp.privacypass import DirectoryKey, IssuerDirectory, IssuerKey, encode_directory
 from policy import load_policy, shipped_policy_path
 from tests.test_gateway_support import SimEvidence

@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from attestation.transparency.note import NoteSigner
-from gateway.transparency.fetch import directory_fetch
-from gateway.transparency.log import add_cosignatures, append_entries, init_log
-from gateway.transparency.reader import LogReader
-from gateway.transparency.witness import Witness
+from transparency.fetch import directory_fetch
+from transparency.log import add_cosignatures, append_entries, init_log
+from transparency.reader import LogReader
+from transparency.witness import Witness
 from tests.conftest import HANG_S
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

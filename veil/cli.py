@@ -24,10 +24,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "policy.cli",
     "enclave.cli",
     "gateway.cli",
-    "gateway.issuer.cli",
-    "gateway.transparency.cli",
+    "relay.cli",
+    "issuer.cli",
+    "transparency.cli",
     "audit.cli",
-    "gateway.transparency.audit_cli",  # adds `veil audit report transparency`, so after audit.cli
+    "transparency.audit_cli",  # adds `veil audit report transparency`, so after audit.cli
 )
 
 

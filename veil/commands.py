@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from veil.route_report import describe_route
+
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
 GATEWAY_ENV = "VEIL_GATEWAY"
 
@@ -128,28 +130,6 @@ def _ask(client: Any, model: str, args: argparse.Namespace) -> tuple[Any, Any]:
         return stream.route, stream.receipt
 
 
-def describe_route(route: Any, compact: bool = False) -> str:
-    """What was verified about each candidate, and which node served (no content, only identifiers).
-
-    `compact` lists every check of the serving node only, one line for each other candidate.
-    """
-    lines = [f"verified under policy {route.policy_name!r}; served by node {(route.node_id or '?')[:16]}"]
-    for record in route.candidates:
-        mark = "served" if record.node_id == route.node_id else "candidate"
-        if record.verified is None:
-            lines.append(f"  node {record.node_id[:16]} ({mark}): REFUSED at {record.failed_check}: {record.failure}")
-            continue
-        node = record.verified
-        kind = "SIMULATED " if node.simulated else ""
-        lines.append(f"  node {record.node_id[:16]} ({mark}): {kind}{node.backend} evidence, capacity {record.capacity}"
-                     + (f", all {len(node.checks)} checks passed" if compact and mark == "candidate" else ""))
-        if compact and mark == "candidate":
-            continue
-        lines.append(f"    receipt key {node.receipt_key.hex()} (bound into the evidence; signs its answers)")
-        lines += [f"    {'ok ' if c.passed else '-- '} {c.name}: {c.detail}" for c in node.checks]
-    return "\n".join(lines)
-
-
 def _warn_if_development(policy: Any) -> None:
     from client.transparency import without_transparency_warning
 
@@ -202,7 +182,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def _proxy(args: argparse.Namespace) -> int:
     from client.sdk import Client
-    from gateway.serve import GatewayStartError, bind_listener
+    from serving.server import ServerStartError, bind_listener
     from policy import PolicyError
 
     try:
@@ -215,7 +195,7 @@ def _proxy(args: argparse.Namespace) -> int:
         try:
             # Bound before anything is announced: a taken port is an error, never a banner then a failure.
             sock = bind_listener(args.listen)
-        except GatewayStartError as error:
+        except ServerStartError as error:
             print(f"veil proxy: {error}", file=sys.stderr)
             return 2
         _warn_if_development(client.policy)

@@ -32,7 +32,7 @@ from attestation.sim_root import ROOT_DIR_ENV
 from client.sdk import Client
 from client.tokens import TokenWallet
 from client.types import ChatCompletionChunk
-from veil.commands import describe_route
+from veil.route_report import describe_route
 from veil.demo_transparency import print_transparency
 from veil.fleet import Fleet, FleetSettings
 from veil.fleet_access import RELAY_ADDRESS

@@ -37,7 +37,7 @@ from attestation.sim_root import ROOT_DIR_ENV, load_or_create_sim_root
 from attestation.transparency.errors import TransparencyError
 from attestation.transparency.statements import ReleaseStatement
 from client.tokens import DEFAULT_BATCH_SIZE, TokenWallet
-from gateway.transparency.keys import read_signer
+from transparency.keys import read_signer
 from ohttp.privacypass import WELL_KNOWN_PATH
 from protocol.constants import DIRECTORY_PATH
 from veil.fleet_transparency import (

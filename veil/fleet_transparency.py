@@ -19,9 +19,9 @@ from attestation.measurement import measure
 from attestation.transparency.cosignature import generate_cosigner
 from attestation.transparency.note import NoteSigner, generate_signer
 from attestation.transparency.statements import ReleaseStatement, encode_statement
-from gateway.transparency.cosign import cosign_checkpoint
-from gateway.transparency.keys import write_key
-from gateway.transparency.log import append_entries, init_log
+from transparency.cosign import cosign_checkpoint
+from transparency.keys import write_key
+from transparency.log import append_entries, init_log
 from policy import load_policy
 from policy.shipped import resolve_policy_path
 from veil import __version__

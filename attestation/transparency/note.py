@@ -3,7 +3,7 @@
 A note is UTF-8 text ending in a newline, then a blank line, then signature lines
 `— <name> <base64(key hash[4] || signature)>`. The key hash is the first 4 bytes of
 SHA-256(name || 0x0A || type || public key), with type 0x01 for Ed25519 note keys (and 0x04 for
-cosignature/v1 keys, `cosignature.py`). Opening a note checks every signature by a known key and
+cosignature/v1 keys, `cosignature.py`; `encoded_keys.py` reads either kind's text form). Opening a note checks every signature by a known key and
 ignores signatures by unknown ones, as golang.org/x/mod/sumdb/note does.
 """
 
@@ -71,29 +71,6 @@ class NoteVerifier:
         return True
 
 
-def parse_verifier(encoded: str) -> NoteVerifier:
-    """A verifier key `name+hash+base64(type || key)`; raise NoteFormatError if malformed or inconsistent."""
-    name, plus, rest = encoded.strip().partition("+")
-    hash_hex, plus2, key_b64 = rest.partition("+")
-    if not (plus and plus2) or len(hash_hex) != 8:
-        raise NoteFormatError("a verifier key must look like name+hash+base64key")
-    check_name(name)
-    try:
-        key_id = bytes.fromhex(hash_hex)
-    except ValueError:
-        raise NoteFormatError("a verifier key's hash must be 8 hexadecimal digits") from None
-    raw = decode_b64(key_b64, "a verifier key")
-    if len(raw) != 33 or raw[0] not in (ED25519_TYPE, 0x04):
-        raise NoteFormatError("a verifier key must be an Ed25519 key (type 0x01, or 0x04 for a cosigner)")
-    if key_hash(name, raw[0], raw[1:]) != key_id:
-        raise NoteFormatError("a verifier key's hash does not match its name and key")
-    if raw[0] == 0x04:
-        from attestation.transparency.cosignature import CosignatureVerifier
-
-        return CosignatureVerifier(name, key_id, raw[0], raw[1:])
-    return NoteVerifier(name, key_id, raw[0], raw[1:])
-
-
 @dataclass(frozen=True, slots=True)
 class NoteSigner:
     """An Ed25519 private key that signs notes; `repr` shows the name only."""
@@ -130,26 +107,6 @@ def new_seed() -> bytes:
 def generate_signer(name: str) -> NoteSigner:
     check_name(name)
     return NoteSigner(name, new_seed())
-
-
-def parse_signer(encoded: str) -> NoteSigner:
-    """A private key `PRIVATE+KEY+name+hash+base64`; errors never quote it."""
-    fields = encoded.strip().split("+", 4)
-    if len(fields) != 5 or fields[:2] != ["PRIVATE", "KEY"]:
-        raise NoteFormatError("a signing key must look like PRIVATE+KEY+name+hash+base64key")
-    check_name(fields[2])
-    raw = decode_b64(fields[4], "a signing key")
-    if len(raw) != 33 or raw[0] not in (ED25519_TYPE, 0x04):
-        raise NoteFormatError("a signing key must be an Ed25519 key (type 0x01, or 0x04 for a cosigner)")
-    if raw[0] == 0x04:
-        from attestation.transparency.cosignature import CosignatureSigner
-
-        signer: NoteSigner = CosignatureSigner(fields[2], raw[1:])
-    else:
-        signer = NoteSigner(fields[2], raw[1:])
-    if signer.verifier.key_id.hex() != fields[3].lower():
-        raise NoteFormatError("a signing key's hash does not match its name and key")
-    return signer
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attestation.transparency.cosignature import COSIGNATURE_TYPE, CosignatureVerifier
+from attestation.transparency.encoded_keys import parse_verifier
 from attestation.transparency.errors import NoteFormatError, PolicyFormatError
-from attestation.transparency.note import ED25519_TYPE, NoteVerifier, check_name, parse_verifier
+from attestation.transparency.note import ED25519_TYPE, NoteVerifier, check_name
 
 MAX_POLICY_BYTES = 64 * 1024
 
