@@ -24,8 +24,8 @@ from attestation.errors import AttestationError
 # Every package of the distribution: a node is started as `python -m veil node`, whose command line
 # (`veil.cli`) assembles the subcommands of all of them, so the code digest names the release as a whole.
 DEFAULT_PACKAGES: tuple[str, ...] = (
-    "attestation", "audit", "client", "enclave", "engine", "gateway", "kernels", "ohttp", "policy", "protocol",
-    "veil",
+    "attestation", "audit", "client", "enclave", "engine", "gateway", "issuer", "kernels", "ohttp", "policy",
+    "protocol", "relay", "serving", "transparency", "veil",
 )
 _MEASUREMENT_TAG = b"veil-measurement-v1"
 _CODE_TAG = b"veil-code-v1"

@@ -32,7 +32,7 @@ def test_summary_counts_a_fleet(tmp_path, capsys):
     write_events(tmp_path / "b.jsonl", [BlocksZeroed(NODE_B, step=1, blocks=5, residue_blocks=0)])
     assert veil_audit(["summary", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 0
     out = capsys.readouterr().out
-    assert "2 file(s), 11 events" in out
+    assert "2 file(s), 12 events" in out
     assert "KV scrubbing: 2 batches, 17 blocks zeroed, residue: none" in out
     assert "routes: 1 (failover 1) by 1 gateway(s)" in out
     assert "requests: 1 (ok 1)" in out

@@ -403,7 +403,7 @@ def _check_model_retrieval(base: str) -> None:
     """GET /v1/models/{id}: the model object, or OpenAI's 404 error shape."""
     found = httpx.get(f"{base}/v1/models/{MODEL}", timeout=60)
     assert found.status_code == 200 and found.json() == {"id": MODEL, "object": "model", "owned_by": "veil",
-                                                         "created": found.json()["created"]}
+                                                         "created": found.json()["created"], "task": "generate"}
     assert isinstance(found.json()["created"], int)
     missing = httpx.get(f"{base}/v1/models/absent-model", timeout=60)
     assert missing.status_code == 404
