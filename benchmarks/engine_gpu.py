@@ -167,16 +167,17 @@ def _save_shard(folder: Path, shard: dict[str, torch.Tensor], weight_map: dict[s
 
 
 def copy_bandwidth(device: torch.device, gib: int = 2, repeats: int = 10) -> float:
-    """Bytes per second a device-to-device copy moves (read plus write), best of `repeats`."""
+    """Bytes per second a device-to-device copy moves (read plus write), best of `repeats` (on a CPU: memory)."""
     source = torch.empty(gib << 30, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     target.copy_(source)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda _device: None)
     best = float("inf")
     for _ in range(repeats):
-        torch.cuda.synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         target.copy_(source)
-        torch.cuda.synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - started)
     return 2 * source.numel() / best
 

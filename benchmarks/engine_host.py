@@ -14,8 +14,13 @@ loop, which a node runs in its serving process beside the core, not work that va
 (`engine.bridge`: counted on any device, as CUDA would copy), and with `--bridge-toll-us` every crossing
 waits that long, as through a confidential-computing bounce buffer.
 
+On a CPU, also each step's bytes read per token (every weight once, each sequence's K/V) against the
+streaming bandwidth of a large copy timed in the same run: the weights floor. `--compare-attention` runs each
+greedy batch again with the per-sequence CPU attention (the kernel before the batched one, now the test
+oracle) and prints the batched kernel's speed-up.
+
     python benchmarks/engine_host.py [--batches 16 64 256] [--steps 30] [--preset tiny] [--device cpu]
-                                     [--bridge-toll-us 0]
+                                     [--bridge-toll-us 0] [--compare-attention]
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +53,7 @@ class HostSplit:
     d2h: float
     h2d_bytes: float
     d2h_bytes: float
+    step_bytes: int = 0  # read at least once per step: weights and K/V (`bytes_read_per_step`)
 
     @property
     def host_ms(self) -> float:
@@ -58,8 +66,15 @@ class HostSplit:
 
 
 def measure(model_dir: Path, batch: int, sampled: bool, steps: int, repeats: int, device: str,
-            toll_us: float = 0.0) -> HostSplit:
-    """Best of `repeats` runs of `steps` decode steps with `batch` sequences running."""
+            toll_us: float = 0.0, per_sequence_attention: bool = False) -> HostSplit:
+    """Best of `repeats` runs of `steps` decode steps with `batch` sequences running.
+
+    `per_sequence_attention`: the CPU attention runs one sequence at a time, as before the batched kernel
+    (`kernels.reference.paged_attention_per_sequence`, now the test oracle): the baseline of `--compare-attention`.
+    """
+    if per_sequence_attention:
+        with _per_sequence_attention():
+            return measure(model_dir, batch, sampled, steps, repeats, device, toll_us)
     import torch
 
     from engine import EngineConfig, LLMEngine, SamplingParams
@@ -90,9 +105,32 @@ def measure(model_dir: Path, batch: int, sampled: bool, steps: int, repeats: int
                 step_s += stepped - started
         split = HostSplit(batch, sampled, step_s / steps * 1000, inside[0] / steps * 1000, head[0] / steps * 1000,
                           text_s / steps * 1000,
-                          crossed.h2d / steps, crossed.d2h / steps, crossed.h2d_bytes / steps, crossed.d2h_bytes / steps)
+                          crossed.h2d / steps, crossed.d2h / steps, crossed.h2d_bytes / steps,
+                          crossed.d2h_bytes / steps,
+                          bytes_read_per_step(engine, batch, context=len(PROMPT) + 3 + repeats * steps // 2))
         best = split if best is None or split.host_ms < best.host_ms else best
     return best
+
+
+@contextmanager
+def _per_sequence_attention() -> Iterator[None]:
+    from kernels import reference
+
+    batched = reference.paged_attention
+    reference.paged_attention = reference.paged_attention_per_sequence
+    try:
+        yield
+    finally:
+        reference.paged_attention = batched
+
+
+def bytes_read_per_step(engine, batch: int, context: int) -> int:
+    """What a decode step must read at least once: every weight, and each sequence's cached K/V (`context` tokens)."""
+    from benchmarks.engine_gpu import weight_bytes
+
+    kv = engine.runner.kv_cache
+    kv_per_token = kv.shape[0] * kv[0, 0, 0].numel() * kv.element_size()  # every layer's K and V of one token
+    return weight_bytes(engine.runner.model) + batch * context * kv_per_token
 
 
 def _time_forward(engine, torch, device: str) -> tuple[list[float], list[float]]:
@@ -131,10 +169,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     parser.add_argument("--bridge-toll-us", type=float, default=0.0,
                         help="simulated confidential-bridge toll: every host<->device crossing waits this long")
+    parser.add_argument("--compare-attention", action="store_true",
+                        help="also run each greedy batch with the per-sequence CPU attention (the kernel before the "
+                             "batched one, now the test oracle) and print the batched kernel's speed-up")
     args = parser.parse_args()
 
     import torch
 
+    from benchmarks.engine_gpu import copy_bandwidth
     from engine.tiny import write_tiny_model
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -143,12 +185,19 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="veil-host-bench-") as workdir:
         model_dir = write_tiny_model(Path(workdir) / "model", preset=args.preset)
-        splits = []
+        splits: list[HostSplit] = []
+        baselines: dict[int, HostSplit] = {}
         for batch in args.batches:
             for sampled in (False, True):
                 progress(f"batch {batch}, {'sampled' if sampled else 'greedy'} ...")
                 splits.append(measure(model_dir, batch, sampled, args.steps, args.repeats, args.device,
                                       args.bridge_toll_us))
+            if args.compare_attention:
+                progress(f"batch {batch}, greedy, per-sequence attention ...")
+                baselines[batch] = measure(model_dir, batch, False, args.steps, args.repeats, args.device,
+                                           args.bridge_toll_us, per_sequence_attention=True)
+        # A large copy, timed in this run on this (shared) machine: what streaming memory moves now.
+        bandwidth = copy_bandwidth(torch.device("cpu"), gib=1, repeats=3) / 1e9 if args.device == "cpu" else None
     print(f"\nhost time per decode step: built-in '{args.preset}' model on {args.device}, {args.threads} thread(s), "
           f"best of {args.repeats} x {args.steps} steps, bridge toll {args.bridge_toll_us:g} us per crossing")
     print(f"{'batch':>5} {'sampling':>8} | {'step ms':>8} {'forward ms':>10} {'host ms':>8} {'host share':>10} {'LM head ms':>10} {'host-head':>9} | "
@@ -158,6 +207,10 @@ def main() -> int:
               f"{split.forward_ms:>10.2f} {split.host_ms:>8.2f} {split.host_ms / split.step_ms:>9.0%} "
               f"{split.head_ms:>10.2f} {split.host_without_head_ms:>9.2f} | "
               f"{split.text_ms:>7.2f} | {split.h2d:>8.2f} {split.d2h:>8.2f} {split.h2d_bytes:>10.0f} {split.d2h_bytes:>10.0f}")
+    if baselines:
+        _print_attention_comparison(splits, baselines)
+    if bandwidth is not None:
+        _print_weights_floor(splits, bandwidth)
     print("host ms: step minus forward, the LM head included (as the issue's targets were set); host-head: without "
           "the LM head, a matmul that is device work on a GPU but runs inline on a CPU")
     print("step: the engine core's token step; text ms: the text stage's work on the same steps, which a node "
@@ -165,6 +218,27 @@ def main() -> int:
     print("the GPU target for a 1.24B model is a whole decode step <= 2 ms at batch 1, 4 ms at 64, 8 ms at 256: "
           "host time beyond the forward counts against it until it overlaps the forward")
     return 0
+
+
+def _print_attention_comparison(splits: list[HostSplit], baselines: dict[int, HostSplit]) -> None:
+    print("batched CPU attention against the per-sequence kernel (baseline), greedy, same run:")
+    for split in splits:
+        if not split.sampled and split.batch in baselines:
+            before = baselines[split.batch]
+            print(f"  batch {split.batch:>4}: step {before.step_ms:.2f} -> {split.step_ms:.2f} ms "
+                  f"({before.step_ms / split.step_ms:.2f}x), "
+                  f"forward {before.forward_ms:.2f} -> {split.forward_ms:.2f} ms "
+                  f"({before.forward_ms / split.forward_ms:.2f}x)")
+
+
+def _print_weights_floor(splits: list[HostSplit], bandwidth_gb_s: float) -> None:
+    """The CPU's weights floor: a step cannot beat reading its bytes at the streaming bandwidth."""
+    print(f"bytes read per token against the streaming bandwidth ({bandwidth_gb_s:.1f} GB/s: a large copy, this run):")
+    for split in splits:
+        if not split.sampled:
+            floor_ms = split.step_bytes / bandwidth_gb_s / 1e6
+            print(f"  batch {split.batch:>4}: {split.step_bytes / split.batch / 1e3:.1f} kB/token, "
+                  f"floor {floor_ms:.3f} ms/step, step at {floor_ms / split.step_ms:.1%} of the floor's speed")
 
 
 if __name__ == "__main__":

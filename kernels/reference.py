@@ -60,11 +60,91 @@ def paged_attention(
     max_seqlen_q: int,
     scale: float,
 ) -> Tensor:
-    """Attention of the new query tokens over each sequence's paged context (see `kernels.dispatch`).
+    """Attention of the new query tokens over each sequence's paged context (see `kernels.dispatch`): the CPU path.
 
-    One sequence at a time: its blocks are gathered with one `index_select` into exactly its context
-    length, so no time goes to padding ragged contexts to the longest one, and a decode token needs no
-    mask at all. On CPUs this is several times faster than one padded, masked batch.
+    Batched, with no Python loop over sequences: the step's decode tokens (one new token each) go through
+    one masked attention call, its prefill chunks through one more, each gathering its sequences' pages
+    with one index and padding to that group's longest context. Decode and chunks are kept apart because
+    padding a decode token's query to the longest chunk would multiply its work by that chunk's length.
+    Same results as `paged_attention_per_sequence`, the test oracle.
+    """
+    out = torch.empty_like(query)
+    if query.shape[0] == 0:
+        return out
+    # Host tensors on this path (CUDA runs Triton's kernel): reading them back costs no crossing.
+    offsets = cu_seqlens_q.tolist()
+    contexts = context_lens.tolist()
+    query_lens = [end - start for start, end in zip(offsets, offsets[1:])]
+    if max_seqlen_q == 1 and min(query_lens) == 1:
+        _attend_group(out, query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, None,
+                      max(contexts), 1, scale)
+        return out
+    lens_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    decode_contexts = [context for context, n in zip(contexts, query_lens) if n == 1]
+    chunk_contexts = [context for context, n in zip(contexts, query_lens) if n > 1]
+    for selected, group_contexts, group_q_len in ((lens_q == 1, decode_contexts, 1),
+                                                  (lens_q > 1, chunk_contexts, max(query_lens))):
+        if group_contexts:
+            rows = selected.nonzero().flatten()
+            _attend_group(out, query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, rows,
+                          max(group_contexts), group_q_len, scale)
+    return out
+
+
+def _attend_group(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
+                  context_lens: Tensor, cu_seqlens_q: Tensor, rows: Tensor | None, longest: int, q_len: int,
+                  scale: float) -> None:
+    """One masked attention into `out` for the sequences `rows` (None: all), whose contexts are at most
+    `longest` and query lengths at most `q_len` (1: each has exactly one new token)."""
+    device = query.device
+    num_tokens, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
+    num_seqs = block_tables.shape[0] if rows is None else rows.shape[0]
+    width = -(-longest // block_size)
+    lens = pick(context_lens).to(torch.int64)
+    # Entries past a context may be -1 or stale, even out of range: read block 0 there instead, masked out below.
+    in_context = torch.arange(width, device=device)[None, :] * block_size < lens[:, None]
+    block_ids = torch.where(in_context, pick(block_tables[:, :width]).to(torch.int64), 0).flatten()
+    keys = _batched_pages(k_cache, block_ids, num_seqs, width * block_size)
+    values = _batched_pages(v_cache, block_ids, num_seqs, width * block_size)
+    starts = pick(cu_seqlens_q[:-1]).to(torch.int64)
+    columns = torch.arange(width * block_size, device=device)
+    if q_len == 1:
+        # Query heads of one KV head are adjacent: view them as that head's rows (no copy of K/V per head).
+        grouped = query.index_select(0, starts).float().view(num_seqs, num_kv_heads, -1, head_dim)
+        visible = (columns[None, :] < lens[:, None])[:, None, None, :]
+        attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=visible, scale=scale)
+        out.index_copy_(0, starts, attended.reshape(num_seqs, num_heads, head_dim).to(query.dtype))
+        return
+    ends = pick(cu_seqlens_q[1:]).to(torch.int64)
+    steps = torch.arange(q_len, device=device)
+    tokens = starts[:, None] + steps[None, :]  # [seqs, q_len]; past a sequence's end: padding rows
+    real = tokens < ends[:, None]
+    positions = (lens - (ends - starts))[:, None] + steps[None, :]
+    # A padding row sees what its position would (finite, never all-masked); its output is dropped.
+    visible = (columns[None, None, :] <= positions[:, :, None])[:, None]
+    padded = query.index_select(0, tokens.clamp(max=num_tokens - 1).flatten()).float()
+    padded = padded.view(num_seqs, q_len, num_heads, head_dim).transpose(1, 2)
+    attended = F.scaled_dot_product_attention(padded, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
+    out.index_copy_(0, tokens[real], attended.transpose(1, 2)[real].to(query.dtype))
+
+
+def _batched_pages(cache: Tensor, block_ids: Tensor, num_seqs: int, length: int) -> Tensor:
+    """The listed blocks, `length // block_size` a sequence, as [num_seqs, num_kv_heads, length, head_dim],
+    in float32."""
+    # Rows of a 2-D view: index_select copies each whole block at once (several times faster than on 4-D).
+    pages = cache.view(cache.shape[0], -1).index_select(0, block_ids)
+    pages = pages.view(num_seqs, length, cache.shape[2], cache.shape[3])
+    return pages.transpose(1, 2).float()
+
+
+def paged_attention_per_sequence(query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
+                                 context_lens: Tensor, cu_seqlens_q: Tensor, max_seqlen_q: int, scale: float) -> Tensor:
+    """`paged_attention` one sequence at a time, each over exactly its context: the test oracle.
+
+    Its blocks are gathered with one `index_select` into exactly its context length, and a decode token
+    needs no mask at all: the plainest statement of what the batched kernel must compute.
     """
     out = torch.empty_like(query)
     if query.shape[0] == 0:

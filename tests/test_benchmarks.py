@@ -99,7 +99,8 @@ def test_the_end_to_end_benchmark_compares_the_encrypted_path_with_both_baseline
 
 
 def test_the_host_time_benchmark_splits_each_step_into_forward_and_host() -> None:
-    out = run_benchmark("engine_host.py", "--batches", "2", "8", "--steps", "3", "--repeats", "1")
+    out = run_benchmark("engine_host.py", "--batches", "2", "8", "--steps", "3", "--repeats", "1",
+                        "--compare-attention")
     rows = re.findall(rf"^\s+(\d+)\s+(greedy|sampled) \|\s+({NUMBER})\s+({NUMBER})\s+({NUMBER})\s+(\d+)%"
                       rf"\s+({NUMBER})\s+({NUMBER}) \|\s+({NUMBER}) \|\s+({NUMBER})\s+({NUMBER})\s+(\d+)\s+(\d+)$",
                       out, re.M)
@@ -112,6 +113,13 @@ def test_the_host_time_benchmark_splits_each_step_into_forward_and_host() -> Non
         assert float(text) > 0
         # A decode step crosses the bridge once each way, and each crossing carries something.
         assert float(uploads) == float(downloads) == 1.0 and int(up_bytes) > 0 and int(down_bytes) > 0
+    # The batched CPU attention against the per-sequence kernel, and each step against the weights floor.
+    speedups = re.findall(rf"batch\s+(\d+): step {NUMBER} -> {NUMBER} ms \(({NUMBER})x\)", out)
+    assert [batch for batch, _ in speedups] == ["2", "8"] and all(float(ratio) > 0 for _, ratio in speedups)
+    bandwidth = re.search(rf"streaming bandwidth \(({NUMBER}) GB/s", out)
+    assert bandwidth is not None and float(bandwidth.group(1)) > 0
+    floors = re.findall(rf"batch\s+(\d+): ({NUMBER}) kB/token, floor ({NUMBER}) ms/step", out)
+    assert [batch for batch, *_ in floors] == ["2", "8"] and all(float(kb) > 0 for _, kb, _ in floors)
     assert "8 ms at 256" in out
 
 

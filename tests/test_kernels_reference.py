@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels
+from kernels import reference
 from kernels.paged_batch import PagedBatch, build_paged_batch
 
 # The reference rounds a float32 result once to the output dtype: at most one ulp of |out| < 4.
@@ -69,14 +70,23 @@ def test_prefill_and_mixed_batches_match_naive_softmax(batch: PagedBatch) -> Non
     _assert_matches_naive(batch)
 
 
-@settings(max_examples=15, deadline=None)
-@given(batches(decode=True))
-def test_batched_decode_path_equals_per_sequence_path(batch: PagedBatch) -> None:
-    # max_seqlen_q is only an upper bound: 2 routes the same decode batch through the per-sequence path.
+@settings(max_examples=40, deadline=None)
+@given(st.booleans().flatmap(lambda decode: batches(decode=decode)))
+def test_batched_kernel_equals_the_per_sequence_oracle(batch: PagedBatch) -> None:
+    # Decode steps, prefill chunks and mixes of both; ragged contexts, GQA, block sizes 1 to 16, stale ids.
     batched = kernels.paged_attention(*batch.args())
-    per_sequence = kernels.paged_attention(*batch.args()[:6], 2, batch.scale)
+    per_sequence = reference.paged_attention_per_sequence(*batch.args())
     tolerance = OUTPUT_TOLERANCE[batch.query.dtype]
     torch.testing.assert_close(batched, per_sequence, atol=tolerance, rtol=tolerance)
+
+
+def test_a_step_of_decode_tokens_and_prefill_chunks_equals_the_oracle() -> None:
+    # Several chunks of different lengths beside decode tokens and an idle sequence (no new token).
+    batch = build_paged_batch([40, 9, 33, 1, 17, 64], [1, 9, 5, 1, 0, 12], num_heads=8, num_kv_heads=2,
+                              head_dim=16, block_size=4, stale_id=10**6,
+                              generator=torch.Generator().manual_seed(3))
+    batched = kernels.paged_attention(*batch.args())
+    torch.testing.assert_close(batched, reference.paged_attention_per_sequence(*batch.args()), atol=1e-5, rtol=1e-5)
 
 
 def _store_sequence(keys: torch.Tensor, values: torch.Tensor, block_size: int) -> tuple[torch.Tensor, ...]:
