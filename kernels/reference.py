@@ -63,9 +63,11 @@ def paged_attention(
     """Attention of the new query tokens over each sequence's paged context (see `kernels.dispatch`): the CPU path.
 
     Batched, with no Python loop over sequences: the step's decode tokens (one new token each) go through
-    one masked attention call, its prefill chunks through one more, each gathering its sequences' pages
-    with one index and padding to that group's longest context. Decode and chunks are kept apart because
+    one masked attention call, its prefill chunks through another, each gathering its sequences' pages
+    with one index and padding them to the group's longest context. Decode and chunks are kept apart because
     padding a decode token's query to the longest chunk would multiply its work by that chunk's length.
+    A group whose padded K/V would pass GATHER_BUDGET_BYTES is cut, by context length, into calls that
+    each fit it: short contexts (the common decode step) make one call, long ones a few.
     Same results as `paged_attention_per_sequence`, the test oracle.
     """
     out = torch.empty_like(query)
@@ -75,32 +77,50 @@ def paged_attention(
     offsets = cu_seqlens_q.tolist()
     contexts = context_lens.tolist()
     query_lens = [end - start for start, end in zip(offsets, offsets[1:])]
-    if max_seqlen_q == 1 and min(query_lens) == 1:
-        _attend_group(out, query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, None,
-                      max(contexts), 1, scale)
-        return out
     lens_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    decode_contexts = [context for context, n in zip(contexts, query_lens) if n == 1]
-    chunk_contexts = [context for context, n in zip(contexts, query_lens) if n > 1]
-    for selected, group_contexts, group_q_len in ((lens_q == 1, decode_contexts, 1),
-                                                  (lens_q > 1, chunk_contexts, max(query_lens))):
-        if group_contexts:
-            rows = selected.nonzero().flatten()
-            _attend_group(out, query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, rows,
-                          max(group_contexts), group_q_len, scale)
+    kv_row_bytes = 2 * k_cache.shape[2] * k_cache.shape[3] * 4  # one token's K and V, gathered in float32
+    for selected, is_member, group_q_len in ((lens_q == 1, lambda n: n == 1, 1),
+                                             (lens_q > 1, lambda n: n > 1, max(query_lens))):
+        members = sorted((context, seq) for seq, (context, n) in enumerate(zip(contexts, query_lens)) if is_member(n))
+        if not members:
+            continue
+        rows = selected.nonzero().flatten()
+        rows = rows.index_select(0, context_lens.index_select(0, rows).argsort(stable=True))  # by context length
+        sorted_contexts = [context for context, _ in members]
+        for start, end in _groups(sorted_contexts, k_cache.shape[1], kv_row_bytes, GATHER_BUDGET_BYTES):
+            _attend_group(out, query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, rows[start:end],
+                          sorted_contexts[end - 1], group_q_len, scale)
     return out
 
 
+# The K/V one attention call gathers, at most (a single sequence may exceed it): sized to stay in a core's
+# cache, since gathered K/V read again from memory cost more than the calls saved by one larger batch.
+GATHER_BUDGET_BYTES = 2 << 20
+
+
+def _groups(sorted_contexts: list[int], block_size: int, row_bytes: int, budget: int) -> list[tuple[int, int]]:
+    """Consecutive [start, end) ranges of the length-sorted sequences, each gathering at most `budget` bytes
+    of K/V padded to its longest context (at least one sequence each): short contexts share one call."""
+    groups, start = [], 0
+    for index, context in enumerate(sorted_contexts):
+        padded = -(-context // block_size) * block_size
+        if index > start and (index - start + 1) * padded * row_bytes > budget:
+            groups.append((start, index))
+            start = index
+    groups.append((start, len(sorted_contexts)))
+    return groups
+
+
 def _attend_group(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                  context_lens: Tensor, cu_seqlens_q: Tensor, rows: Tensor | None, longest: int, q_len: int,
+                  context_lens: Tensor, cu_seqlens_q: Tensor, rows: Tensor, longest: int, q_len: int,
                   scale: float) -> None:
-    """One masked attention into `out` for the sequences `rows` (None: all), whose contexts are at most
+    """One masked attention into `out` for the sequences `rows`, whose contexts are at most
     `longest` and query lengths at most `q_len` (1: each has exactly one new token)."""
     device = query.device
     num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))
-    num_seqs = block_tables.shape[0] if rows is None else rows.shape[0]
+    pick = (lambda t: t.index_select(0, rows))  # noqa: E731 (each metadata tensor, for the group's rows)
+    num_seqs = rows.shape[0]
     width = -(-longest // block_size)
     lens = pick(context_lens).to(torch.int64)
     # Entries past a context may be -1 or stale, even out of range: read block 0 there instead, masked out below.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -80,13 +81,23 @@ def test_batched_kernel_equals_the_per_sequence_oracle(batch: PagedBatch) -> Non
     torch.testing.assert_close(batched, per_sequence, atol=tolerance, rtol=tolerance)
 
 
-def test_a_step_of_decode_tokens_and_prefill_chunks_equals_the_oracle() -> None:
-    # Several chunks of different lengths beside decode tokens and an idle sequence (no new token).
-    batch = build_paged_batch([40, 9, 33, 1, 17, 64], [1, 9, 5, 1, 0, 12], num_heads=8, num_kv_heads=2,
+@pytest.mark.parametrize("budget", [reference.GATHER_BUDGET_BYTES, 40 * 1024, 1])
+def test_a_step_of_decode_tokens_and_prefill_chunks_equals_the_oracle(budget: int, monkeypatch) -> None:
+    # Several chunks of different lengths beside decode tokens and an idle sequence (no new token); with a
+    # smaller gather budget the sequences split into several calls (1 byte: one call each).
+    monkeypatch.setattr(reference, "GATHER_BUDGET_BYTES", budget)
+    batch = build_paged_batch([40, 9, 33, 1, 17, 64, 2, 50], [1, 9, 5, 1, 0, 12, 1, 1], num_heads=8, num_kv_heads=2,
                               head_dim=16, block_size=4, stale_id=10**6,
                               generator=torch.Generator().manual_seed(3))
     batched = kernels.paged_attention(*batch.args())
     torch.testing.assert_close(batched, reference.paged_attention_per_sequence(*batch.args()), atol=1e-5, rtol=1e-5)
+
+
+def test_sequences_share_a_call_while_their_padded_k_v_fits_the_budget() -> None:
+    # Sorted contexts 3, 4, 9, 30 in blocks of 4, 10 bytes per token: padded 4, 4, 12, 32 tokens.
+    assert reference._groups([3, 4, 9, 30], 4, 10, budget=400) == [(0, 3), (3, 4)]
+    assert reference._groups([3, 4, 9, 30], 4, 10, budget=10**6) == [(0, 4)]
+    assert reference._groups([3, 4, 9, 30], 4, 10, budget=1) == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
 def _store_sequence(keys: torch.Tensor, values: torch.Tensor, block_size: int) -> tuple[torch.Tensor, ...]:
