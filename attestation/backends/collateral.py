@@ -47,24 +47,27 @@ def load_collateral(kind: str, folder: Path) -> tuple[tuple[bytes, ...], tuple[b
     crls = tuple(_read(folder, name) for name in CRL_FILES[kind])
     if kind == "tdx":
         return (), crls
-    try:
-        ask_ark = pem_chain_to_der(_read(folder, "cert_chain.pem"))
-    except ChainError:
-        raise BackendError(f"{folder}/cert_chain.pem is not AMD KDS's PEM cert_chain (ASK, then ARK)") from None
-    if len(ask_ark) != 2:
-        raise BackendError(f"{folder}/cert_chain.pem must hold the ASK then the ARK, as AMD KDS serves it")
+    ask_ark = _pair_chain(folder, "cert_chain.pem", "AMD KDS's PEM cert_chain (ASK, then ARK)",
+                          "the ASK then the ARK, as AMD KDS serves it")
     return (_read(folder, "vcek.der"), *ask_ark), crls
 
 
 def load_tdx_collateral(folder: Path) -> TdxCollateral:
     """Intel PCS's TCB Info and QE Identity, and their issuer chain, to staple to a TDX quote."""
-    try:
-        chain = pem_chain_to_der(_read(folder, "tcb-signing-chain.pem"))
-    except ChainError:
-        raise BackendError(f"{folder}/tcb-signing-chain.pem is not a PEM chain (TCB Signing, then the root)") from None
-    if len(chain) != 2:
-        raise BackendError(f"{folder}/tcb-signing-chain.pem must hold the TCB Signing certificate then the root")
+    chain = _pair_chain(folder, "tcb-signing-chain.pem", "a PEM chain (TCB Signing, then the root)",
+                        "the TCB Signing certificate then the root")
     return TdxCollateral(_read(folder, "tcb-info.json"), _read(folder, "qe-identity.json"), chain)
+
+
+def _pair_chain(folder: Path, name: str, kind: str, order: str) -> tuple[bytes, ...]:
+    """The two DER certificates of the PEM file `name` (a signer, then its issuer), refused naming the file."""
+    try:
+        chain = pem_chain_to_der(_read(folder, name))
+    except ChainError:
+        raise BackendError(f"{folder}/{name} is not {kind}") from None
+    if len(chain) != 2:
+        raise BackendError(f"{folder}/{name} must hold {order}")
+    return chain
 
 
 def _read(folder: Path, name: str) -> bytes:
