@@ -15,9 +15,8 @@ Measured in one run:
      profiler: the host<->device copies the device ran (HtoD and DtoH, pinned or pageable) against the
      bridge's own count of the same steps (`engine.bridge_profile`), one each way per step;
   2. offline output tokens/s of the engine on --requests requests (prompts 64-1,024 tokens, outputs 32-512,
-     seeded, greedy, ignore_eos);
-  3. the same requests through the engine with zeroing skipped (a fresh engine, warmed up first), to price
-     zero-on-free;
+     seeded, greedy, ignore_eos); every engine run below runs the workload twice and times the second pass;
+  3. the same requests through the engine with zeroing skipped (a fresh engine), to price zero-on-free;
   4. the same requests through `transformers.generate` in static left-padded batches of --hf-batch-size
      with a static cache and `torch.compile` (each batch runs to its longest output; the workload runs
      twice and the second pass is timed, so compilation is not);
@@ -198,7 +197,10 @@ def start_decoding(engine, batch: int, prompt_len: int, steps: int, vocab: int) 
     from engine import SamplingParams
 
     rng = random.Random(batch)
-    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    # Room for the decode steps taken while later sequences still prefill (a large batch prefills over many
+    # steps), so that every sequence still decodes through the timed steps and is there to abort.
+    prefill_steps = -(-batch * prompt_len // engine.config.max_num_batched_tokens)
+    params = SamplingParams(max_tokens=steps + prefill_steps + 8, temperature=0.0, ignore_eos=True)
     requests = [engine.add_request([rng.randrange(vocab) for _ in range(prompt_len)], params) for _ in range(batch)]
     while any(seq.num_computed_tokens < seq.num_prompt_tokens for seq in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
@@ -241,6 +243,10 @@ def run_engine_offline(engine, workload: Workload) -> float:
     from engine import SamplingParams
 
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in workload.output_lens]
+    # A whole untimed pass first, as transformers gets: the first pass of a process compiles the prefill
+    # kernels for the workload's shapes, which cost the first engine measured on the H100 (2026-11-27) more
+    # than a third of its time and made the engines measured after it look faster than it.
+    engine.generate(workload.prompts, params)
     torch.cuda.synchronize()
     started = time.perf_counter()
     outputs = engine.generate(workload.prompts, params)
@@ -369,12 +375,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="veil-gpu-bench-") as model_dir:
         progress(f"writing a random {args.preset} Llama to {model_dir} ...")
         write_random_llama(Path(model_dir), shape, device, seed=args.seed)
-        report = measure(args, model_dir, shape, device)
-    print("\n".join(report))
+        measure(args, model_dir, shape, device)
     return 0
 
 
-def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device: torch.device) -> list[str]:
+def report(*lines: str) -> None:
+    """Prints result lines as they are measured: a run cut off by its time limit keeps what it measured."""
+    print("\n".join(lines), flush=True)
+
+
+def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device: torch.device) -> None:
     from engine import LLMEngine
 
     targets = args.preset == "1b"
@@ -386,41 +396,40 @@ def measure(args: argparse.Namespace, model_dir: str, shape: LlamaShape, device:
     weights = weight_bytes(engine.runner.model)
     floor_ms = 1000 * weights / bandwidth
     mode = engine_mode(engine)
-    lines = [f"device: {torch.cuda.get_device_name(device)}, copy bandwidth {bandwidth / 1e12:.2f} TB/s",
+    report(f"device: {torch.cuda.get_device_name(device)}, copy bandwidth {bandwidth / 1e12:.2f} TB/s",
              f"model: random {args.preset} Llama, {weights / 1e9:.2f} GB of bf16 weights; "
              f"weights-only floor {floor_ms:.2f} ms/step" + ("" if targets else " (targets are set for the 1b preset)"),
              memory_line(engine),
              f"load: {load_s:.1f} s from disk to device (graphs captured), weights in {loaded.h2d} bridge crossings "
-             f"of {loaded.h2d_bytes / 1e9:.2f} GB"]
+             f"of {loaded.h2d_bytes / 1e9:.2f} GB")
     for batch in args.batches:
         progress(f"decode at batch {batch} ({mode}) ...")
         ms = decode_ms_per_step(engine, batch, args.decode_prompt_len, args.decode_steps, shape.vocab_size)
-        lines.append(decode_line(batch, ms, floor_ms, targets, mode))
+        report(decode_line(batch, ms, floor_ms, targets, mode))
     if args.profile_batch:
         progress(f"decode at batch {args.profile_batch} under the CUDA profiler, counting copies ...")
         copies, counted = profiled_crossings(engine, args.profile_batch, args.decode_prompt_len, args.decode_steps,
                                              shape.vocab_size)
-        lines += crossings_lines(args.profile_batch, args.decode_steps, mode, copies, counted)
+        report(*crossings_lines(args.profile_batch, args.decode_steps, mode, copies, counted))
     if args.decode_only:
-        return lines
+        return
     workload = make_workload(args.requests, shape.vocab_size, args.seed)
     progress(f"engine offline: {args.requests} requests, {workload.output_tokens} output tokens ...")
     engine_rate = workload.output_tokens / run_engine_offline(engine, workload)
     target = f"  [target >= {OFFLINE_TARGET_TOKENS_PER_S:,} tok/s: {verdict(engine_rate >= OFFLINE_TARGET_TOKENS_PER_S)}]"
-    lines.append(f"offline, veil engine ({mode}): {engine_rate:10.1f} output tok/s" + (target if targets else ""))
+    report(f"offline, veil engine ({mode}): {engine_rate:10.1f} output tok/s" + (target if targets else ""))
     del engine
     free_device_memory()
-    lines += price_zeroing(args, model_dir, workload, engine_rate)
+    report(*price_zeroing(args, model_dir, workload, engine_rate))
     if args.bridge_toll_us:
-        lines += price_toll(args, model_dir, workload, engine_rate)
+        report(*price_toll(args, model_dir, workload, engine_rate))
     if not args.skip_transformers:
         hf_rate = workload.output_tokens / run_transformers_compiled(model_dir, workload, args.hf_batch_size)
         ratio = engine_rate / hf_rate
-        lines.append(f"offline, transformers static+compile: {hf_rate:10.1f} output tok/s "
-                     f"(batches of {args.hf_batch_size})")
-        lines.append(f"ratio veil / transformers compiled: {ratio:.2f}x"
-                     + (f"  [target >= {OFFLINE_TARGET_RATIO:.0f}x: {verdict(ratio >= OFFLINE_TARGET_RATIO)}]" if targets else ""))
-    return lines
+        report(f"offline, transformers static+compile: {hf_rate:10.1f} output tok/s "
+               f"(batches of {args.hf_batch_size})")
+        report(f"ratio veil / transformers compiled: {ratio:.2f}x"
+               + (f"  [target >= {OFFLINE_TARGET_RATIO:.0f}x: {verdict(ratio >= OFFLINE_TARGET_RATIO)}]" if targets else ""))
 
 
 def engine_config(args: argparse.Namespace, skip_zeroing: bool = False, toll_us: float = 0.0):
@@ -435,11 +444,10 @@ def engine_config(args: argparse.Namespace, skip_zeroing: bool = False, toll_us:
 
 def price_toll(args: argparse.Namespace, model_dir: str, workload: Workload, engine_rate: float) -> list[str]:
     """The offline workload again through a simulated confidential bridge: what its tolls cost."""
-    from engine import LLMEngine, SamplingParams
+    from engine import LLMEngine
 
     progress(f"engine offline with a bridge toll of {args.bridge_toll_us:g} us per crossing ...")
     engine = LLMEngine(model_dir, engine_config(args, toll_us=args.bridge_toll_us))
-    engine.generate([workload.prompts[0]], SamplingParams(max_tokens=8, temperature=0.0))  # compiles, as the first did
     with engine.runner.bridge.counting() as crossed:
         steps = engine.runner.bridge.steps
         tolled_rate = workload.output_tokens / run_engine_offline(engine, workload)
@@ -454,11 +462,10 @@ def price_toll(args: argparse.Namespace, model_dir: str, workload: Workload, eng
 
 def price_zeroing(args: argparse.Namespace, model_dir: str, workload: Workload, engine_rate: float) -> list[str]:
     """The offline workload again with zeroing skipped: what zero-on-free costs in throughput."""
-    from engine import LLMEngine, SamplingParams
+    from engine import LLMEngine
 
     progress("engine offline with zeroing skipped, to price zero-on-free ...")
     engine = LLMEngine(model_dir, engine_config(args, skip_zeroing=True))
-    engine.generate([workload.prompts[0]], SamplingParams(max_tokens=8, temperature=0.0))  # compiles, as the first did
     unsafe_rate = workload.output_tokens / run_engine_offline(engine, workload)
     del engine
     free_device_memory()

@@ -5,6 +5,8 @@ under its own time limit, its whole output saved to OUT/<stage>.log and its resu
 verdicts, the tests' summary) printed when it ends, then a table of every stage's status and time:
 
   tests      the GPU tests: `pytest -m gpu` over the test files that hold them
+  parity     gpu_parity.py --preset-1b: greedy tokens on CUDA against `transformers` on CUDA (fp32, bf16)
+             and stories260K on CUDA against the CPU
   engine-1b  engine_gpu.py --preset 1b --bridge-toll-us 300: decode step times, the crossings under the
              CUDA profiler, offline throughput, zero-on-free, the toll, `transformers` compiled
   sync-1b    engine_gpu.py --preset 1b --sync-scheduling --decode-only
@@ -42,9 +44,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 WHEELS = REPO_ROOT / ".whl"
 SITE = Path("/tmp/veil-gpu-site")  # the carried wheels, installed outside the checkout
 GPU_MARK = "pytest.mark.gpu"
+RETEST_LIMIT_S = 60  # the tests stage narrowed by --tests-k
 # Lines of a stage's output worth printing as it ends: the benchmarks' figures and the tests' summary.
 RESULT_WORDS = ("target", "ms/step", "tok/s", "crossings", "copies seen", "load:", "device:", "model:", "memory:",
-                "ratio", "passed", "failed", "error", "Error", "GB/s", "bandwidth", "TTFT")
+                "ratio", "passed", "failed", "error", "Error", "GB/s", "bandwidth", "TTFT", "parity:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +66,9 @@ def gpu_test_files(tests: Path = REPO_ROOT / "tests") -> list[str]:
 def stages() -> dict[str, Stage]:
     gpu = ("benchmarks/engine_gpu.py",)
     listed = [
-        Stage("tests", ("-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *gpu_test_files()), 150),
+        Stage("tests", ("-m", "pytest", "-v", "--tb=short", "-rfE", "-m", "gpu", "-p", "no:cacheprovider",
+                        *gpu_test_files()), 150),
+        Stage("parity", ("benchmarks/gpu_parity.py", "--preset-1b"), 120),
         Stage("engine-1b", (*gpu, "--preset", "1b", "--bridge-toll-us", "300"), 270),
         Stage("sync-1b", (*gpu, "--preset", "1b", "--sync-scheduling", "--decode-only"), 60),
         Stage("eager-1b", (*gpu, "--preset", "1b", "--eager", "--decode-only"), 60),
@@ -119,6 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds this call may take: a stage whose limit no longer fits is not started")
     parser.add_argument("--wheels", type=Path, default=WHEELS,
                         help="folder of wheels to install before the first stage (default: .whl, `make gpu-wheels`)")
+    parser.add_argument("--tests-k", metavar="EXPR",
+                        help="the tests stage runs only the GPU tests pytest's -k EXPR selects (a re-run of failures)")
     parser.add_argument("--list", action="store_true", help="print the stages and exit")
     parser.add_argument("--dry-run", action="store_true", help="print what each stage would run and exit")
     return parser.parse_args(argv)
@@ -127,6 +134,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     known = stages()
+    if args.tests_k:
+        tests = known["tests"]
+        # A re-run of a few failures: a limit of its own, so the stages after it still fit a budget.
+        known["tests"] = Stage(tests.name, (*tests.argv, "-k", args.tests_k), RETEST_LIMIT_S)
     unknown = [name for name in args.stages if name not in known]
     if unknown:
         print(f"unknown stage(s): {', '.join(unknown)}; the stages are {', '.join(known)}", file=sys.stderr)

@@ -288,6 +288,8 @@ class DecodeGraphs:
                 pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize(self.kv_cache.device)
+        # The warm-ups and captures ran padding rows and left their hidden states: a padded row reads 0.
+        self.buffers.hidden.zero_()
 
     def _forward(self, batch_size: int) -> None:
         # Every row is padding here (slot -1), so neither the warm-up nor the capture writes the cache.

@@ -304,6 +304,13 @@ def only_the_read_may_wait(monkeypatch) -> Iterator[list]:
         torch.cuda.set_sync_debug_mode("default")
 
 
+def staging_in_use_is_pinned(bridge) -> bool:
+    """Whether every download buffer the bridge has used is pinned host memory (one never used is still
+    empty, and an empty tensor reads as unpinned)."""
+    used = [slot.staging.tensor for slot in bridge._slots if slot.staging.capacity]
+    return bool(used) and all(tensor.is_pinned() for tensor in used)
+
+
 @contextmanager
 def running_core(model_dir: Path, config: EngineConfig) -> Iterator["EngineCoreClient"]:
     """An engine core process on `model_dir`, started, and stopped when the block ends."""

@@ -22,6 +22,7 @@ from enclave.cli import node_settings
 from enclave.node import engine_config as node_engine_config
 from enclave.selfcheck import EngineLimits
 from engine.accounting import ZeroingAccount
+from engine.bridge import Download
 from engine.cli import engine_config as generate_config
 from engine.core import AddRequest, EngineCore, Refused
 from engine.core_client import EngineCoreClient
@@ -36,6 +37,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     random_lengths,
     random_prompts,
     reference_model,
+    staging_in_use_is_pinned,
     tiny_model_dir,
 )
 from veil.cli import build_parser
@@ -379,7 +381,9 @@ def test_on_cuda_a_step_waits_for_the_device_only_to_read_the_previous_picks(mon
                 tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
             account.check()
 
-    assert reads and all(copy.values.is_pinned() for copy in reads)
+    # Each read is a step's one download, copied into the bridge's pinned staging buffers.
+    assert reads and all(isinstance(copy, Download) for copy in reads)
+    assert staging_in_use_is_pinned(llm.runner.bridge)
     assert [tokens[i] for i in ids] == [hf_greedy(reference.model, p, n) for p, n in zip(prompts, lengths)]
     assert len(tokens[sampled]) == 18 and llm.block_manager.blocks_scrubbed > 0
     assert account.take(0).residue == 0 and llm.residue_check() == []

@@ -13,7 +13,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import engine.sampler as sampler_module
-from engine.bridge import Bridge
+from engine.bridge import Bridge, Download
 from engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
 from engine.errors import EngineError
 from engine.sampler import Filters, SampleRequest, Sampler, filter_batch, filter_probs
@@ -31,6 +31,7 @@ from tests.engine_models import (  # noqa: F401 (fixtures)
     only_the_read_may_wait,
     prefill_logits,
     random_prompts,
+    staging_in_use_is_pinned,
     tiny_engine,
     tiny_model_dir,
 )
@@ -763,10 +764,12 @@ def test_cuda_picks_the_cpu_tokens_for_the_same_seeds_with_one_sync(monkeypatch)
     on_cpu = Sampler()(logits, batch)
     on_device = logits.cuda()  # copied before the check: a pageable copy to the device waits for it
     Sampler()(on_device, batch)  # warm-up: kernels and the pinned-memory pool
+    sampler = Sampler()
     with only_the_read_may_wait(monkeypatch) as reads:
-        on_cuda = Sampler()(on_device, batch)
-    copies = [(copy.values.device.type, copy.values.is_pinned(), copy.done is not None) for copy in reads]
-    assert copies == [("cpu", True, True)]  # one asynchronous copy into pinned memory, waited for once
+        on_cuda = sampler(on_device, batch)
+    # One asynchronous download through the bridge's pinned staging, waited for once.
+    assert len(reads) == 1 and isinstance(reads[0], Download)
+    assert staging_in_use_is_pinned(sampler._bridge)
     assert [token for token, _ in on_cuda] == [token for token, _ in on_cpu]
     for (_, cuda_logprob), (_, cpu_logprob) in zip(on_cuda, on_cpu):
         assert (cuda_logprob is None) == (cpu_logprob is None)
