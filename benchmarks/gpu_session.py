@@ -24,7 +24,8 @@ The device image has torch, triton and transformers but not the project's web an
 project itself is not installed there (its torch pin is this machine's CPU build): the stages import it
 from the checkout. A call's start costs about 40 s of device time and an idle machine 30 s more (give it
 back), so two calls fit the device time of a session (timings of benchmarks/results/gpu-2026-11-27.md: the
-first 50 GPU tests (the engine ones, each building an engine and capturing graphs) took 150 s, the 1b engine stage took 135 s, the decode-only ones 17-60 s):
+first 50 GPU tests (the engine ones, each building an engine and capturing graphs) took 150 s, the 1b engine
+stage took 135 s, the decode-only ones 17-60 s):
 
     python3 benchmarks/gpu_session.py --out $OUT --budget 500 tests parity engine-1b
     python3 benchmarks/gpu_session.py --out $OUT --budget 300 sync-1b eager-1b kernels e2e engine-8b
