@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.gpu_session import stages
+
 REPO = Path(__file__).resolve().parents[1]
 NUMBER = r"[-+]?\d+(?:\.\d+)?"
 
@@ -171,8 +173,34 @@ def test_the_gpu_session_runs_its_stages_keeps_their_logs_and_starts_none_it_has
     assert "device: CPU (torch reference path)" in (out / "kernels.log").read_text()
     summary = (out / "summary.txt").read_text().splitlines()
     assert re.fullmatch(r"kernels +ok in \d+ s", summary[0])
-    assert summary[1].startswith("engine-1b  not started: its 270 s limit exceeds the")
+    limit = stages()["engine-1b"].limit_s
+    assert summary[1].startswith(f"engine-1b  not started: its {limit} s limit exceeds the")
     assert not (out / "engine-1b.log").exists()
+
+
+def test_a_narrowed_gpu_test_run_selects_by_name_under_a_limit_of_its_own() -> None:
+    result = gpu_session("--dry-run", "--tests-k", "crossings or residue", "tests", "parity")
+    tests_line, parity_line = result.stdout.splitlines()
+    assert result.returncode == 0 and tests_line.endswith("-k crossings or residue")
+    assert re.match(r"tests +60 s", tests_line) and re.match(rf"parity +{stages()['parity'].limit_s} s", parity_line)
+
+
+def test_the_gpu_decode_measurement_leaves_every_sequence_decoding_through_its_steps() -> None:
+    """A large batch prefills over several steps while its first sequences already decode; each must
+    still be decoding when the timed steps end, so that the benchmark's aborts find it (on the H100, a
+    batch of 256 finished early and the abort was refused)."""
+    from benchmarks.engine_gpu import start_decoding, stop_decoding
+    from engine import EngineConfig, LLMEngine
+    from tests.engine_models import VOCAB_SIZE, tiny_model_dir
+
+    engine = LLMEngine(tiny_model_dir(), EngineConfig(max_num_seqs=16, max_num_batched_tokens=64, num_blocks=256))
+    steps = 4
+    requests = start_decoding(engine, 16, 40, steps, VOCAB_SIZE)  # 640 prompt tokens: ten prefill steps
+    for _ in range(steps):
+        engine.step()
+    assert len(engine.scheduler.running) == len(requests)  # none finished early
+    stop_decoding(engine, requests)
+    assert not engine.has_unfinished()
 
 
 def test_the_gpu_session_refuses_a_stage_it_does_not_know() -> None:
