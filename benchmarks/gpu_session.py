@@ -12,7 +12,7 @@ verdicts, the tests' summary) printed when it ends, then a table of every stage'
   sync-1b    engine_gpu.py --preset 1b --sync-scheduling --decode-only
   eager-1b   engine_gpu.py --preset 1b --eager --decode-only
   kernels    kernels.py: paged attention and zeroing bandwidth
-  e2e        e2e.py --quick: the encrypted path against the engine in-process
+  e2e        e2e.py --concurrency 1 64: the encrypted path against the engine in-process
   engine-8b  engine_gpu.py --preset 8b --decode-only
 
 With --budget S a stage whose limit no longer fits in what is left of S seconds is not started, so a
@@ -27,8 +27,8 @@ back), so two calls fit the device time of a session (timings of benchmarks/resu
 first 50 GPU tests (the engine ones, each building an engine and capturing graphs) took 150 s, the 1b engine
 stage took 135 s, the decode-only ones 17-60 s):
 
-    python3 benchmarks/gpu_session.py --out $OUT --budget 345 tests parity kernels
-    python3 benchmarks/gpu_session.py --out $OUT --budget 485 engine-1b sync-1b eager-1b e2e engine-8b
+    python3 benchmarks/gpu_session.py --out $OUT --budget 335 tests parity kernels
+    python3 benchmarks/gpu_session.py --out $OUT --budget 495 engine-1b sync-1b eager-1b e2e engine-8b
 
 After a failure, `--tests-k EXPR` re-runs only the tests it names (pytest's -k), under a limit of its own.
 
@@ -72,14 +72,14 @@ def stages() -> dict[str, Stage]:
     gpu = ("benchmarks/engine_gpu.py",)
     listed = [
         Stage("tests", ("-m", "pytest", "-v", "--tb=short", "-rfE", "-m", "gpu", "-p", "no:cacheprovider",
-                        *gpu_test_files()), 180),
+                        *gpu_test_files()), 170),
         Stage("parity", ("benchmarks/gpu_parity.py", "--preset-1b"), 100),
         Stage("engine-1b", (*gpu, "--preset", "1b", "--bridge-toll-us", "300"), 200),
-        Stage("sync-1b", (*gpu, "--preset", "1b", "--sync-scheduling", "--decode-only"), 45),
-        Stage("eager-1b", (*gpu, "--preset", "1b", "--eager", "--decode-only"), 45),
+        Stage("sync-1b", (*gpu, "--preset", "1b", "--sync-scheduling", "--decode-only"), 40),
+        Stage("eager-1b", (*gpu, "--preset", "1b", "--eager", "--decode-only"), 40),
         Stage("kernels", ("benchmarks/kernels.py",), 30),
-        Stage("e2e", ("benchmarks/e2e.py", "--quick"), 60),
-        Stage("engine-8b", (*gpu, "--preset", "8b", "--decode-only", "--batches", "1", "64", "256"), 100),
+        Stage("e2e", ("benchmarks/e2e.py", "--concurrency", "1", "64"), 90),
+        Stage("engine-8b", (*gpu, "--preset", "8b", "--decode-only", "--batches", "1", "64", "256"), 90),
     ]
     return {stage.name: stage for stage in listed}
 
