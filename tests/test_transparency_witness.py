@@ -3,6 +3,7 @@ cosigned, keeps that in its state file, and refuses rollbacks, forks and checkpo
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from pathlib import Path
@@ -140,3 +141,12 @@ def test_add_checkpoint_requests_round_trip_and_malformed_ones_are_refused() -> 
                  b"old 1\n" + b"AAAA\n" * 65 + b"\nnote"):
         with pytest.raises(WitnessRequestError):
             parse_add_checkpoint(body)
+
+
+def test_a_consistency_proof_holds_at_most_the_63_lines_tlog_witness_allows() -> None:
+    line = base64.b64encode(b"\x03" * 32)
+    assert len(parse_add_checkpoint(b"old 1\n" + (line + b"\n") * 63 + b"\nnote").proof) == 63
+    with pytest.raises(WitnessRequestError, match="at most 63"):
+        parse_add_checkpoint(b"old 1\n" + (line + b"\n") * 64 + b"\nnote")
+    with pytest.raises(WitnessRequestError, match="at most 63"):  # nor does the log's client send one
+        encode_add_checkpoint(AddCheckpoint(1, (b"\x03" * 32,) * 64, b"note"))

@@ -23,7 +23,8 @@ from attestation.transparency.note import Note, Signature, decode_b64, parse_not
 from transparency.errors import StaleSizeError, WitnessRequestError
 
 MAX_REQUEST_BYTES = 64 * 1024
-MAX_PROOF_HASHES = 64
+# c2sp.org/tlog-witness: "The client MUST NOT send more than 63 consistency proof lines."
+MAX_PROOF_HASHES = 63
 SIZE_MEDIA_TYPE = "text/x.tlog.size"
 
 
@@ -35,6 +36,8 @@ class AddCheckpoint:
 
 
 def encode_add_checkpoint(request: AddCheckpoint) -> bytes:
+    if len(request.proof) > MAX_PROOF_HASHES:
+        raise WitnessRequestError(f"a consistency proof sent to a witness has at most {MAX_PROOF_HASHES} hashes")
     lines = [f"old {request.old_size}", *(base64.b64encode(value).decode() for value in request.proof)]
     return ("\n".join(lines) + "\n\n").encode() + request.note
 
