@@ -5,7 +5,8 @@ through the operator's log (`veil log serve --key`), which appends it only with 
 over the statement. It then fetches tlog-proofs for its release statement and its key statement and
 serves them with its evidence (AttestResponse.transparency_proofs). A background thread refreshes
 them as the log grows and witnesses cosign: never on the request path, each exchange bounded by a
-timeout, and after a failure again with backoff (RETRY_S, doubling up to refresh_s). Each attempt is
+timeout, and after a failure again with backoff (RETRY_S, doubling up to refresh_s), every wait spread by
+±JITTER so that a fleet started together, or cut off by the same log outage, does not ask in step. Each attempt is
 reported (`on_refresh`: the node's `proofs_refreshed` audit event and metric) with how fresh the stapled
 proofs are then (`enclave.proof_expiry`), a failed one also as a line `veil node` logs, so a log outage is seen well
 before clients refuse the node. What leaves the node is the statement and its evidence, both public by design.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +37,7 @@ CLOCK_ALLOWANCE_S = 60  # a statement's window starts this early, for clients wh
 UNROTATED_KEY_WINDOW_S = 86_400  # a key that is never rotated is logged for a day at a time, then again
 EXCHANGE_TIMEOUT_S = 30.0  # the log verifies evidence and asks its witnesses before it answers an append
 RETRY_S = 5.0  # after a failed refresh, the next comes this soon, then twice as late each time (at most refresh_s)
+JITTER = 0.2  # each wait is its schedule's value times a draw from [1 - JITTER, 1 + JITTER]
 NOT_READY = frozenset({ProofFreshness.EXPIRING, ProofFreshness.EXPIRED})
 OnRefresh = Callable[[ProofRefreshOutcome, ProofFreshness], None]
 
@@ -44,6 +47,11 @@ def retry_delay_s(failures: int, refresh_s: float) -> float:
     if failures <= 0:
         return refresh_s
     return min(refresh_s, RETRY_S * 2 ** min(failures - 1, 32))
+
+
+def jittered(delay_s: float, rng: random.Random) -> float:
+    """`delay_s` spread by ±JITTER: nodes on the same schedule drift apart instead of asking the log together."""
+    return delay_s * rng.uniform(1 - JITTER, 1 + JITTER)
 
 
 def node_key_statement(key_config: bytes, measurement: Measurement, now: float, lifetime_s: float,
@@ -92,6 +100,8 @@ class TransparencyStapler:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._rng = random.Random()  # spreads the waits only: nothing secret is drawn from it
+        self.next_wait_s = jittered(refresh_s, self._rng)  # until the next refresh, as the schedule last set it
 
     @property
     def logged_index(self) -> int | None:
@@ -147,7 +157,7 @@ class TransparencyStapler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(retry_delay_s(self.failures, self.refresh_s))
+            self._wake.wait(self.next_wait_s)
             self._wake.clear()
             if not self._stop.is_set():
                 self.refresh_quietly()
@@ -160,9 +170,11 @@ class TransparencyStapler:
         except (TransparencyError, httpx.HTTPError) as error:
             self.last_error = str(error) if isinstance(error, TransparencyError) else type(error).__name__
             self.failures += 1
+            self.next_wait_s = jittered(retry_delay_s(self.failures, self.refresh_s), self._rng)
             self._report(_outcome(error))
             return False
         self.last_error, self.failures = None, 0
+        self.next_wait_s = jittered(self.refresh_s, self._rng)
         self._report(ProofRefreshOutcome.OK)
         return True
 
@@ -176,7 +188,7 @@ class TransparencyStapler:
             return None
         return proofs in NOT_READY, (
             f"veil node: transparency proofs not refreshed ({outcome.value}: {self.last_error}); the stapled proofs "
-            f"are {proofs.value}; retrying in {retry_delay_s(self.failures, self.refresh_s):g} s")
+            f"are {proofs.value}; retrying in {self.next_wait_s:.0f} s")
 
     def _ensure_logged(self, http: httpx.Client) -> Logged:
         key_config, now = self._key_config(), time.time()
