@@ -95,6 +95,47 @@ def test_strict_refuses_the_genuine_reports_old_snp_firmware():
     with pytest.raises(errors.TcbBelowMinimumError, match="SNP firmware security patch level is below the "
                                                           "policy's minimum of 24 for Milan"):
         check_minimum_tcb(genuine_report().snp, strict)
+    # Its SNP firmware is the one component below: its microcode, 68, is exactly Milan's floor.
+    milan = next(entry for entry in strict if entry.product == "Milan")
+    snp_lowered = dataclasses.replace(milan, snp=GENUINE_TCB["snp"])
+    assert "meets the policy's minimum" in check_minimum_tcb(genuine_report().snp, (snp_lowered,))
+
+
+def strict_floors() -> dict[str, dict[str, int]]:
+    """Strict's minimum per product line and component, as shipped."""
+    return {entry.product: {component: getattr(entry, component) for component in GENUINE_TCB}
+            for entry in shipped_policy("strict").attestation.sev_snp_min_tcb}
+
+
+def family_19h_tcb(levels: dict[str, int]) -> bytes:
+    """TCB_VERSION bytes of Milan and Genoa: boot loader 0, TEE 1, SNP firmware 6, microcode 7."""
+    return bytes([levels["boot_loader"], levels["tee"], 0, 0, 0, 0, levels["snp"], levels["microcode"]])
+
+
+def test_strict_ships_the_published_floors():
+    # AMD-SB-3019 (SECURITY.md, "Platform TCB"): SNP firmware 0x18 / 0x17, and each line's lowest fixed
+    # microcode patch (Milan-X 0x0A001244, Bergamo/Siena 0x0AA00219). No published boot loader or TEE floor.
+    assert strict_floors() == {"Milan": {"boot_loader": 0, "tee": 0, "snp": 24, "microcode": 68},
+                               "Genoa": {"boot_loader": 0, "tee": 0, "snp": 23, "microcode": 25}}
+
+
+FLOORED = [(product, component) for product in ("Genoa", "Milan") for component in ("snp", "microcode")]
+
+
+@pytest.mark.parametrize("product,component", FLOORED, ids=[f"{p}-{c}" for p, c in FLOORED])
+def test_a_platform_at_stricts_floor_passes_and_one_step_below_is_refused_by_name(product, component):
+    floor = strict_floors()[product]
+    assert floor[component] > 0, f"strict sets no {component} floor for {product}"
+    minimums = shipped_policy("strict").attestation.sev_snp_min_tcb
+    at_floor = verified(resigned_genuine(family_19h_tcb(floor), family_19h_tcb(floor), product), product)
+    assert at_floor.snp is not None and "meets the policy's minimum" in check_minimum_tcb(at_floor.snp, minimums)
+    below = family_19h_tcb({**floor, component: floor[component] - 1})
+    report = verified(resigned_genuine(below, below, product), product)
+    assert report.snp is not None
+    with pytest.raises(errors.TcbBelowMinimumError, match=f"{COMPONENT_NAMES[component]} security patch level is "
+                                                          f"below the policy's minimum of {floor[component]} "
+                                                          f"for {product}"):
+        check_minimum_tcb(report.snp, minimums)
 
 
 @pytest.mark.parametrize("component", sorted(SYNTHETIC_TCB))
