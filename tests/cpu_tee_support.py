@@ -312,7 +312,8 @@ def tdx_quote(hierarchy: IntelHierarchy, fields: TdxFields) -> bytes:
 
 # ----- Intel collateral (TCB Info v3, TD_QE Identity v2) -----------------------------------------
 
-def _iso(moment: dt.datetime) -> str:
+def pcs_time(moment: dt.datetime) -> str:
+    """`moment` as Intel PCS writes issueDate and nextUpdate."""
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -332,8 +333,8 @@ def tcb_level(status: str = "UpToDate", *, sgx=TDX_CPU_SVNS, pce: int = TDX_PCE_
 def tcb_info_document(levels: list[dict] | None = None, **overrides) -> dict:
     """A TDX TCB Info v3 for the synthetic platform, issued an hour ago, rating it UpToDate unless told."""
     document = {
-        "id": "TDX", "version": 3, "issueDate": _iso(NOW - dt.timedelta(hours=1)),
-        "nextUpdate": _iso(NOW + dt.timedelta(days=29)), "fmspc": TDX_FMSPC.hex(), "pceId": "0000", "tcbType": 0,
+        "id": "TDX", "version": 3, "issueDate": pcs_time(NOW - dt.timedelta(hours=1)),
+        "nextUpdate": pcs_time(NOW + dt.timedelta(days=29)), "fmspc": TDX_FMSPC.hex(), "pceId": "0000", "tcbType": 0,
         "tcbEvaluationDataNumber": 18,
         "tdxModule": {"mrsigner": "00" * 48, "attributes": "0000000000000000", "attributesMask": "FFFFFFFFFFFFFFFF"},
         "tcbLevels": levels if levels is not None else [tcb_level()],
@@ -344,8 +345,8 @@ def tcb_info_document(levels: list[dict] | None = None, **overrides) -> dict:
 def qe_identity_document(**overrides) -> dict:
     """A TD_QE Identity v2 as Intel publishes it (MRSIGNER, ISVPRODID, masks), issued an hour ago."""
     document = {
-        "id": "TD_QE", "version": 2, "issueDate": _iso(NOW - dt.timedelta(hours=1)),
-        "nextUpdate": _iso(NOW + dt.timedelta(days=29)), "tcbEvaluationDataNumber": 18, "miscselect": "00000000",
+        "id": "TD_QE", "version": 2, "issueDate": pcs_time(NOW - dt.timedelta(hours=1)),
+        "nextUpdate": pcs_time(NOW + dt.timedelta(days=29)), "tcbEvaluationDataNumber": 18, "miscselect": "00000000",
         "miscselectMask": "FFFFFFFF", "attributes": "11000000000000000000000000000000",
         "attributesMask": "FBFFFFFFFFFFFFFF0000000000000000", "mrsigner": INTEL_QE_MRSIGNER.hex().upper(),
         "isvprodid": 2, "tcbLevels": [{"tcb": {"isvsvn": QE_ISVSVN}, "tcbDate": "2024-11-13T00:00:00Z",
@@ -460,10 +461,12 @@ def snp_evidence(policy, fields: SnpFields | None = None, *, crls: tuple[bytes, 
 
 
 def tdx_evidence(policy, fields: TdxFields | None = None, *, crls: tuple[bytes, ...] | None = None,
-                 code_digest: str = CODE_DIGEST, collateral: TdxCollateral | None = None) -> EvidenceBundle:
-    """A tsm bundle with a synthetic TDX quote over the bundle's own binding, unless `fields` says otherwise."""
+                 code_digest: str = CODE_DIGEST, collateral: TdxCollateral | None = None, nonce: bytes = NONCE,
+                 timestamp: int | None = None, config: bytes | None = None) -> EvidenceBundle:
+    """A tsm bundle with a synthetic TDX quote over the bundle's own binding (`binding_for`), unless `fields`
+    says otherwise."""
     hierarchy = intel_hierarchy()
-    binding = binding_for(policy, code_digest)
+    binding = binding_for(policy, code_digest, nonce=nonce, timestamp=timestamp, config=config)
     fields = fields or TdxFields()
     if fields.report_data == bytes(64):
         fields.report_data = binding.report_data
