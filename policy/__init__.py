@@ -39,7 +39,9 @@ change of meaning changes it. The digest is part of a node's attested
 measurement: clients verify which policy governs a node.
 
 Shipped policies: ``strict`` (production: NVIDIA's, AMD's and Intel's roots
-pinned, simulated evidence refused) and ``dev`` (DEVELOPMENT ONLY: accepts simulated
+pinned, simulated evidence refused; it ships its transparency log's and
+witnesses' keys empty, and refuses to load with :class:`PlaceholderError`,
+naming each, until its operator fills them) and ``dev`` (DEVELOPMENT ONLY: accepts simulated
 evidence from this machine's simulated root and any code or model digest).
 """
 
@@ -47,6 +49,7 @@ from policy.errors import (
     ForbiddenOptimizationError,
     InvalidValueError,
     MissingKeyError,
+    PlaceholderError,
     PolicyError,
     PolicySyntaxError,
     UnknownKeyError,
@@ -65,6 +68,7 @@ __all__ = [
     "ForbiddenOptimizationError",
     "InvalidValueError",
     "MissingKeyError",
+    "PlaceholderError",
     "Policy",
     "PolicyError",
     "PolicySyntaxError",

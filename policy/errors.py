@@ -23,6 +23,17 @@ class InvalidValueError(PolicyError):
     """A value has the wrong type or lies outside its allowed range."""
 
 
+class PlaceholderError(InvalidValueError):
+    """A trust anchor the policy ships empty for its operator to fill (a transparency key) is still empty.
+
+    `paths` names each empty one as a TOML path (`transparency.witnesses[1].key`); no key is ever held.
+    """
+
+    def __init__(self, message: str, *, paths: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.paths = paths
+
+
 class ForbiddenOptimizationError(PolicyError):
     """The policy enables an optimization that breaks a Veil requirement.
 

@@ -21,6 +21,7 @@ from policy.model import (
     RoutingPolicy,
     TransparencyPolicy,
 )
+from policy.placeholders import check_placeholders
 from protocol.constants import MAX_CANDIDATES
 
 # Required keys of each section and how to read them. Keys of forbidden-optimization
@@ -113,6 +114,7 @@ def parse_policy(text: str) -> Policy:
     _reject_unknown_sections(document)
     policy = _assemble(sections)
     _check_consistency(policy)
+    check_placeholders(policy.name, document["transparency"], policy.transparency)
     return policy
 
 
@@ -186,7 +188,6 @@ def _check_consistency(policy: Policy) -> None:
 
 
 def _check_transparency(transparency: TransparencyPolicy) -> None:
-    placeholders = [witness.name for witness in transparency.witnesses if not witness.key]
     if transparency.quorum > len(transparency.witnesses):
         raise InvalidValueError("transparency.quorum is larger than the number of transparency.witnesses")
     if transparency.required and transparency.quorum == 0:
@@ -194,9 +195,3 @@ def _check_transparency(transparency: TransparencyPolicy) -> None:
         raise InvalidValueError("transparency.quorum = 0 with transparency.required = true trusts the log's signature "
                                 "alone: nothing shows that other clients see the same log, nor how old a checkpoint "
                                 "is; list the witnesses and a quorum of at least 1")
-    if transparency.log_key and placeholders:
-        raise InvalidValueError(f"transparency.witnesses {', '.join(placeholders)} have no key yet: fill in each "
-                                "one's key (as `veil witness --new-key` prints it), or remove it, before naming "
-                                "the log")
-    if len(placeholders) < len(transparency.witnesses) and not transparency.log_key:
-        raise InvalidValueError("transparency.witnesses are listed but transparency.log_key names no log")

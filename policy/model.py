@@ -151,13 +151,14 @@ class TransparencyPolicy:
     """Whether a node's release and key must be in a witnessed log, and which log and witnesses count.
 
     The keys are C2SP note verifier keys; `attestation.transparency.requirement` reads them in the
-    c2sp.org/tlog-policy shape (one log, the witnesses, a group of `quorum` of them). Required with no
-    log key named: no node passes until the release process names the log (and fills in its witnesses).
+    c2sp.org/tlog-policy shape (one log, the witnesses, a group of `quorum` of them). A key "" is a
+    placeholder: a policy requiring transparency, or naming part of it, loads only once every key is filled
+    (policy/placeholders.py), since no node could pass before.
     """
 
     required: bool
     log_key: str  # the log's Ed25519 note verifier key, "" while none is named
-    witnesses: tuple[WitnessKey, ...]  # sorted by name; a key "" is a placeholder, refused once the log is named
+    witnesses: tuple[WitnessKey, ...]  # sorted by name; a key "" is a placeholder, refused at load where it counts
     quorum: int  # how many of `witnesses` must cosign a checkpoint; at least 1 where required
     max_checkpoint_age_s: int  # the quorum's cosignatures must be at most this old
 

@@ -24,8 +24,9 @@ from attestation.certs import fingerprint
 from attestation.measurement import Measurement
 from attestation.tdx import INTEL_QE_MRSIGNER, INTEL_QE_VENDOR_ID
 from attestation.verifier import verify_with_report
-from policy import parse_policy, shipped_policy_path
+from policy import parse_policy
 from tests.conftest import vectors_path
+from tests.policy_support import filled_strict_text
 from tests.test_attestation_support import NONCE, RECEIPT_KEY, key_config
 
 DER = serialization.Encoding.DER
@@ -383,7 +384,7 @@ def cpu_policy(**options):
 def cpu_policy_text(*, roots: tuple[str, ...] = (), launch: str = "", extra: str = "", max_crl_age_s: int = 86_400,
                     modes: str = '["cpu"]', snp_min_tcb: str = SYNTHETIC_SNP_MINIMUM,
                     snp_pins: dict[str, str] | None = None, tdx_settings: dict[str, str] | None = None) -> str:
-    """`strict` for CPU-only evidence: the synthetic roots pinned, the test code and model digests listed with
+    """`strict` (filled in: tests/policy_support.py) for CPU-only evidence: the synthetic roots pinned, the test code and model digests listed with
     the synthetic images' launch measurements (or `launch`, TOML inline tables), the SEV-SNP minimum TCB
     `snp_min_tcb` (TOML inline tables, in place of strict's) and `snp_pins` (policy key -> hex values);
     `tdx_settings` sets `tdx_*` keys (policy key -> TOML value)."""
@@ -392,7 +393,7 @@ def cpu_policy_text(*, roots: tuple[str, ...] = (), launch: str = "", extra: str
         f'{{ tee = "sev-snp", code = "{CODE_DIGEST}", measurement = "{SNP_MEASUREMENT.hex()}" }}, '
         f'{{ tee = "tdx", code = "{CODE_DIGEST}", mrtd = "{TDX_MRTD.hex()}", rtmr0 = "{TDX_RTMRS[0].hex()}" }}'
     )
-    text = shipped_policy_path("strict").read_text()
+    text = filled_strict_text()
     replacements = {
         'required_confidential_mode = ["cpu", "gpu"]': f"required_confidential_mode = {modes}",
         "allowed_code_digests = []": f'allowed_code_digests = ["{CODE_DIGEST}"{extra}]',

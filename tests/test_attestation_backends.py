@@ -24,9 +24,9 @@ from attestation.cpu_reports import CpuReportFormatError, parse_cpu_report
 from attestation.sim_root import load_or_create_sim_root, local_sim_root_certificate
 from attestation.spdm import parse_report
 from attestation.verifier import verify, verify_with_report
-from policy import shipped_policy
 from tests.conftest import vectors_path
 from tests.cpu_tee_support import SnpFields, TdxFields, cpu_policy, genuine_snp, genuine_tdx, snp_evidence, tdx_evidence
+from tests.policy_support import filled_strict
 from tests.test_attestation_nvidia_vectors import hopper_bundle
 from tests.test_attestation_support import (  # noqa: F401  (fixtures)
     NONCE,
@@ -111,7 +111,7 @@ def test_nvml_on_a_gpu_machine():
     except errors.BackendUnavailableError as error:
         pytest.fail(f"NVML present but unusable: {error}")
     try:
-        bundle = backend.collect(key_config(), measurement_for(shipped_policy("strict"), bytes(32)), NONCE, RECEIPT_KEY)
+        bundle = backend.collect(key_config(), measurement_for(filled_strict(), bytes(32)), NONCE, RECEIPT_KEY)
     except errors.GpuConfidentialModeOffError as error:
         assert "confidential computing is not in production mode" in str(error)
         return
@@ -144,7 +144,7 @@ def test_probing_never_picks_simulation_silently():
         get_backend(None)
     assert "nvml" in str(refusal.value) and "tsm" in str(refusal.value)
     with pytest.raises(errors.BackendUnavailableError):
-        get_backend(None, policy=shipped_policy("strict"))
+        get_backend(None, policy=filled_strict())
     with pytest.warns(SimulatedAttestationWarning, match="SIMULATED"):
         backend = get_backend(None, policy=dev_policy())
     assert backend.name == "sim"
@@ -194,7 +194,7 @@ def rims_2023(vbios: str = "vbios-rim-96.00.5E.00.01.swidtag") -> GpuRims:
 
 
 def test_the_2023_h100_report_passes_the_verifiers_reference_check_with_its_rims():
-    policy = shipped_policy("strict")
+    policy = filled_strict()
     bundle = hopper_bundle(policy, REPORT_2023, CHAIN_2023, rims_2023())
     report = verify_with_report(bundle, policy, chain_time=RIM_TIME)
     by_name = {check.name: check for check in report.checks}
@@ -205,7 +205,7 @@ def test_the_2023_h100_report_passes_the_verifiers_reference_check_with_its_rims
 
 
 def test_the_verifier_refuses_the_2023_report_with_the_production_vbios_rim_at_indexes_1_2_3_9():
-    policy = shipped_policy("strict")
+    policy = filled_strict()
     bundle = hopper_bundle(policy, REPORT_2023, CHAIN_2023, rims_2023("vbios-rim-96.00.5E.00.01-prod.swidtag"))
     with pytest.raises(errors.MeasurementMismatchError, match=r"1, 2, 3, 9") as refusal:
         verify(bundle, policy, chain_time=RIM_TIME)
@@ -215,7 +215,7 @@ def test_the_verifier_refuses_the_2023_report_with_the_production_vbios_rim_at_i
 def test_hardware_gpu_evidence_without_ocsp_responses_is_refused_naming_them():
     # Past the reference check (the 2023 RIMs) and with the binding and freshness of a fresh bundle faked
     # by running the revocation check alone: it names the missing OCSP responses of the device chain.
-    policy = shipped_policy("strict")
+    policy = filled_strict()
     ctx = checks.Context(hopper_bundle(policy, REPORT_2023, CHAIN_2023, rims_2023()), policy, time.time(), None, RIM_TIME)
     checks.check_chain(ctx)
     with pytest.raises(errors.RevocationError, match="GPU device chain carries no OCSP responses"):

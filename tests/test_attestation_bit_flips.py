@@ -39,7 +39,6 @@ from attestation.errors import AttestationError
 from attestation.ocsp import Freshness, verify_chain_status
 from attestation.rim import verify_rim
 from attestation.verifier import verify_with_report
-from policy import shipped_policy
 from tests.conftest import vectors_path
 from tests.cpu_tee_support import (
     DER,
@@ -55,12 +54,13 @@ from tests.cpu_tee_support import (
     snp_evidence,
     tdx_evidence,
 )
+from tests.policy_support import filled_strict
 from tests.test_attestation_nvidia_vectors import hopper_bundle
 
 # A flipped serial number may turn negative, which cryptography still parses but warns about.
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Parsed a serial number:cryptography.utils.CryptographyDeprecationWarning")
-STRICT = shipped_policy("strict")
+STRICT = filled_strict()
 RIM_TIME = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)  # inside the genuine RIM signing leaves' validity
 Verify = Callable[[bytes], object]
 

@@ -12,6 +12,7 @@ import pytest
 
 from attestation.bundle import EvidenceBundle
 from attestation.verifier import CHECK_NAMES
+from tests.policy_support import write_filled_strict
 from tests.test_attestation_support import edit_json, sim_root_dir  # noqa: F401  (fixture)
 from veil.cli import main
 
@@ -39,8 +40,8 @@ def test_collect_then_verify_under_dev_prints_every_check(capsys, monkeypatch):
     assert "VERIFIED node" in out
 
 
-def test_the_same_bundle_under_strict_fails_at_the_simulated_check(capsys, monkeypatch):
-    code, out = _verify(capsys, monkeypatch, _collect(capsys), "strict")
+def test_the_same_bundle_under_strict_fails_at_the_simulated_check(capsys, monkeypatch, tmp_path: Path):
+    code, out = _verify(capsys, monkeypatch, _collect(capsys), str(write_filled_strict(tmp_path / "strict.toml")))
     assert code == 1
     assert "✗ simulated:" in out and "REFUSED" in out
     assert all(f"· {name}: not run" in out for name in CHECK_NAMES[1:])
@@ -71,8 +72,9 @@ def test_a_malformed_bundle_fails_at_format(capsys, monkeypatch):
     assert code == 1 and "✗ format:" in out
 
 
-def test_collect_with_nvml_on_this_machine_explains_itself(capsys):
-    code = main(["attest", "collect", "--attestation", "nvml"])
+def test_collect_with_nvml_on_this_machine_explains_itself(capsys, tmp_path: Path):
+    strict = str(write_filled_strict(tmp_path / "strict.toml"))  # what it defaults to, filled in
+    code = main(["attest", "collect", "--attestation", "nvml", "--policy", strict])
     err = capsys.readouterr().err
     assert code == 1
     assert "NVML is missing" in err or "confidential computing is not in production mode" in err
@@ -138,7 +140,8 @@ def test_measure_gives_the_digests_an_operator_pins_and_evidence_then_verifies_a
 
 
 def test_measure_explains_a_missing_model_folder(capsys, tmp_path: Path):
-    assert main(["attest", "measure", "--model", str(tmp_path / "absent")]) == 1
+    strict = write_filled_strict(tmp_path / "strict.toml")
+    assert main(["attest", "measure", "--model", str(tmp_path / "absent"), "--policy", str(strict)]) == 1
     assert "does not exist" in capsys.readouterr().err
 
 

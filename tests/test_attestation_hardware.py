@@ -19,9 +19,9 @@ from attestation.bundle import CpuEvidence, EvidenceBundle
 from attestation.hardware import hardware_id, is_bound
 from attestation.sim_root import SimRoot, issue, load_or_create_sim_root
 from attestation.verifier import verify, verify_with_report
-from policy import shipped_policy
 from tests.conftest import vectors_path
 from tests.cpu_tee_support import cpu_policy, genuine_snp, genuine_tdx, snp_evidence, tdx_evidence
+from tests.policy_support import filled_strict
 from tests.test_attestation_backends import hopper_bundle
 from tests.test_attestation_nvidia_vectors import CHAIN
 from tests.test_attestation_support import (  # noqa: F401  (fixtures)
@@ -44,7 +44,7 @@ def _with_gpu_chain(bundle, chain):
 
 
 def test_two_genuine_h100s_have_different_identities_though_they_share_every_certificate_above_the_device():
-    policy = shipped_policy("strict")
+    policy = filled_strict()
     first, second = hopper_bundle(policy), _with_gpu_chain(hopper_bundle(policy), OTHER_CHIP_CHAIN)
     assert hardware_id(first) != hardware_id(second)
     mine, theirs = _certificates(CHAIN), _certificates(OTHER_CHIP_CHAIN)
@@ -57,7 +57,7 @@ def test_two_genuine_h100s_have_different_identities_though_they_share_every_cer
 
 
 def test_the_h100_identity_is_its_device_certificates_key_whatever_the_bundle_binds():
-    policy = shipped_policy("strict")
+    policy = filled_strict()
     one, other = hopper_bundle(policy), hopper_bundle(policy)  # two key configurations
     assert one.key_config != other.key_config and hardware_id(one) == hardware_id(other)
     report = verify_with_report(one, policy)
@@ -66,7 +66,7 @@ def test_the_h100_identity_is_its_device_certificates_key_whatever_the_bundle_bi
 
 
 def test_a_chain_too_short_to_hold_the_device_certificate_names_no_chip():
-    bundle = _with_gpu_chain(hopper_bundle(shipped_policy("strict")), CHAIN[2:])
+    bundle = _with_gpu_chain(hopper_bundle(filled_strict()), CHAIN[2:])
     with pytest.raises(errors.ChainError, match="too short"):
         hardware_id(bundle)
 

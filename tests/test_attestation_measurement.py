@@ -21,6 +21,7 @@ from attestation.measurement import (
 )
 from policy import shipped_policy, shipped_policy_path
 from tests.conftest import REPO_ROOT
+from tests.policy_support import filled_strict, filled_strict_text, write_filled_strict
 
 
 @pytest.fixture()
@@ -106,14 +107,14 @@ def test_every_module_a_node_starts_with_is_in_a_measured_package():
 
 def test_policy_digest_is_the_canonical_one(tmp_path: Path):
     reformatted = tmp_path / "strict.toml"
-    reformatted.write_text(shipped_policy_path("strict").read_text().replace(" = ", "=") + "\n# note\n")
-    assert measure_policy(reformatted) == shipped_policy("strict").digest
-    assert measure_policy(shipped_policy_path("dev")) != shipped_policy("strict").digest
+    reformatted.write_text(filled_strict_text().replace(" = ", "=") + "\n# note\n")
+    assert measure_policy(reformatted) == filled_strict().digest
+    assert measure_policy(shipped_policy_path("dev")) != filled_strict().digest
 
 
 def test_an_invalid_policy_cannot_be_measured(tmp_path: Path):
     bad = tmp_path / "bad.toml"
-    bad.write_text(shipped_policy_path("strict").read_text().replace('kv_offload = "none"', 'kv_offload = "disk"'))
+    bad.write_text(filled_strict_text().replace('kv_offload = "none"', 'kv_offload = "disk"'))
     with pytest.raises(MeasurementError, match="invalid"):
         measure_policy(bad)
 
@@ -149,7 +150,7 @@ def test_measure_combines_the_three(tmp_path: Path):
     measurement = measure(("policy",), shipped_policy_path("dev"), None)
     assert measurement.policy_digest == shipped_policy("dev").digest
     assert measurement.model_digest == NO_MODEL_DIGEST
-    other = measure(("policy",), policy_path=shipped_policy_path("strict"))
+    other = measure(("policy",), policy_path=write_filled_strict(tmp_path / "strict.toml"))
     assert other.digest() != measurement.digest()
     with pytest.raises(MeasurementError):
         measure(("policy",))

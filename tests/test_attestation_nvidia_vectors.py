@@ -32,8 +32,9 @@ from attestation.errors import (
 )
 from attestation.roots import NVIDIA_DEVICE_IDENTITY_CA_FINGERPRINT, NVIDIA_DEVICE_IDENTITY_CA_PEM
 from attestation.verifier import VerificationReport, verify_with_report
-from policy import Policy, shipped_policy
+from policy import Policy
 from tests.conftest import vectors_path
+from tests.policy_support import filled_strict
 from tests.test_attestation_support import NONCE, RECEIPT_KEY, flip, key_config, measurement_for
 
 EXPECTED_NONCE = bytes.fromhex("931d8dd0add203ac3d8b4fbde75e115278eefcdceac5b87671a748f32364dfcb")
@@ -41,7 +42,7 @@ VECTORS = vectors_path() / "nvidia-h100"
 REPORT = bytes.fromhex((VECTORS / "attestation-report.hex").read_text().strip())
 CHAIN = pem_chain_to_der((VECTORS / "cert-chain.pem").read_bytes())
 ROOT_PEM = (VECTORS / "device-identity-root.pem").read_bytes()
-STRICT = shipped_policy("strict")
+STRICT = filled_strict()
 
 
 def hopper_bundle(policy: Policy, report: bytes = REPORT, chain: tuple[bytes, ...] = CHAIN,

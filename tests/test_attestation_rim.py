@@ -27,8 +27,8 @@ from attestation.reference import (
     verify_reference_measurements,
 )
 from attestation.rim import ReferenceMeasurement, Rim, verify_rim
-from policy import shipped_policy
 from tests.conftest import vectors_path
+from tests.policy_support import filled_strict
 
 RIMS = vectors_path() / "nvidia-h100-rim"
 RIM_ROOT = x509.load_pem_x509_certificate((vectors_path() / "nvidia-h100" / "rim-root.pem").read_bytes())
@@ -63,7 +63,7 @@ def _change_base64(text: bytes, at: int) -> bytes:
 
 
 def test_each_genuine_rim_verifies_to_the_pinned_rim_root():
-    assert fingerprint(RIM_ROOT) in shipped_policy("strict").attestation.pinned_rim_roots
+    assert fingerprint(RIM_ROOT) in filled_strict().attestation.pinned_rim_roots
     driver, vbios, prod = (verify_rim(xml, PINNED, what="RIM", at_time=AT) for xml in (DRIVER, VBIOS, VBIOS_PROD))
     assert (driver.version, vbios.version, prod.version) == ("545.00", "96.00.5E.00.01", "96.00.5E.00.01")
     assert [m.index for m in vbios.measurements] == [*range(0, 7), *range(8, 13)]
@@ -195,7 +195,7 @@ def test_an_unpinned_rim_root_is_refused():
 
 
 def test_the_device_identity_root_does_not_sign_rims():
-    device_root = shipped_policy("strict").attestation.pinned_roots
+    device_root = filled_strict().attestation.pinned_roots
     with pytest.raises(RimChainError, match="pinned"):
         _verify(pinned=set(device_root))
 

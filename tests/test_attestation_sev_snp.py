@@ -17,7 +17,6 @@ from attestation.cpu_evidence import check_cpu_revocation, verify_cpu_chain, ver
 from attestation.roots import AMD_ARK_FINGERPRINTS
 from attestation.sev_snp import SnpReportFormatError
 from attestation.verifier import verify, verify_with_report
-from policy import shipped_policy
 from tests.cpu_tee_support import (
     CODE_DIGEST,
     DER,
@@ -33,9 +32,10 @@ from tests.cpu_tee_support import (
     snp_evidence,
     vcek_extensions,
 )
+from tests.policy_support import filled_strict
 from tests.test_attestation_support import flip
 
-STRICT_PINS = shipped_policy("strict").attestation.pinned_roots
+STRICT_PINS = filled_strict().attestation.pinned_roots
 GENUINE_MEASUREMENT = (
     "b07af9620f3b839b47996422ddec6058338951d984e312115131ea82705eaf5b6bdf8a9ece31a5a608eb0cf2e4872b01"
 )

@@ -25,7 +25,7 @@ from attestation.snp_platform import check_minimum_tcb, check_platform_tcb
 from attestation.verifier import node_id_for, verify, verify_with_report
 from client.directory import DirectoryEntry
 from client.verify import CandidateVerifier
-from policy import InvalidValueError, parse_policy, shipped_policy
+from policy import InvalidValueError, parse_policy
 from policy.model import SnpTcbMinimum
 from tests.cpu_tee_support import (
     DER,
@@ -41,6 +41,7 @@ from tests.cpu_tee_support import (
     snp_evidence,
     vcek_extensions,
 )
+from tests.policy_support import filled_strict
 from tests.test_policy_loading import with_value
 
 GENUINE_TCB = {"boot_loader": 2, "tee": 0, "snp": 5, "microcode": 68}  # REPORTED_TCB 0x4405000000000002
@@ -61,7 +62,7 @@ def raised(levels: dict[str, int], component: str) -> dict[str, int]:
 def genuine_report() -> CpuReport:
     report, chain = genuine_snp()
     cpu = CpuEvidence("sev-snp", report, chain)
-    return verify_cpu_report(cpu, verify_cpu_chain(cpu, shipped_policy("strict").attestation.pinned_roots, NOW))
+    return verify_cpu_report(cpu, verify_cpu_chain(cpu, filled_strict().attestation.pinned_roots, NOW))
 
 
 def tcb_check_on(report: CpuReport, policy) -> str:
@@ -91,7 +92,7 @@ def test_the_genuine_report_is_refused_under_a_minimum_above_it(component):
 
 
 def test_strict_refuses_the_genuine_reports_old_snp_firmware():
-    strict = shipped_policy("strict").attestation.sev_snp_min_tcb
+    strict = filled_strict().attestation.sev_snp_min_tcb
     with pytest.raises(errors.TcbBelowMinimumError, match="SNP firmware security patch level is below the "
                                                           "policy's minimum of 24 for Milan"):
         check_minimum_tcb(genuine_report().snp, strict)
@@ -104,7 +105,7 @@ def test_strict_refuses_the_genuine_reports_old_snp_firmware():
 def strict_floors() -> dict[str, dict[str, int]]:
     """Strict's minimum per product line and component, as shipped."""
     return {entry.product: {component: getattr(entry, component) for component in GENUINE_TCB}
-            for entry in shipped_policy("strict").attestation.sev_snp_min_tcb}
+            for entry in filled_strict().attestation.sev_snp_min_tcb}
 
 
 def family_19h_tcb(levels: dict[str, int]) -> bytes:
@@ -126,7 +127,7 @@ FLOORED = [(product, component) for product in ("Genoa", "Milan") for component 
 def test_a_platform_at_stricts_floor_passes_and_one_step_below_is_refused_by_name(product, component):
     floor = strict_floors()[product]
     assert floor[component] > 0, f"strict sets no {component} floor for {product}"
-    minimums = shipped_policy("strict").attestation.sev_snp_min_tcb
+    minimums = filled_strict().attestation.sev_snp_min_tcb
     at_floor = verified(resigned_genuine(family_19h_tcb(floor), family_19h_tcb(floor), product), product)
     assert at_floor.snp is not None and "meets the policy's minimum" in check_minimum_tcb(at_floor.snp, minimums)
     below = family_19h_tcb({**floor, component: floor[component] - 1})
@@ -300,7 +301,7 @@ def test_malformed_snp_policy_values_are_refused(key, value):
 def test_old_minimums_are_stated_by_the_tests_that_need_them():
     # The synthetic chip's TCB is below strict's floor: cpu_policy replaces strict's minimums, visibly.
     assert "snp = 8" in SYNTHETIC_SNP_MINIMUM
-    strict_floor = {entry.product: entry.snp for entry in shipped_policy("strict").attestation.sev_snp_min_tcb}
+    strict_floor = {entry.product: entry.snp for entry in filled_strict().attestation.sev_snp_min_tcb}
     assert strict_floor == {"Milan": 24, "Genoa": 23} and SYNTHETIC_TCB["snp"] < strict_floor["Milan"]
     assert "sev_snp_min_tcb = [" + SYNTHETIC_SNP_MINIMUM + "]" in cpu_policy_text()
 
@@ -316,7 +317,7 @@ def listed(bundle) -> DirectoryEntry:
 def test_the_sdk_refuses_a_candidate_whose_tcb_is_below_its_policys_minimum():
     old_enough = cpu_policy()
     accepted = CandidateVerifier(old_enough).check(listed(snp_evidence(old_enough)))
-    # Verified; only the transparency log that strict requires (no test log is named) refuses it then.
+    # Verified; only the transparency log that strict requires (no proof from it is stapled) refuses it then.
     assert (accepted.failed_check or "transparency").startswith("transparency"), accepted
     floor = cpu_policy(snp_min_tcb=minimum_text("Milan", raised(SYNTHETIC_TCB, "snp")))
     refused = CandidateVerifier(floor).check(listed(snp_evidence(floor)))

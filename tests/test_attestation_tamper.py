@@ -13,7 +13,7 @@ from attestation.backends.sim import SIM_GPU_STATE, SimBackend
 from attestation.bundle import EvidenceBundle
 from attestation.receipts import ReceiptSigner
 from attestation.verifier import CHECK_NAMES, verify, verify_with_report
-from policy import shipped_policy
+from tests.policy_support import filled_strict
 from tests.test_attestation_support import (  # noqa: F401  (fixtures)
     b64,
     code_digest,
@@ -105,7 +105,7 @@ def case_measurement_swapped(code, tmp_path):
 
 def case_policy_digest_swapped(code, tmp_path):
     bundle = collect(SimBackend(), dev_policy(), code)
-    return edit_json(bundle, _set(["measurement", "policy"], b64(shipped_policy("strict").digest))), dev_policy(), {}
+    return edit_json(bundle, _set(["measurement", "policy"], b64(filled_strict().digest))), dev_policy(), {}
 
 
 def case_timestamp_edited(code, tmp_path):
@@ -177,7 +177,7 @@ def case_cc_environment_unavailable(code, tmp_path):
 
 
 def case_node_runs_other_policy(code, tmp_path):
-    return collect(SimBackend(), shipped_policy("strict"), code), dev_policy(), {}
+    return collect(SimBackend(), filled_strict(), code), dev_policy(), {}
 
 
 def case_code_not_allowed(code, tmp_path):
@@ -191,7 +191,7 @@ def case_model_not_allowed(code, tmp_path):
 
 
 def case_simulated_under_strict(code, tmp_path):
-    return collect(SimBackend(), dev_policy(), code), shipped_policy("strict"), {}
+    return collect(SimBackend(), dev_policy(), code), filled_strict(), {}
 
 
 def case_simulated_relabelled_as_hardware(code, tmp_path):
@@ -200,7 +200,7 @@ def case_simulated_relabelled_as_hardware(code, tmp_path):
 
 
 def case_simulated_relabelled_under_strict(code, tmp_path):
-    policy = shipped_policy("strict")
+    policy = filled_strict()
     bundle = collect(SimBackend(), policy, code)
     return edit_json(bundle, _set(["backend"], "nvml")), policy, {}
 

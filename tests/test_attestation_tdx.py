@@ -16,7 +16,6 @@ from attestation.cpu_evidence import verify_cpu_chain, verify_cpu_report
 from attestation.roots import INTEL_SGX_ROOT_CA_FINGERPRINT
 from attestation.tdx import TdxQuoteFormatError, parse_tdx_quote
 from attestation.verifier import verify, verify_with_report
-from policy import shipped_policy
 from tests.cpu_tee_support import (
     CODE_DIGEST,
     GENUINE_TDX_QUOTES,
@@ -31,9 +30,10 @@ from tests.cpu_tee_support import (
     make_crl,
     tdx_evidence,
 )
+from tests.policy_support import filled_strict
 from tests.test_attestation_support import flip
 
-STRICT_PINS = shipped_policy("strict").attestation.pinned_roots
+STRICT_PINS = filled_strict().attestation.pinned_roots
 GENUINE = {
     "quote-spr-e4.bin": {
         "mrtd": "6363b8043668a3ad953278e10389574d326c6749fb78aa810ecd9336923db86f22fc00b8dcd404bc10d5e119d7215cbb",

@@ -22,9 +22,9 @@ from attestation.cpu_evidence import check_cpu_revocation, verify_cpu_chain, ver
 from attestation.intel_collateral import CollateralLimits, verify_collateral
 from attestation.sgx_extensions import read_pck_platform
 from attestation.tdx_tcb import check_statuses, evaluate_tcb
-from policy import shipped_policy
 from tests.conftest import REPO_ROOT, vectors_path
 from tests.cpu_tee_support import cpu_policy
+from tests.policy_support import filled_strict
 
 SAMPLE = REPO_ROOT / "tests" / "data" / "vectors" / "intel-tdx-dcap-qvl"
 VERIFIED_AT = dt.datetime(2025, 6, 20, tzinfo=dt.timezone.utc)  # inside the TCB Info's, QE Identity's and CRLs' windows
@@ -96,7 +96,7 @@ def test_the_genuine_quote_with_its_current_collateral_is_up_to_date():
 
 
 def test_strict_refuses_the_genuine_collateral_for_predating_its_tcb_recovery():
-    strict = shipped_policy("strict").attestation
+    strict = filled_strict().attestation
     limits = dataclasses.replace(LIMITS, min_evaluation_number=strict.tdx_min_tcb_evaluation_data_number)
     with pytest.raises(errors.TcbEvaluationNumberError,
                        match="tcbEvaluationDataNumber 17; the policy requires at least 18"):

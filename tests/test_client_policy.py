@@ -22,8 +22,9 @@ from attestation.verifier import node_id_for
 from client.errors import GatewayError
 from client.sdk import Client
 from ohttp import generate_key_pair
-from policy import Policy, load_policy, shipped_policy, shipped_policy_path
+from policy import PlaceholderError, Policy, load_policy, shipped_policy_path
 from tests.http_stand_in import environment, served
+from tests.policy_support import filled_strict
 from tests.test_attestation_support import RECEIPT_KEY
 from tests.test_client_refusal import StandIn, _app
 
@@ -88,6 +89,10 @@ def test_a_caller_may_ask_for_fewer_candidates_than_the_policy_never_more(stand_
 
 
 def test_the_sdk_verifies_under_strict_and_its_k_unless_told_otherwise() -> None:
-    with Client("http://127.0.0.1:9") as client:  # nothing is contacted before the first request
-        assert client.policy.digest == shipped_policy("strict").digest
-        assert client.candidates == shipped_policy("strict").routing.candidates
+    # The default is strict: as shipped, with its keys still empty, it is refused before anything is contacted.
+    with pytest.raises(PlaceholderError, match=r"policy 'strict' .*transparency\.log_key"):
+        Client("http://127.0.0.1:9")
+    filled = filled_strict()
+    with Client("http://127.0.0.1:9", policy=filled) as client:  # nothing is contacted before the first request
+        assert client.policy.digest == filled.digest
+        assert client.candidates == filled.routing.candidates

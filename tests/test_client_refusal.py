@@ -24,6 +24,7 @@ from client.sdk import Client
 from ohttp import generate_key_pair
 from policy import shipped_policy
 from tests.http_stand_in import environment, served
+from tests.policy_support import filled_strict
 from tests.test_attestation_support import RECEIPT_KEY
 from tests.test_gateway_support import with_broken_certificate
 
@@ -78,7 +79,7 @@ def _ask(client: Client) -> None:
 
 def test_nothing_is_sent_when_no_candidate_verifies(stand_in: StandIn) -> None:
     before = len(stand_in.infer_bodies)
-    with Client(stand_in.url, policy="strict") as client, pytest.raises(NoVerifiedNodeError) as caught:
+    with Client(stand_in.url, policy=filled_strict()) as client, pytest.raises(NoVerifiedNodeError) as caught:
         _ask(client)
     assert len(stand_in.infer_bodies) == before
     failures = caught.value.failures

@@ -30,6 +30,7 @@ from ohttp.keys import KeyConfig
 from policy import shipped_policy
 from protocol import node_pb2, node_pb2_grpc
 from tests.conftest import HANG_S
+from tests.policy_support import write_filled_strict
 
 CANARY = "CANARY-7f3a9c-PURPLE-GIRAFFE"
 
@@ -266,9 +267,10 @@ def test_audit_holds_typed_events_only_and_zero_residue(node, stub):
     assert node.engine.residue_check() == []
 
 
-def test_self_check_refuses_simulation_under_strict(sim_root, model_dir):
+def test_self_check_refuses_simulation_under_strict(sim_root, model_dir, tmp_path):
+    strict = str(write_filled_strict(tmp_path / "strict.toml"))
     with pytest.raises(SelfCheckError, match="simulated"):
-        NodeServer(NodeSettings(model=model_dir, policy="strict", attestation="sim"))
+        NodeServer(NodeSettings(model=model_dir, policy=strict, attestation="sim"))
 
 
 def test_self_check_refuses_a_kv_pool_over_the_policy_budget(sim_root, model_dir):

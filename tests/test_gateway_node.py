@@ -22,6 +22,7 @@ from ohttp import ChunkedRequestSealer, ClientRequest, bhttp
 from ohttp.bhttp_stream import StreamingResponseDecoder
 from ohttp.keys import KeyConfig
 from policy import shipped_policy
+from tests.policy_support import write_filled_strict
 from tests.test_gateway_support import LiveGateway, candidate, client, gateway_settings, sim_root  # noqa: F401
 
 
@@ -168,8 +169,9 @@ def test_a_key_retired_past_its_grace_is_400_unknown_key_and_the_sdk_refetches_t
         node.stop(grace=0)
 
 
-def test_a_strict_gateway_never_admits_simulated_nodes(nodes) -> None:
-    settings = gateway_settings([f"127.0.0.1:{nodes[1].port}"], policy="strict")
+def test_a_strict_gateway_never_admits_simulated_nodes(nodes, tmp_path: Path) -> None:
+    strict = str(write_filled_strict(tmp_path / "strict.toml"))
+    settings = gateway_settings([f"127.0.0.1:{nodes[1].port}"], policy=strict)
     with LiveGateway(settings) as strict, client(strict.url) as http:
         assert http.get("/v1/nodes").json()["nodes"] == []
         answer = http.post("/v1/infer", json={"candidates": [candidate(nodes[1].node_id, b"x")]})

@@ -16,6 +16,7 @@ from gateway.pool import HealthReport, HealthVerdict, NodePool, eviction_reason
 from gateway.results import ResultSigner
 from ohttp.keys import generate_key_pair
 from policy import shipped_policy
+from tests.policy_support import filled_strict
 from tests.test_gateway_support import SimEvidence, sim_root  # noqa: F401  (fixture)
 
 ADDRESS = "127.0.0.1:7001"
@@ -112,7 +113,7 @@ def test_debug_mode_and_malformed_evidence_are_refused(pool: NodePool, sim_root:
 
 
 def test_strict_policy_refuses_simulated_nodes(signer: ResultSigner, node: SimEvidence, clock: Clock) -> None:
-    strict = NodePool(shipped_policy("strict"), signer, key_grace_s=60.0, clock=clock)
+    strict = NodePool(filled_strict(), signer, key_grace_s=60.0, clock=clock)
     with pytest.raises(AdmissionError) as caught:
         admit(strict, node)
     assert caught.value.check == "simulated"
@@ -120,7 +121,7 @@ def test_strict_policy_refuses_simulated_nodes(signer: ResultSigner, node: SimEv
 
 def test_a_node_under_another_policy_is_refused_as_a_policy_mismatch(pool: NodePool, sim_root: Path) -> None:
     with pytest.raises(AdmissionError) as caught:
-        admit(pool, SimEvidence(policy="strict"))
+        admit(pool, SimEvidence(policy=filled_strict()))
     assert eviction_reason(caught.value) is EvictionReason.POLICY_MISMATCH
 
 

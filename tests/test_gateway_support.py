@@ -34,7 +34,7 @@ from enclave.service import KEY_UNKNOWN, NOT_DECAPSULATED
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from ohttp.keys import KeyPair, generate_key_pair
-from policy import shipped_policy
+from policy import Policy, shipped_policy
 from protocol import node_pb2, node_pb2_grpc
 from serving.server import bind_listener, uvicorn_config_options
 from serving.settings import Listening
@@ -59,10 +59,11 @@ def sim_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 class SimEvidence:
     """A simulated node's key and measurement; produces evidence for any nonce."""
 
-    def __init__(self, root_dir: Path | None = None, *, policy: str = "dev", debug: bool = False) -> None:
+    def __init__(self, root_dir: Path | None = None, *, policy: str | Policy = "dev", debug: bool = False) -> None:
         self.backend = SimBackend(root_dir, debug=debug)
         self.keys: KeyPair = generate_key_pair(1)
-        self.measurement = Measurement(TEST_CODE_DIGEST, shipped_policy(policy).digest, NO_MODEL_DIGEST)
+        digest = (policy if isinstance(policy, Policy) else shipped_policy(policy)).digest  # type: ignore[arg-type]
+        self.measurement = Measurement(TEST_CODE_DIGEST, digest, NO_MODEL_DIGEST)
         self.previous_keys: KeyPair | None = None
         self.receipts = ReceiptSigner.generate()  # signs nothing here: the recording node answers no request
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from policy import shipped_policy, shipped_policy_path
+from policy import shipped_policy_path
+from tests.policy_support import filled_strict, filled_strict_text, write_filled_strict
 from veil.cli import main
 
 
-def test_show_prints_canonical_form_and_digest(capsys):
-    assert main(["policy", "show", "strict"]) == 0
+def test_show_prints_canonical_form_and_digest(capsys, tmp_path: Path):
+    assert main(["policy", "show", str(write_filled_strict(tmp_path / "strict.toml"))]) == 0
     out = capsys.readouterr().out
-    assert f"digest: {shipped_policy('strict').digest.hex()}" in out
+    assert f"digest: {filled_strict().digest.hex()}" in out
     assert '"prefix_sharing": "request"' in out
 
 
@@ -20,14 +21,14 @@ def test_show_warns_about_development_policy(capsys):
     assert "SIMULATED" in capsys.readouterr().err
 
 
-def test_check_accepts_a_valid_file(capsys):
-    assert main(["policy", "check", str(shipped_policy_path("strict"))]) == 0
+def test_check_accepts_a_valid_file(capsys, tmp_path: Path):
+    assert main(["policy", "check", str(write_filled_strict(tmp_path / "strict.toml"))]) == 0
     assert "✓" in capsys.readouterr().out
 
 
 def test_check_names_the_requirement_of_a_refusal(tmp_path: Path, capsys):
     path = tmp_path / "cached.toml"
-    path.write_text(shipped_policy_path("strict").read_text().replace(
+    path.write_text(filled_strict_text().replace(
         'prefix_sharing = "request"', 'prefix_sharing = "global"'))
     assert main(["policy", "check", str(path)]) == 1
     out = capsys.readouterr().out

@@ -25,9 +25,9 @@ from policy.forbidden import KNOBS
 from policy.model import TransparencyPolicy
 from policy.loader import SCHEMA, parse_policy
 from tests.test_attestation_support import code_digest, collect, dev_policy, dev_variant, sim_root_dir  # noqa: F401
-from policy.shipped import shipped_policy_path
 from tests.cpu_tee_support import NOW as CRL_NOW
 from tests.cpu_tee_support import amd_hierarchy, cpu_policy, snp_evidence
+from tests.policy_support import filled_strict_text
 from tests.test_attestation_backends import CHAIN_2023, REPORT_2023, RIM_TIME, hopper_bundle, rims_2023
 from tests.test_security_claims import missing_tests
 
@@ -191,7 +191,7 @@ def test_the_policy_bounds_the_age_of_stapled_revocation_status(code_digest: byt
 
 
 def test_genuine_rims_verify_only_under_a_policy_pinning_their_root() -> None:
-    strict = shipped_policy_path("strict").read_text()
+    strict = filled_strict_text()
     pinned = strict.split("pinned_rim_roots = ", 1)[1].split("\n", 1)[0]
     for text, passes in ((strict, True), (strict.replace(pinned, '["' + "00" * 32 + '"]'), False)):
         policy = parse_policy(text)

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from policy import load_policy, parse_policy, shipped_policy, shipped_policy_path
+from policy import load_policy, parse_policy, shipped_policy_path
 from policy.canonical import canonical_encoding
+from tests.policy_support import filled_strict, filled_strict_text
 from tests.test_policy_loading import strict_document, to_toml, with_value
 
 
 def test_digest_is_sha256_of_the_canonical_encoding():
-    strict = shipped_policy("strict")
+    strict = filled_strict()
     assert strict.digest == hashlib.sha256(canonical_encoding(strict)).digest()
     document = json.loads(canonical_encoding(strict))
     assert document["format"] == "veil-policy-v1"
@@ -23,30 +24,30 @@ def test_digest_is_sha256_of_the_canonical_encoding():
 
 
 def test_digest_survives_reformatting(tmp_path: Path):
-    original = shipped_policy("strict")
+    original = filled_strict()
     document = strict_document()
     reordered = to_toml(document, reverse=True)  # keys and sections in another order, no comments
     assert parse_policy(reordered).digest == original.digest
     document["attestation"]["pinned_roots"].reverse()  # set-like lists: order is not meaning
     assert parse_policy(to_toml(document)).digest == original.digest
-    spaced = shipped_policy_path("strict").read_text().replace(" = ", "   =   ") + "\n# trailing comment\n"
+    spaced = filled_strict_text().replace(" = ", "   =   ") + "\n# trailing comment\n"
     path = tmp_path / "spaced.toml"
     path.write_text(spaced)
     assert load_policy(path).digest == original.digest
 
 
 def test_digest_survives_other_toml_spellings():
-    text = shipped_policy_path("strict").read_text()
+    text = filled_strict_text()
     dotted = text.replace("[routing]\ncandidates = 3", "[routing]\n\"candidates\" = 0x3")
     assert dotted != text
-    assert parse_policy(dotted).digest == shipped_policy("strict").digest
+    assert parse_policy(dotted).digest == filled_strict().digest
 
 
 def test_omitted_knobs_mean_their_safe_default():
     document = strict_document()
     del document["engine"]["kv_offload"]
     del document["routing"]["strategy"]
-    assert parse_policy(to_toml(document)).digest == shipped_policy("strict").digest
+    assert parse_policy(to_toml(document)).digest == filled_strict().digest
 
 
 def _semantic_edits() -> list[tuple[str, str, object]]:
@@ -91,7 +92,7 @@ def _semantic_edits() -> list[tuple[str, str, object]]:
 @pytest.mark.parametrize("edit", _semantic_edits(), ids=lambda edit: f"{edit[0]}.{edit[1]}")
 def test_every_semantic_change_changes_the_digest(edit):
     section, key, value = edit
-    assert parse_policy(with_value(section, key, value)).digest != shipped_policy("strict").digest
+    assert parse_policy(with_value(section, key, value)).digest != filled_strict().digest
 
 
 def test_simulation_switch_changes_the_digest():

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from policy import InvalidValueError, MissingKeyError, parse_policy, shipped_policy, shipped_policy_path
+from policy import InvalidValueError, MissingKeyError, parse_policy
 from policy.model import KNOWN_GAPS, LaunchReference
+from tests.policy_support import filled_strict, filled_strict_text
 
 CODE = "c0de" * 16
 SNP = "11" * 48
@@ -15,7 +16,7 @@ RTMR = "33" * 48
 
 
 def strict_with(launch: str, *, codes: str = f'["{CODE}"]', age: str = "2592000") -> str:
-    text = shipped_policy_path("strict").read_text()
+    text = filled_strict_text()
     for old, new in (("launch_measurements = []", f"launch_measurements = [{launch}]"),
                      ("allowed_code_digests = []", f"allowed_code_digests = {codes}"),
                      ("max_crl_age_s = 2592000", f"max_crl_age_s = {age}")):
@@ -29,11 +30,11 @@ TDX_ENTRY = f'{{ tee = "tdx", code = "{CODE}", mrtd = "{MRTD}", rtmr1 = "{RTMR}"
 
 
 def test_strict_accepts_no_cpu_gap_and_lists_no_launch_measurement_yet():
-    strict = shipped_policy("strict")
+    strict = filled_strict()
     assert "cpu-quote-signature" not in KNOWN_GAPS and "cpu-launch-measurement" not in KNOWN_GAPS
     assert strict.attestation.accepted_gaps == () and KNOWN_GAPS == ()
     assert strict.attestation.launch_measurements == ()
-    text = shipped_policy_path("strict").read_text().replace(
+    text = filled_strict_text().replace(
         'accepted_gaps = []', 'accepted_gaps = ["cpu-quote-signature"]')
     with pytest.raises(InvalidValueError, match="accepted_gaps"):
         parse_policy(text)
@@ -80,6 +81,6 @@ def test_the_crl_age_must_be_within_range(age):
 
 @pytest.mark.parametrize("key", ["max_crl_age_s", "launch_measurements"])
 def test_the_new_keys_are_required(key):
-    text = "\n".join(line for line in shipped_policy_path("strict").read_text().splitlines() if not line.startswith(key))
+    text = "\n".join(line for line in filled_strict_text().splitlines() if not line.startswith(key))
     with pytest.raises(MissingKeyError, match=key):
         parse_policy(text)

@@ -15,6 +15,7 @@ from policy import (
     ForbiddenOptimizationError,
     InvalidValueError,
     MissingKeyError,
+    PlaceholderError,
     PolicySyntaxError,
     UnknownKeyError,
     UnknownPolicyError,
@@ -25,7 +26,8 @@ from policy import (
     shipped_policy_path,
 )
 from policy.forbidden import ALIASES, KNOBS
-from tests.conftest import vectors_path
+from tests.conftest import REPO_ROOT, vectors_path
+from tests.policy_support import filled_strict, filled_strict_text
 
 
 def to_toml(document: dict, *, reverse: bool = False) -> str:
@@ -53,7 +55,8 @@ def _value(value: object) -> str:
 
 
 def strict_document() -> dict:
-    return tomllib.loads(shipped_policy_path("strict").read_text())
+    """The shipped strict policy, filled in (tests/policy_support.py), as TOML data to edit."""
+    return tomllib.loads(filled_strict_text())
 
 
 def with_value(section: str, key: str, value: object) -> str:
@@ -63,7 +66,7 @@ def with_value(section: str, key: str, value: object) -> str:
 
 
 def test_strict_pins_the_nvidia_root_and_refuses_simulation():
-    strict = shipped_policy("strict")
+    strict = filled_strict()
     vendor_roots = {
         x509.load_pem_x509_certificates((vectors_path() / path).read_bytes())[-1].fingerprint(hashes.SHA256()).hex()
         for path in ("nvidia-h100/device-identity-root.pem", "amd-sev-snp/ask-ark-milan.pem",
@@ -79,7 +82,7 @@ def test_strict_pins_the_nvidia_root_and_refuses_simulation():
 
 
 def test_strict_pins_the_rim_root_and_accepts_no_gpu_gap():
-    strict = shipped_policy("strict")
+    strict = filled_strict()
     rim_root_pem = (vectors_path() / "nvidia-h100" / "rim-root.pem").read_bytes()
     fingerprint = x509.load_pem_x509_certificate(rim_root_pem).fingerprint(hashes.SHA256()).hex()
     assert strict.attestation.pinned_rim_roots == (fingerprint,)
@@ -93,7 +96,28 @@ def test_dev_accepts_simulation_and_says_so():
     assert dev.is_development
     assert dev.attestation.trust_local_simulated_root
     assert "DEVELOPMENT" in shipped_policy_path("dev").read_text()
-    assert dev.digest != shipped_policy("strict").digest
+    assert dev.digest != filled_strict().digest
+
+
+STRICT_PLACEHOLDERS = ("transparency.log_key", "transparency.witnesses[0].key", "transparency.witnesses[1].key",
+                       "transparency.witnesses[2].key")
+
+
+def test_strict_as_shipped_is_refused_naming_each_empty_key():
+    """Its log and witness keys are the operator's to fill: until then it is refused, not loaded to admit no node."""
+    for load in (lambda: shipped_policy("strict"), lambda: load_policy(shipped_policy_path("strict"))):
+        with pytest.raises(PlaceholderError) as refused:
+            load()
+        assert refused.value.paths == STRICT_PLACEHOLDERS
+        message = str(refused.value)
+        assert all(path in message for path in STRICT_PLACEHOLDERS), message
+        for advice in ("`veil log init`", "`veil witness --new-key`", "`veil policy check FILE`", "`dev`"):
+            assert advice in message, advice
+    readme, security = ((REPO_ROOT / name).read_text() for name in ("README.md", "SECURITY.md"))
+    assert 'README.md, "Deploying on confidential-computing nodes"' in message
+    assert "\n## Deploying on confidential-computing nodes\n" in readme
+    assert 'SECURITY.md, "The transparency log (foundations)"' in message
+    assert "\n#### The transparency log (foundations)\n" in security
 
 
 def test_unknown_shipped_name_is_refused():
@@ -102,7 +126,7 @@ def test_unknown_shipped_name_is_refused():
 
 
 def test_policy_is_frozen():
-    strict = shipped_policy("strict")
+    strict = filled_strict()
     with pytest.raises(AttributeError):
         strict.name = "other"  # type: ignore[misc]
     with pytest.raises(AttributeError):

@@ -220,14 +220,15 @@ def test_strict_admits_no_node_until_a_release_is_listed(tmp_path: Path) -> None
     from attestation.errors import MeasurementNotAllowedError
     from attestation.measurement import Measurement
     from ohttp import generate_key_pair
+    from tests.policy_support import filled_strict, filled_strict_text
     from tests.test_attestation_support import RECEIPT_KEY
-    from policy import parse_policy, shipped_policy, shipped_policy_path
+    from policy import parse_policy
 
-    strict = shipped_policy("strict")
+    strict = filled_strict()
     assert strict.attestation.allowed_code_digests == () and not strict.attestation.accept_unlisted_code
     assert strict.engine.allowed_model_digests == () and not strict.engine.accept_unlisted_models
     code, model = secrets.token_bytes(32), secrets.token_bytes(32)
-    released = parse_policy(shipped_policy_path("strict").read_text()
+    released = parse_policy(filled_strict_text()
                             .replace("allowed_code_digests = []", f'allowed_code_digests = ["{code.hex()}"]')
                             .replace("allowed_model_digests = []", f'allowed_model_digests = ["{model.hex()}"]'))
     backend = SimBackend(tmp_path / "sim-root")

@@ -42,10 +42,11 @@ from transparency.errors import StaleSizeError, WitnessRequestError
 from transparency.keys import read_signer
 from transparency.protocol import AddCheckpoint, request_cosignature
 from policy import load_policy, parse_policy
-from policy.errors import InvalidValueError
-from policy.shipped import shipped_policy_path
+from policy.errors import InvalidValueError, PlaceholderError
+from policy.model import WitnessKey
 from protocol.constants import DIRECTORY_PATH, NODE_ATTEST_PATH
 from tests.fleet_support import running_fleet
+from tests.policy_support import filled_strict, filled_strict_text, write_filled_strict
 from veil.demo_transparency import print_transparency
 from veil.fleet import Fleet, FleetSettings
 
@@ -282,7 +283,7 @@ def test_a_client_under_a_policy_not_requiring_transparency_says_so(caplog: pyte
     assert any("does not require transparency" in record.getMessage() for record in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="veil.client"):
-        Client("http://127.0.0.1:9", policy="strict").close()
+        Client("http://127.0.0.1:9", policy=filled_strict()).close()
     assert not any("transparency" in record.getMessage() for record in caplog.records)
 
 
@@ -292,9 +293,14 @@ def test_a_policy_requiring_transparency_without_a_log_admits_no_node(fleet: Fle
     assert record.ok
     text = open(fleet.policy, encoding="utf-8").read()
     section = text[text.index("[transparency]"):]
-    unnamed = parse_policy(text.replace(section, "[transparency]\nrequired = true\nlog_key = \"\"\n"
-                                                 "witnesses = [{ name = \"w1\", key = \"\" }]\n"
-                                                 "quorum = 1\nmax_checkpoint_age_s = 900\n"))
+    with pytest.raises(PlaceholderError, match=r"transparency\.log_key"):  # such a file is refused at load
+        parse_policy(text.replace(section, "[transparency]\nrequired = true\nlog_key = \"\"\n"
+                                          "witnesses = [{ name = \"w1\", key = \"\" }]\n"
+                                          "quorum = 1\nmax_checkpoint_age_s = 900\n"))
+    # And were one built past the loader, the client's check still admits no node under it.
+    loaded = parse_policy(text)
+    unnamed = dataclasses.replace(loaded, transparency=dataclasses.replace(
+        loaded.transparency, log_key="", witnesses=(WitnessKey("w1", ""),), quorum=1))
     refused = TransparencyCheck(unnamed).check(record, entry.transparency, time.time())
     assert (refused.ok, refused.failed_check) == (False, "transparency/not-logged")
     assert "names no log key" in (refused.failure or "")
@@ -303,7 +309,7 @@ def test_a_policy_requiring_transparency_without_a_log_admits_no_node(fleet: Fle
 
 
 def test_only_a_development_policy_may_run_without_transparency() -> None:
-    text = shipped_policy_path("strict").read_text(encoding="utf-8")
+    text = filled_strict_text()
     with pytest.raises(InvalidValueError, match="transparency.required = false is a development setting"):
         parse_policy(text.replace("required = true", "required = false"))
     with pytest.raises(InvalidValueError, match="quorum is larger"):
@@ -400,7 +406,8 @@ def test_a_fleet_whose_code_changed_under_its_first_measurement_logs_the_current
     assert answer.route.candidates[0].ok
 
 
-def test_veil_chat_under_a_policy_not_requiring_transparency_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+def test_veil_chat_under_a_policy_not_requiring_transparency_says_so(capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path) -> None:
     import socket
 
     from veil.cli import main
@@ -410,7 +417,8 @@ def test_veil_chat_under_a_policy_not_requiring_transparency_says_so(capsys: pyt
         closed = probe.getsockname()[1]
     assert main(["chat", "hi", "--gateway", f"http://127.0.0.1:{closed}", "--policy", "dev"]) == 1
     assert "does not require transparency" in capsys.readouterr().err
-    assert main(["chat", "hi", "--gateway", f"http://127.0.0.1:{closed}", "--policy", "strict"]) == 1
+    strict = str(write_filled_strict(tmp_path / "strict.toml"))
+    assert main(["chat", "hi", "--gateway", f"http://127.0.0.1:{closed}", "--policy", strict]) == 1
     assert "transparency" not in capsys.readouterr().err
 
 

@@ -1,7 +1,7 @@
 """Whom a policy requiring transparency trusts: never the log alone, and each witness key once.
 
-`strict` ships with placeholders for its witnesses and a quorum; it loads while it names no log (no node
-passes then) and refuses to load once its log is named with a witness key still empty. No policy that
+`strict` ships with placeholders for its log's key and its witnesses' keys, and a quorum; it refuses to load
+until every one is filled (no node could pass before), naming each empty key and echoing none. No policy that
 requires transparency loads with `quorum = 0`: the log's own signature proves neither that other clients
 see the same history nor how old a checkpoint is. And one witness key under two names is refused
 (c2sp.org/tlog-cosignature: a cosignature/v1 signature does not cover the cosigner's name, so a copy of
@@ -19,9 +19,10 @@ from attestation.transparency.errors import PolicyFormatError
 from attestation.transparency.note import generate_signer
 from attestation.transparency.policy import parse_policy as parse_tlog_policy
 from client.sdk import Client
-from policy import load_policy, parse_policy, shipped_policy
-from policy.errors import InvalidValueError
+from policy import load_policy, parse_policy
+from policy.errors import InvalidValueError, PlaceholderError
 from policy.shipped import shipped_policy_path
+from tests.policy_support import FILLED_WITNESSES, filled_strict, filled_strict_text
 from veil.fleet_transparency import make_log_keys, write_transparency_policy
 
 LOG_KEY = generate_signer("log.example/veil").verifier.encode()
@@ -38,12 +39,31 @@ def _strict() -> str:
     return shipped_policy_path("strict").read_text(encoding="utf-8")
 
 
-def test_strict_ships_placeholders_that_refuse_to_load_once_its_log_is_named() -> None:
-    shipped = shipped_policy("strict").transparency
-    assert shipped.required and shipped.log_key == "" and shipped.quorum >= 1
-    assert len(shipped.witnesses) >= shipped.quorum and all(witness.key == "" for witness in shipped.witnesses)
-    with pytest.raises(InvalidValueError, match="witness-1, witness-2, witness-3 have no key yet"):
-        parse_policy(_strict().replace('log_key = ""', f'log_key = "{LOG_KEY}"'))
+def test_strict_ships_placeholders_that_refuse_to_load_until_each_is_filled() -> None:
+    filled = filled_strict().transparency  # only its keys differ from the shipped file
+    assert filled.required and filled.quorum >= 1 and len(filled.witnesses) == 3 > filled.quorum
+    witness_keys = tuple(f"transparency.witnesses[{index}].key" for index in range(3))
+    with pytest.raises(PlaceholderError) as refused:
+        parse_policy(_strict())
+    assert refused.value.paths == ("transparency.log_key", *witness_keys)
+    with pytest.raises(PlaceholderError, match=r"witnesses\[0\]\.key \(witness 'witness-1'\)") as refused:
+        parse_policy(_strict().replace('log_key = ""', f'log_key = "{LOG_KEY}"'))  # the log named, no witness yet
+    assert refused.value.paths == witness_keys and LOG_KEY not in str(refused.value)
+    second = FILLED_WITNESSES[1].verifier.encode()
+    with pytest.raises(PlaceholderError) as refused:  # one witness left empty
+        parse_policy(filled_strict_text().replace(f'key = "{second}"', 'key = ""'))
+    assert refused.value.paths == ("transparency.witnesses[1].key",)
+    message = str(refused.value)
+    assert not [key for key in (filled.log_key, *(w.key for w in filled.witnesses)) if key in message]  # no key echoed
+
+
+def test_any_policy_requiring_transparency_is_refused_while_its_log_key_is_empty() -> None:
+    witnessed = f'{{ name = "witness-a", key = "{FIRST.verifier.encode()}" }}'
+    for required in ("true", "false"):  # a policy naming a witness must name the log too, even under dev
+        section = f'required = {required}\nlog_key = ""\nwitnesses = [{witnessed}]\nquorum = 1\n'
+        with pytest.raises(PlaceholderError, match=r"transparency\.log_key \(the log\)") as refused:
+            parse_policy(_with_section(shipped_policy_path("dev").read_text(encoding="utf-8"), section))
+        assert refused.value.paths == ("transparency.log_key",) and FIRST.verifier.encode() not in str(refused.value)
 
 
 def test_strict_filled_by_the_release_process_loads(tmp_path: Path) -> None:

@@ -112,6 +112,26 @@ def test_a_folder_that_cannot_be_written_is_a_message_not_a_traceback(command: l
     assert a_file.read_text() == "not a folder\n"
 
 
+# Each command that verifies under `strict` unless told otherwise; a closed gateway port: nothing is contacted.
+STRICT_BY_DEFAULT = {
+    "chat": ["chat", "hello", "--gateway", "http://127.0.0.1:9"],
+    "proxy": ["proxy", "--gateway", "http://127.0.0.1:9", "--listen", "127.0.0.1:0"],
+    "gateway": ["gateway", "--listen", "127.0.0.1:0", "--port-file", "{tmp}/gateway.port"],
+}
+
+
+@pytest.mark.parametrize("command", STRICT_BY_DEFAULT)
+def test_a_command_defaulting_to_strict_refuses_it_unfilled_at_start_naming_each_empty_key(
+        command: str, env: dict[str, str], tmp_path: Path) -> None:
+    args = [part.replace("{tmp}", str(tmp_path)) for part in STRICT_BY_DEFAULT[command]]
+    result = run_veil(*args, env=env)
+    assert result.returncode == 2, result.stderr
+    assert_refused(result, command, "policy 'strict'", "transparency.log_key", "transparency.witnesses[0].key",
+                   "transparency.witnesses[1].key", "transparency.witnesses[2].key", "`veil policy check FILE`",
+                   'README.md, "Deploying on confidential-computing nodes"')
+    assert "OpenAI-compatible API on" not in result.stderr and not (tmp_path / "gateway.port").exists()
+
+
 def test_a_taken_port_is_refused_by_the_node_and_the_proxy_before_any_banner(env: dict[str, str], tmp_path: Path,
                                                                             held_port: int) -> None:
     model = write_tiny_model(tmp_path / "tiny")
