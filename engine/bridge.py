@@ -20,6 +20,10 @@ its device view (`views["my_mask"]`); given the step's `DownloadPlan`, it adds a
 A segment name is used once per crossing. State that lasts across steps (per-slot settings, counters)
 belongs in device tensors of its owner, updated from a segment carrying the diff, not re-sent whole.
 
+A download segment added with `scrub=True` (an embedding's vector: request data, and larger than what
+later steps write over it) is zeroed in both buffers once copied and read, and its values are taken out of
+the download by its reader (`Download.take`): nothing of it stays in the bridge after its step is read.
+
 A view of the device buffer is valid until the next send: the next step's upload overwrites it (on
 CUDA, ordered after every kernel already queued on the stream, so queued work reads what it was given).
 Keep a copy (on the device) of anything needed longer.
@@ -208,13 +212,17 @@ class DownloadPlan:
 
     def __init__(self) -> None:
         self.tensors: dict[str, torch.Tensor] = {}
+        self.scrubbed: list[str] = []  # segments zeroed in the bridge's buffers once read
 
-    def add(self, name: str, tensor: torch.Tensor) -> None:
+    def add(self, name: str, tensor: torch.Tensor, scrub: bool = False) -> None:
+        """Adds `tensor` as segment `name`; `scrub`: its bytes are zeroed in the bridge's buffers once read."""
         if name in self.tensors:
             raise EngineError(f"the step's download already has a segment {name!r}")
         if tensor.dtype not in _NUMPY:
             raise EngineError(f"segment {name!r} has dtype {tensor.dtype}, which the bridge does not carry")
         self.tensors[name] = tensor
+        if scrub:
+            self.scrubbed.append(name)
 
 
 @dataclass(slots=True)
@@ -231,6 +239,10 @@ class Download:
             self._values = self._future.result() if self._future is not None else self._drain()
             self._future = self._drain = None
         return self._values
+
+    def take(self, name: str) -> list:
+        """A segment's values, removed from the download: the taker holds the only reference to them."""
+        return self.values().pop(name)
 
 
 @dataclass(slots=True)
@@ -327,8 +339,11 @@ class Bridge:
         if nbytes:
             slot.staging.tensor[:nbytes].copy_(self._device_out.tensor[:nbytes], non_blocking=True)
         slot.done = _recorded_event(self.device)
+        scrubbed = [segments[name] for name in plan.scrubbed]
+        for segment in scrubbed:  # queued after the copy on the same stream: zeroed once copied
+            self._device_out.flat(segment).zero_()
         self._count(CrossingCount(d2h=1, d2h_bytes=nbytes))
-        drain = _Drain(slot, segments, self.toll)
+        drain = _Drain(slot, segments, self.toll, scrubbed)
         download = Download(self._start(drain) if self.drain_on_worker else None, drain)
         slot.reader = download
         return download
@@ -418,13 +433,17 @@ class _Drain:
     slot: _Slot
     segments: dict[str, Segment]
     toll: Toll
+    scrubbed: list[Segment]  # zeroed in the slot once listed
 
     def __call__(self) -> dict[str, list]:
         if self.slot.done is not None:
             self.slot.done.synchronize()
         self.toll.pay()
         staging = self.slot.staging
-        return {name: staging.flat(segment).tolist() for name, segment in self.segments.items()}
+        values = {name: staging.flat(segment).tolist() for name, segment in self.segments.items()}
+        for segment in self.scrubbed:  # through numpy: this thread is outside the engine's inference mode
+            staging.array[segment.offset : segment.offset + segment.nbytes] = 0
+        return values
 
 
 def _layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Segment], int]:

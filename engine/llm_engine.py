@@ -14,16 +14,16 @@ from pathlib import Path
 import torch
 
 from engine.block_manager import BlockManager
-from engine.bridge import BridgeStats
+from engine.bridge import BridgeStats, Download, DownloadPlan
 from engine.config import EngineConfig
 from engine.draft_model import DraftedSample, DraftRequest, assign_placeholders
 from engine.errors import EngineError, RequestRejected, UnknownRequestError
 from engine.logits_processors import LogitsProcessors
-from engine.model_runner import ModelRunner, PickRequest, step_lists
+from engine.model_runner import ModelRunner, PickRequest, StepLists, step_lists
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestMetrics, RequestOutput, StreamDelta, TokenOutput
 from engine.overlap import async_scheduling_enabled
-from engine.pooling import EmbeddingOutput, PoolingParams, PoolSpan, accumulate, embedding
+from engine.pooling import EMBEDDINGS, EmbeddingOutput, PoolingParams, PoolingStep, PoolSpan, unpack
 from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.sampling_params import SamplingParams, is_integer
 from engine.scheduler import ScheduledChunk, Scheduler
@@ -62,20 +62,34 @@ class Request:
 
 
 @dataclass(eq=False, slots=True)
+class Embedded:
+    """The embedding requests a step finished: their vectors ride its download (segment EMBEDDINGS), and
+    each becomes its request's output when that download is read."""
+
+    requests: list[Request]
+    sizes: list[int]  # each vector's length, in the segment's order
+    download: Download | None = None  # the step's, set by whoever fetched it
+
+
+@dataclass(eq=False, slots=True)
 class LaunchedStep:
     """A step whose forward and picks are queued: which sample each pick is for, and the picks."""
 
     samples: list[Sequence]  # in pick order
-    picked: PickedTokens | SpeculativePicks
+    picked: PickedTokens | SpeculativePicks | None  # None: the step picks nothing, and finished embeddings
+    embedded: Embedded | None = None
 
 
 @dataclass(eq=False, slots=True)
 class ForwardOnly:
     """A launched step whose picks wait for the in-flight step's tokens: a constrained sample's mask needs
-    its previous token (`engine.structured`). Picked once the in-flight step is read."""
+    its previous token (`engine.structured`). Picked once the in-flight step is read; the embeddings its
+    forward finished ride the picks' download."""
 
     sampling: list[Sequence]
     logits: torch.Tensor
+    embedded: Embedded | None = None
+    embeddings: torch.Tensor | None = None  # their vectors, on the device until the picks' download
 
 
 class LLMEngine:
@@ -158,7 +172,8 @@ class LLMEngine:
         return request_id
 
     def take_embeddings(self) -> list[EmbeddingOutput]:
-        """The embeddings finished since the last call; the engine keeps nothing of them."""
+        """The embeddings finished since the last call (read with their step: with async scheduling, in the
+        step after the one that completed their prompt); the engine keeps nothing of them."""
         taken, self._embeddings = self._embeddings, []
         return taken
 
@@ -285,7 +300,7 @@ class LLMEngine:
         if previous is not None:
             outputs += self._read(previous)
         if isinstance(launched, ForwardOnly):
-            launched = self._pick(launched.sampling, launched.logits)
+            launched = self._pick(launched)
         if launched is not None:
             if self.async_scheduling:
                 self._hold(launched)
@@ -299,7 +314,8 @@ class LLMEngine:
         self._clear_if_idle()
 
     def _launch(self) -> LaunchedStep | ForwardOnly | None:
-        """Schedules and queues one batch and its picks; None when nothing ran or nothing samples.
+        """Schedules and queues one batch and its picks; None when nothing ran, or nothing samples and no
+        embedding finished.
 
         A batch with a constrained sample whose previous token is still in flight queues its forward
         only: its picks are queued once that token is read (`ForwardOnly`).
@@ -311,34 +327,31 @@ class LLMEngine:
         drafts = None if self.scheduler.drafter is None else {c.seq.seq_id: c.draft for c in chunks if c.draft}
         lists, in_flight_ids = step_lists(chunks, self.config.block_size), self._in_flight_ids(chunks)
         self.num_tokens_computed += len(lists.input_ids)  # every chunk's tokens and drafts
-        pooling = self._pool_spans(chunks, lists.cu_seqlens_q) if self._num_pooling else None
+        pooling = self._pooling_step(chunks, lists.cu_seqlens_q) if self._num_pooling else None
         sampling, waiting_mask = [], False
         for chunk in chunks:  # one pass: the chunks count as computed, and those that reach their end sample
             seq = chunk.seq
             computed = seq.num_computed_tokens = seq.num_computed_tokens + chunk.num_tokens
             # `num_tokens` spelled out: this runs for every chunk of every step.
             if (computed == len(seq.prompt_token_ids) + len(seq.output_token_ids) + (seq.pending_row is not None)
-                    and seq.pooling is None):  # an embedding's ends when its states are pooled (`_pool`)
+                    and seq.pooling is None):  # an embedding's ends when its states are pooled (`PoolingStep`)
                 sampling.append(seq)
                 waiting_mask = waiting_mask or (seq.guide is not None and seq.pending_row is not None)
         if waiting_mask:
-            run = self.runner.run(lists, in_flight_ids, pooling=pooling and pooling[1])
-            self._pool(pooling, run.pooled)
-            return ForwardOnly(sampling, run.logits)
+            run = self.runner.run(lists, in_flight_ids, pooling=pooling)
+            return ForwardOnly(sampling, run.logits, self._finish_embeddings(pooling), run.embeddings)
         # The picks' settings are known before the forward, so they ride in the step's one upload.
         picks = self._pick_request(sampling, drafts)
-        request = None if picks is None else picks[1]
         if pooling is not None:
-            run = self.runner.run(lists, in_flight_ids, request, drafting, pooling[1])
-            self._pool(pooling, run.pooled)
-        elif drafting is None:
+            return self._launch_pooling(lists, in_flight_ids, picks, drafting, pooling)
+        request = None if picks is None else picks[1]
+        if drafting is None:
             run = self.runner.run(lists, in_flight_ids, request)
         else:
             run = self.runner.run(lists, in_flight_ids, request, drafting)
         return None if picks is None else LaunchedStep(picks[0], run.picked)
 
-    def _pool_spans(self, chunks: list[ScheduledChunk], cu_seqlens: list[int]
-                    ) -> tuple[list[Sequence], list[PoolSpan]] | None:
+    def _pooling_step(self, chunks: list[ScheduledChunk], cu_seqlens: list[int]) -> PoolingStep | None:
         """The step's embedding chunks and their rows; None if it has none. Called before the chunks count
         as computed: a chunk from position 0 starts its state afresh (a preempted request is recomputed)."""
         pooled: list[Sequence] = []
@@ -350,21 +363,48 @@ class LLMEngine:
                     seq.pooled = None
                 pooled.append(seq)
                 spans.append(PoolSpan(cu_seqlens[index], cu_seqlens[index + 1], seq.pooling.kind))
-        return (pooled, spans) if spans else None
+        return PoolingStep(pooled, spans) if spans else None
 
-    def _pool(self, pooling: tuple[list[Sequence], list[PoolSpan]] | None, rows) -> None:
-        """Adds each embedding chunk's reduction to its request's state; a request whose prompt is now
-        computed ends here, its vector made and its blocks freed (zeroed with the step's others)."""
-        if pooling is None:
-            return
-        for seq, span, row in zip(*pooling, rows):
-            seq.pooled = accumulate(seq.pooled, row, span.kind)
-            if seq.num_computed_tokens == len(seq.prompt_token_ids):
-                vector = embedding(seq.pooled, len(seq.prompt_token_ids), seq.pooling)
-                self._finish_and_free(seq, FinishReason.STOP)
-                request = self._requests.pop(seq.request_id)
-                metrics = RequestMetrics(request.num_prompt_tokens, 0, request.arrival_time, None, time.monotonic())
-                self._embeddings.append(EmbeddingOutput(seq.request_id, vector, metrics))
+    def _launch_pooling(self, lists: StepLists, in_flight_ids: torch.Tensor | None,
+                        picks: tuple[list[Sequence], PickRequest] | None, drafting: DraftRequest | None,
+                        pooling: PoolingStep) -> LaunchedStep | None:
+        """Runs a step with embedding chunks: the vectors it finishes ride its picks' download, or, when it
+        picks nothing, a download of their own (the step's one)."""
+        run = self.runner.run(lists, in_flight_ids, None if picks is None else picks[1], drafting, pooling)
+        embedded = self._finish_embeddings(pooling)
+        if picks is None:
+            return self._embeddings_only(embedded, run.embeddings)
+        if embedded is not None:
+            embedded.download = run.picked.copy
+        return LaunchedStep(picks[0], run.picked, embedded)
+
+    def _finish_embeddings(self, pooling: PoolingStep | None) -> Embedded | None:
+        """Ends the embedding requests whose prompt the step computed (`PoolingStep.reduce` made their
+        vectors): their blocks are freed (zeroed with the step's others); each request stays, its id taken,
+        until its vector is read. None if none finished."""
+        if pooling is None or not pooling.finished:
+            return None
+        for seq in pooling.finished:
+            self._finish_and_free(seq, FinishReason.STOP)
+        return Embedded([self._requests[seq.request_id] for seq in pooling.finished], pooling.sizes)
+
+    @torch.inference_mode()  # as the forward was: the bridge's buffers are inference tensors
+    def _embeddings_only(self, embedded: Embedded | None, vectors: torch.Tensor | None) -> LaunchedStep | None:
+        """A step that picks nothing: the embeddings it finished come back in its one download."""
+        if embedded is None:
+            return None
+        embedded.download = self.runner.bridge.fetch(_embeddings_download(vectors))
+        return LaunchedStep([], None, embedded)
+
+    def _emit_embeddings(self, embedded: Embedded) -> None:
+        """Each finished request's vector, read with its step, as its output; the request is forgotten."""
+        now = time.monotonic()
+        for request, vector in zip(embedded.requests, unpack(embedded.download.take(EMBEDDINGS), embedded.sizes)):
+            if self._requests.get(request.request_id) is not request:  # aborted while its vector was on its way
+                continue
+            del self._requests[request.request_id]
+            metrics = RequestMetrics(request.num_prompt_tokens, 0, request.arrival_time, None, now)
+            self._embeddings.append(EmbeddingOutput(request.request_id, vector, metrics))
 
     def _drafting(self, chunks: list[ScheduledChunk]) -> DraftRequest | None:
         """What a draft model runs in this step (None without one): the step's own tokens and the drafts.
@@ -398,14 +438,20 @@ class LLMEngine:
     def _hold(self, launched: LaunchedStep) -> None:
         """Keeps the launched batch in flight: its samples' next tokens are pending until it is read."""
         finished = SequenceStatus.FINISHED  # `is_finished` spelled out, as in `_read`
-        for seq, row in zip(launched.samples, launched.picked.row_of):
-            if seq.status is not finished:
-                seq.pending_row = row
+        if launched.picked is not None:
+            for seq, row in zip(launched.samples, launched.picked.row_of):
+                if seq.status is not finished:
+                    seq.pending_row = row
         self._in_flight = launched
 
     def _read(self, launched: LaunchedStep) -> list[TokenOutput]:
-        """Reads a launched batch's picks (waiting for the device) and applies them to their samples."""
+        """Reads a launched batch's picks (waiting for the device) and applies them to their samples; the
+        embeddings it finished become outputs (`take_embeddings`)."""
         now = time.monotonic()
+        if launched.embedded is not None:
+            self._emit_embeddings(launched.embedded)
+        if launched.picked is None:
+            return []
         results = launched.picked.results()
         self.runner.note_read(launched.picked.copy)
         if isinstance(launched.picked, SpeculativePicks):
@@ -550,13 +596,18 @@ class LLMEngine:
         return (seed * 1_000_003 + index) % (1 << 63)
 
     @torch.inference_mode()  # as the forward was: the bridge's buffers are inference tensors
-    def _pick(self, sampling: list[Sequence], logits: torch.Tensor) -> LaunchedStep | None:
-        """Queues the picks of a step whose forward ran already (`ForwardOnly`): a crossing each way of their own."""
-        picks = self._pick_request(sampling)
+    def _pick(self, step: ForwardOnly) -> LaunchedStep | None:
+        """Queues the picks of a step whose forward ran already (`ForwardOnly`): a crossing each way of their
+        own, whose download brings the embeddings the forward finished too."""
+        picks = self._pick_request(step.sampling)
         if picks is None:
-            return None
+            return self._embeddings_only(step.embedded, step.embeddings)
         samplers, request = picks
-        return LaunchedStep(samplers, self.sampler.launch(logits, request.requests, request.masks))
+        picked = self.sampler.launch(step.logits, request.requests, request.masks,
+                                     _embeddings_download(step.embeddings))
+        if step.embedded is not None:
+            step.embedded.download = picked.copy
+        return LaunchedStep(samplers, picked, step.embedded)
 
     def _pick_request(self, sampling: list[Sequence], drafts: dict[int, list[int]] | None = None
                       ) -> tuple[list[Sequence], PickRequest] | None:
@@ -748,6 +799,14 @@ class LLMEngine:
             first_token_time=request.first_token_time,
             finish_time=time.monotonic(),
         )
+
+
+def _embeddings_download(vectors: torch.Tensor | None) -> DownloadPlan:
+    """A step's download plan holding its finished embeddings' vectors, if any: zeroed in the bridge once read."""
+    download = DownloadPlan()
+    if vectors is not None:
+        download.add(EMBEDDINGS, vectors, scrub=True)
+    return download
 
 
 def _skip_scrub(block_ids: list[int]) -> None:

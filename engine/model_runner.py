@@ -1,8 +1,8 @@
 """Owns the model and the KV tensor: builds one step's flat inputs, runs the model, zeroes blocks.
 
 A step crosses the bridge (`engine.bridge`) once each way: its inputs, its sampling settings and the
-block ids queued since the last step (`engine.block_ops`) go up in one upload; its picks, logprobs and
-the residue count come back in one download.
+block ids queued since the last step (`engine.block_ops`) go up in one upload; its picks, logprobs,
+finished embeddings and the residue count come back in one download.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from engine.errors import EngineError
 from engine.loader import load_model
 from engine.models.layers import AttentionMetadata
 from engine.overlap import async_scheduling_enabled, fill_placeholders, placeholder
-from engine.pooling import PoolSpan, pool_rows
+from engine.pooling import EMBEDDINGS, PoolingStep
 from engine.sampler import PickedTokens, SampleRequest, Sampler
 from engine.scheduler import ScheduledChunk
 from engine.speculative import SpeculativeBatch, SpeculativeSampler
@@ -89,7 +89,9 @@ class PickRequest:
 class StepRun:
     logits: torch.Tensor  # of the rows that sample, in chunk order
     picked: PickedTokens | None  # when the step was given a PickRequest: its picks, their download started
-    pooled: torch.Tensor | None = None  # a row per pooling span (`engine.pooling`), fp32, left on the device
+    # The embeddings finished in the step (`engine.pooling`), flat fp32 on the device: in `picked`'s download
+    # when the step picks, else for the caller to fetch.
+    embeddings: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -162,13 +164,14 @@ class ModelRunner:
         return graphs
 
     def run(self, lists: StepLists, in_flight_ids: torch.Tensor | None = None, picks: PickRequest | None = None,
-            drafting: DraftRequest | None = None, pooling: list[PoolSpan] | None = None) -> StepRun:
+            drafting: DraftRequest | None = None, pooling: PoolingStep | None = None) -> StepRun:
         """Runs one step: one upload, the queued block ops, the forward, and with `picks` the picks and one download.
 
         A step in which every sequence adds one token replays a CUDA graph when graphs are on; any other
         step runs eagerly. `in_flight_ids`: the picked ids of the step still in flight, which supply the
         pending tokens' ids on the device (`engine.overlap`); given whenever a chunk has a pending token.
-        `pooling`: the rows embedding requests reduce (`engine.pooling`); such a step runs eagerly.
+        `pooling`: the rows embedding requests reduce (`engine.pooling`); such a step runs eagerly, and the
+        vectors it finishes ride its picks' download.
         """
         # Inference mode through the guard `torch.inference_mode` itself enters: the decorator also makes
         # a mode object and enters it in Python, about twice the guard's cost inside a step (measured at
@@ -177,7 +180,7 @@ class ModelRunner:
             return self._run(lists, in_flight_ids, picks, drafting, pooling)
 
     def _run(self, lists: StepLists, in_flight_ids: torch.Tensor | None, picks: PickRequest | None,
-             drafting: DraftRequest | None, pooling: list[PoolSpan] | None = None) -> StepRun:
+             drafting: DraftRequest | None, pooling: PoolingStep | None = None) -> StepRun:
         batch_size = None if self.graphs is None or pooling else self.graphs.batch_size_for(lists)
         upload = self.bridge.upload()
         ops = self.block_ops.pack(upload)
@@ -195,19 +198,21 @@ class ModelRunner:
         step_tables = self.tables.step_tables(tables, views)
         if draft_plan is not None:  # speculative steps are synchronous: no pick is in flight to fill
             in_flight_ids = self.draft.propose(draft_plan, views, step_tables)
-        logits, pooled = self._forward(lists, views, step_tables, batch_size, in_flight_ids, pooling)
+        logits, embeddings = self._forward(lists, views, step_tables, batch_size, in_flight_ids, pooling)
         if picks is None:
-            return StepRun(logits, None, pooled)
+            return StepRun(logits, None, embeddings)
         download = DownloadPlan()
         picked = picks.sampler.pick(logits, plan, views, download)
+        if embeddings is not None:
+            download.add(EMBEDDINGS, embeddings, scrub=True)
         download.add(RESIDUE_FOUND, self.residue_found)
         picked.copy = self.bridge.fetch(download)
-        return StepRun(logits, picked, pooled)
+        return StepRun(logits, picked)
 
     def _forward(self, lists: StepLists, views: dict[str, torch.Tensor], tables: torch.Tensor,
-                 batch_size: int | None, in_flight_ids: torch.Tensor | None, pooling: list[PoolSpan] | None
+                 batch_size: int | None, in_flight_ids: torch.Tensor | None, pooling: PoolingStep | None
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The sampling rows' logits, and the pooling spans' reductions when there are any."""
+        """The sampling rows' logits, and the embeddings the step finishes when there are any."""
         if batch_size is not None:
             hidden = self.graphs.replay(views, tables, lists, batch_size, in_flight_ids)
             return self.model.compute_logits(hidden.index_select(0, self.graphs.sample_rows(views))), None
@@ -215,8 +220,8 @@ class ModelRunner:
         if in_flight_ids is not None:
             fill_placeholders(inputs.input_ids, in_flight_ids)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
-        pooled = pool_rows(hidden, pooling) if pooling else None
-        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows)), pooled
+        embeddings = pooling.reduce(hidden) if pooling else None
+        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows)), embeddings
 
     def _step_inputs(self, views: dict[str, torch.Tensor], tables: torch.Tensor, lists: StepLists) -> StepInputs:
         """`step_inputs`, or the previous step's when they would be the same views: a steady decode step's

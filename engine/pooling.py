@@ -5,19 +5,30 @@ zeroing as generation, batched beside it, and ends when its prompt is computed, 
 Each chunk's rows are reduced where they lie (`pool_rows`) into the sequence's running state, so no hidden
 state is kept past its step: mean pooling keeps a running sum, last-token pooling the latest row. The
 state is dropped when the request ends, however it ends.
+
+A finished vector crosses to the host in its step's one download (`engine.bridge`): the step's finished
+vectors, made on the device (`PoolingStep.reduce`), ride it as one float32 segment (`EMBEDDINGS`), scrubbed
+from the bridge's buffers once read, and are cut apart on the host (`unpack`) when the step is read.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.errors import RequestRejected
 from engine.outputs import RequestMetrics
+
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
+
+# The finished vectors' segment in a step's download.
+EMBEDDINGS = "pooling.embeddings"
 
 
 class PoolingKind(str, enum.Enum):
@@ -79,14 +90,50 @@ def accumulate(state: torch.Tensor | None, row: torch.Tensor, kind: PoolingKind)
     return state + row
 
 
-def embedding(state: torch.Tensor, num_tokens: int, params: PoolingParams) -> list[float]:
-    """The finished vector: averaged (mean), truncated to `dimensions`, then L2-normalized."""
+def embedding(state: torch.Tensor, num_tokens: int, params: PoolingParams) -> torch.Tensor:
+    """The finished vector, on the state's device: averaged (mean), truncated to `dimensions`, then L2-normalized."""
     vector = state / num_tokens if params.kind is PoolingKind.MEAN else state
     if params.dimensions is not None:
         vector = vector[: params.dimensions]
     if params.normalize:
         vector = torch.nn.functional.normalize(vector, dim=0)
-    return vector.tolist()
+    return vector
+
+
+@dataclass(eq=False, slots=True)
+class PoolingStep:
+    """A step's embedding chunks: each sequence's rows of the flat batch, reduced into its running state.
+
+    Made before the step's chunks count as computed, reduced (`reduce`) after the forward: a sequence whose
+    prompt the step completes is then `finished`, its vector `sizes` long in the step's vectors.
+    """
+
+    sequences: list[Sequence]
+    spans: list[PoolSpan]
+    finished: list[Sequence] = field(default_factory=list)  # in the order of their vectors
+    sizes: list[int] = field(default_factory=list)
+
+    def reduce(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Adds each chunk's rows to its state; the finished vectors, flat in one float32 device tensor
+        for the step's download (None when none finished)."""
+        vectors = []
+        for seq, span, row in zip(self.sequences, self.spans, pool_rows(hidden, self.spans)):
+            seq.pooled = accumulate(seq.pooled, row, span.kind)
+            if seq.num_computed_tokens == len(seq.prompt_token_ids):
+                vector = embedding(seq.pooled, len(seq.prompt_token_ids), seq.pooling)
+                vectors.append(vector)
+                self.finished.append(seq)
+                self.sizes.append(vector.numel())  # the shape only: nothing is read from the device
+        return torch.cat(vectors) if vectors else None  # fp32, as `pool_rows` makes every row
+
+
+def unpack(values: list[float], sizes: list[int]) -> list[list[float]]:
+    """The step's finished vectors, cut from their segment's host values."""
+    vectors, start = [], 0
+    for size in sizes:
+        vectors.append(values[start : start + size])
+        start += size
+    return vectors
 
 
 def model_pooling(model_dir: str | Path) -> PoolingKind | None:

@@ -225,17 +225,18 @@ class Sampler:
             return []
         return self.launch(logits, requests).results()
 
-    def launch(self, logits: torch.Tensor, requests: list[SampleRequest], masks: torch.Tensor | None = None
-               ) -> PickedTokens:
+    def launch(self, logits: torch.Tensor, requests: list[SampleRequest], masks: torch.Tensor | None = None,
+               download: DownloadPlan | None = None) -> PickedTokens:
         """Sends the settings, queues the picks and starts their download: one crossing each way.
 
         `masks`: the step's grammar masks, host bitmasks (`engine.structured`), when a request is constrained.
+        `download`: segments others added already, to cross with the picks.
         """
         if self._bridge is None:
             self._bridge = Bridge(logits.device)
         upload = self._bridge.upload()
         plan = self.pack(upload, requests, logits.shape[-1], masks)
-        download = DownloadPlan()
+        download = DownloadPlan() if download is None else download
         picked = self.pick(logits, plan, self._bridge.send(upload), download)
         picked.copy = self._bridge.fetch(download)
         return picked

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import EngineConfig, LLMEngine, PoolingKind, PoolingParams, SamplingParams
 from engine.bridge import CrossingCount
 from engine.bridge_profile import profile_copies, tally
 from engine.cuda_graphs import DecodeGraphs
@@ -217,6 +217,117 @@ def test_a_speculative_step_crosses_once_each_way(kind, graphs, drafts):
     assert llm.residue_check() == []
 
 
+# ----- embeddings: their vectors ride the step's one download -----------------------------------------------
+
+def embedding_params(count: int) -> list[PoolingParams]:
+    """Full and truncated vectors, last-token and mean pooled: the segment is cut by each request's length."""
+    return [PoolingParams(PoolingKind.MEAN if i % 2 else PoolingKind.LAST, dimensions=None if i % 3 else 8)
+            for i in range(count)]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingStep:
+    crossed: CrossingCount
+    finished_floats: int  # the lengths of the vectors the step finished, summed
+    last: bool
+
+
+def run_embeddings(llm: LLMEngine, prompts: list[list[int]], pooling: list[PoolingParams],
+                   generated: list[list[int]]) -> tuple[list[EmbeddingStep], dict[str, list[float]]]:
+    """Steps until every request ends (`generated`: greedy requests beside): each step's crossings with the
+    floats of the embeddings it finished, and every vector, by request id."""
+    hidden = llm.model_config.hidden_size
+    sequences = {llm.add_embedding(p, params): (params.dimensions or hidden) for p, params in zip(prompts, pooling)}
+    sequences = {llm._requests[rid].sequences[0]: size for rid, size in sequences.items()}
+    for prompt in generated:
+        llm.add_request(prompt, greedy(6))
+    steps, vectors, done = [], {}, set()
+    while llm.has_unfinished():
+        with llm.runner.bridge.counting() as counted:
+            llm.step_tokens()
+        newly = [seq for seq in sequences if seq.is_finished and seq not in done]
+        done.update(newly)
+        steps.append(EmbeddingStep(counted, sum(sequences[seq] for seq in newly), not llm.scheduler.has_work()))
+        vectors.update((output.request_id, output.embedding) for output in llm.take_embeddings())
+    assert len(done) == len(sequences) == len(vectors)
+    return steps, vectors
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside-generation"])
+@pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
+def test_a_step_that_finishes_embeddings_brings_their_vectors_in_its_one_download(overlapped, beside):
+    """The finished vectors are a float32 segment of the step's download: a step that only embeds crosses
+    down exactly once, with their bytes alone, and a step beside generation still crosses down once."""
+    prompts = random_prompts(6, 3, 30, seed=81)  # several chunks of 16 tokens for the longer ones
+    pooling = embedding_params(len(prompts))
+    generated = random_prompts(3, 3, 10, seed=82) if beside else []
+    llm = engine(overlapped, graphs=False, max_num_batched_tokens=16)
+    steps, vectors = run_embeddings(llm, prompts, pooling, generated)
+
+    finishing = [step for step in steps if step.finished_floats]
+    assert len(finishing) >= 2  # not all in one step: chunked prompts end at different steps
+    assert all(step.crossed.d2h == 1 for step in finishing)
+    assert all(step.crossed.h2d == 1 for step in steps if not step.last)
+    assert steps[-1].crossed.h2d <= 2 and steps[-1].crossed.d2h <= 1
+    for step in finishing:
+        if beside:  # with the picks when the step has any
+            assert step.crossed.d2h_bytes >= 4 * step.finished_floats
+        else:  # nothing else to read: the segment, and no other crossing down in any step
+            assert step.crossed.d2h_bytes == 4 * step.finished_floats
+    if not beside:
+        assert all(step.crossed.d2h == 0 for step in steps if not step.finished_floats)
+    # The same vectors however they crossed: synchronously, alone, one step later, beside generation.
+    expected = engine(False, graphs=False).embed(prompts, PoolingParams(PoolingKind.MEAN))
+    for rid, params, prompt in zip(vectors, pooling, prompts):
+        if params.kind is PoolingKind.MEAN and params.dimensions is None:
+            assert torch.allclose(torch.tensor(vectors[rid]), torch.tensor(expected[prompts.index(prompt)]),
+                                  atol=1e-5)
+    assert llm.residue_check() == []
+
+
+@pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
+def test_nothing_of_a_vector_stays_in_the_bridge_once_read(overlapped):
+    """The vectors' bytes are zeroed in the device buffer they were packed in and in the pinned slot they
+    were copied to, and their values are taken out of the download: later steps, which write fewer bytes
+    there, would leave them for good."""
+    llm = engine(overlapped, graphs=False)
+    steps, vectors = run_embeddings(llm, random_prompts(4, 3, 20, seed=83), embedding_params(4), [])
+    bridge = llm.runner.bridge
+    used = max(step.crossed.d2h_bytes for step in steps)  # every download starts at the buffers' first byte
+    assert used > 0 and all(any(v) for v in vectors.values())
+    # Only embeddings crossed down here: every byte the downloads used is zero again.
+    assert int(bridge._device_out.tensor[:used].count_nonzero()) == 0
+    for slot in bridge._slots:
+        assert int(slot.staging.tensor[:used].count_nonzero()) == 0
+        assert slot.reader is None or slot.reader.values() == {}
+
+
+def test_an_embedding_finished_in_a_step_that_waits_for_a_constrained_token_rides_its_picks_download():
+    """Async: a step whose constrained sample waits for its token picks in a crossing each way of its own
+    (`ForwardOnly`); an embedding its forward finishes rides that download, so the step still crosses down once."""
+    from tests.test_engine_structured import SCHEMA, SMALL_POOL, constrained, json_schema
+
+    llm = LLMEngine(tiny_model_dir(), EngineConfig(async_scheduling=True, **SMALL_POOL))
+    llm.add_request("Hello", constrained(json_schema(SCHEMA), max_tokens=60, seed=1))
+    for _ in range(3):  # past the prefill: every step now waits for the constrained sample's token
+        llm.step()
+    prompt = random_prompts(1, 5, 5, seed=84)[0]
+    request_id = llm.add_embedding(prompt, PoolingParams(PoolingKind.MEAN))
+    llm.step()  # its one chunk runs and finishes in a waiting step
+    crossed = llm.runner.bridge.step
+    assert (crossed.h2d, crossed.d2h) == (2, 1)
+    assert crossed.d2h_bytes > 4 * llm.model_config.hidden_size
+    assert llm.take_embeddings() == []  # read with its step, in the next one
+    llm.step()
+    [output] = llm.take_embeddings()
+    expected = engine(False, graphs=False).embed([prompt], PoolingParams(PoolingKind.MEAN))[0]
+    assert output.request_id == request_id
+    assert torch.allclose(torch.tensor(output.embedding), torch.tensor(expected), atol=1e-5)
+    while llm.has_unfinished():
+        llm.step()
+    assert llm.residue_check() == []
+
+
 # ----- the source: no transfer outside the bridge ------------------------------------------------------
 
 SCANNED = ("engine", "kernels")
@@ -241,10 +352,6 @@ ALLOWED = {
                                                                "benchmarks, not on the engine's path",
     ("kernels/paged_batch.py", "build_paged_batch", "to"): "as above",
     ("kernels/paged_batch.py", "build_paged_batch", "tensor"): "as above",
-    ("engine/pooling.py", "embedding", "tolist"): "a finished embedding's vector, once per embedding request in "
-                                                  "the step that completes its prompt, not once per step: on "
-                                                  "CUDA such a step crosses down twice (not yet in the bridge's "
-                                                  "download)",
     ("engine/structured.py", "masks", "numpy"): "a host tensor: the grammar masks are filled on the host and "
                                                 "cross in the step's upload",
 }
@@ -432,4 +539,17 @@ def test_on_cuda_every_copy_of_a_whole_run_is_one_the_bridge_counted(kind):
     with llm.runner.bridge.counting() as counted:
         copies = profile_copies(lambda: (llm.generate(prompts, params), llm.residue_check()))
     assert counted.h2d > 0 and (copies.h2d, copies.d2h) == (counted.h2d, counted.d2h), copies.describe()
+    assert copies.pageable == 0, copies.describe()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
+def test_on_cuda_an_embedding_run_copies_only_what_the_bridge_counted(overlapped):
+    # Finished vectors come back in their step's download: no copy of its own, none through pageable memory.
+    llm = cuda_engine(overlapped, graphs=True)
+    prompts = random_prompts(6, 3, 30, seed=85)
+    with llm.runner.bridge.counting() as counted:
+        copies = profile_copies(lambda: llm.embed(prompts, PoolingParams(PoolingKind.MEAN, dimensions=8)))
+    assert counted.d2h > 0 and (copies.h2d, copies.d2h) == (counted.h2d, counted.d2h), copies.describe()
     assert copies.pageable == 0, copies.describe()

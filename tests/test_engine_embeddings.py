@@ -76,3 +76,24 @@ def test_an_aborted_embedding_keeps_nothing():
         engine.step_tokens()
     assert engine.take_embeddings() == [] and engine.residue_check() == []
     assert int(engine.runner.kv_cache.count_nonzero()) == 0
+
+
+def test_an_embedding_aborted_while_its_vector_crosses_is_dropped_and_its_id_is_free_again():
+    """With async scheduling a finished vector is read with the next step (`engine.bridge`): an abort in
+    between drops it, and a new request under the same id gets its own vector, not the aborted one's."""
+    engine = _engine("qwen3", async_scheduling=True)
+    first, second = random_prompts(2, 8, 8, seed=4)  # one chunk each
+    request_id = engine.add_embedding(first, PoolingParams(PoolingKind.MEAN))
+    engine.step_tokens()  # its chunk runs and finishes it; its vector is in the step's download
+    assert engine.take_embeddings() == [] and engine.has_unfinished()
+    engine.abort(request_id)
+    assert engine.add_embedding(second, PoolingParams(PoolingKind.MEAN), request_id=request_id) == request_id
+    outputs = []
+    while engine.has_unfinished():
+        engine.step_tokens()
+        outputs += engine.take_embeddings()
+    [output] = outputs
+    expected = _engine("qwen3").embed([second], PoolingParams(PoolingKind.MEAN))[0]
+    assert output.request_id == request_id
+    assert torch.allclose(torch.tensor(output.embedding), torch.tensor(expected), atol=1e-6)
+    assert engine.residue_check() == [] and int(engine.runner.kv_cache.count_nonzero()) == 0
