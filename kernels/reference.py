@@ -18,12 +18,25 @@ from kernels import per_forward
 
 
 def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
-    """Write token i's K/V into slot slot_mapping[i] of the paged caches; slot -1 skips the token."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].to(torch.int64)
+    """Write token i's K/V into slot slot_mapping[i] of the paged caches; slot -1 skips the token.
+
+    Which tokens are kept, and where they go, is the same in every layer: inside
+    `kernels.per_forward.one_forward()` the first layer works it out for all."""
+    rows, slots = per_forward.once(("kv slots", id(slot_mapping)), lambda: _kept_slots(slot_mapping))
+    if rows is not None:
+        key, value = key.index_select(0, rows), value.index_select(0, rows)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key[keep])
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value[keep])
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value)
+
+
+def _kept_slots(slot_mapping: Tensor) -> tuple[Tensor | None, Tensor]:
+    """(the rows of the tokens kept, or None when all are; their slots as int64)."""
+    keep = slot_mapping >= 0
+    if bool(keep.all()):
+        return None, slot_mapping.to(torch.int64)
+    rows = keep.nonzero().flatten()
+    return rows, slot_mapping.index_select(0, rows).to(torch.int64)
 
 
 def zero_blocks(kv_cache: Tensor, block_ids: Tensor) -> None:
