@@ -127,12 +127,16 @@ def _per_sequence_attention() -> Iterator[None]:
 
 
 def bytes_read_per_step(engine, batch: int, context: int) -> int:
-    """What a decode step must read at least once: every weight, and each sequence's cached K/V (`context` tokens)."""
+    """What a decode step must read at least once: every weight but the embedding table (a row per token;
+    all of it where it doubles as the output head), and each sequence's cached K/V (`context` tokens)."""
     from benchmarks.engine_gpu import weight_bytes
 
+    model = engine.runner.model
     kv = engine.runner.kv_cache
     kv_per_token = kv.shape[0] * kv[0, 0, 0].numel() * kv.element_size()  # every layer's K and V of one token
-    return weight_bytes(engine.runner.model) + batch * context * kv_per_token
+    table = model.model.embed_tokens.weight
+    unread = 0 if table is model.lm_head.weight else table.numel() * table.element_size()
+    return weight_bytes(model) - unread + batch * context * kv_per_token
 
 
 def _time_forward(engine, torch, device: str) -> tuple[list[float], list[float]]:
