@@ -1,7 +1,8 @@
 """Torch implementations of the kernels: the CPU production path and the Triton kernels' test oracle.
 
 Same signatures as `kernels.dispatch`; inputs are assumed valid (the dispatch layer checks them).
-Attention is computed in float32 whatever the cache dtype and cast back, as the Triton kernels do. The layer
+Attention accumulates in float32 whatever the cache dtype and is cast back, as the Triton kernels do (on a
+CPU a bf16 cache goes to SDPA as it is: `_attention_dtype`). The layer
 kernels (RMSNorm, SiLU-and-mul, rotary embedding) round exactly where Hugging Face's Llama does, op for op,
 so on a CPU the engine computes what `transformers` computes, and no slower than plain torch.
 """
@@ -92,11 +93,22 @@ def paged_attention(
     out = torch.empty_like(query)
     if query.shape[0] == 0:
         return out
-    key = ("attention plan", id(block_tables), id(context_lens), id(cu_seqlens_q), query.shape[0], tuple(k_cache.shape))
-    plan = per_forward.once(key, lambda: _plan(query.shape[0], k_cache.shape, block_tables, context_lens, cu_seqlens_q))
+    dtype = _attention_dtype(k_cache)
+    key = ("attention plan", id(block_tables), id(context_lens), id(cu_seqlens_q), query.shape[0], tuple(k_cache.shape),
+           dtype)
+    plan = per_forward.once(key, lambda: _plan(query.shape[0], k_cache.shape, dtype.itemsize, block_tables,
+                                               context_lens, cu_seqlens_q))
     for group in plan:
-        _attend_group(out, query, k_cache, v_cache, group, scale)
+        _attend_group(out, query, k_cache, v_cache, group, scale, dtype)
     return out
+
+
+def _attention_dtype(cache: Tensor) -> torch.dtype:
+    """What the batched kernel gathers K/V and queries in: float32, but bf16 as it is on a CPU. There SDPA's
+    kernel accumulates bf16 in float32 itself (rounding the softmax weights to bf16, as transformers' bf16
+    attention on a CPU does), and a float32 copy of every gathered page cost about a fifth of the attention's
+    time at batch 64 (`benchmarks/engine_host.py`)."""
+    return torch.bfloat16 if cache.dtype == torch.bfloat16 and cache.device.type == "cpu" else torch.float32
 
 
 # The K/V one attention call gathers, at most (a single sequence may exceed it): sized to stay in a core's
@@ -118,7 +130,7 @@ class _Group:
     q_len: int
 
 
-def _plan(num_tokens: int, cache_shape: torch.Size, block_tables: Tensor, context_lens: Tensor,
+def _plan(num_tokens: int, cache_shape: torch.Size, itemsize: int, block_tables: Tensor, context_lens: Tensor,
           cu_seqlens_q: Tensor) -> list[_Group]:
     # Host tensors on this path (CUDA runs Triton's kernel): reading them back costs no crossing.
     offsets = cu_seqlens_q.tolist()
@@ -126,7 +138,7 @@ def _plan(num_tokens: int, cache_shape: torch.Size, block_tables: Tensor, contex
     query_lens = [end - start for start, end in zip(offsets, offsets[1:])]
     lens_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     block_size = cache_shape[1]
-    kv_row_bytes = 2 * cache_shape[2] * cache_shape[3] * 4  # one token's K and V, gathered in float32
+    kv_row_bytes = 2 * cache_shape[2] * cache_shape[3] * itemsize  # one token's K and V, as gathered
     groups: list[_Group] = []
     for selected, is_member, group_q_len in ((lens_q == 1, lambda n: n == 1, 1),
                                              (lens_q > 1, lambda n: n > 1, max(query_lens))):
@@ -183,12 +195,13 @@ def _group(num_tokens: int, block_size: int, block_tables: Tensor, context_lens:
                   tokens[real], real, q_len)
 
 
-def _attend_group(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group, scale: float) -> None:
-    """One masked attention call into `out`, as `group` plans it."""
+def _attend_group(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group, scale: float,
+                  dtype: torch.dtype) -> None:
+    """One masked attention call into `out`, as `group` plans it, over K/V and queries in `dtype`."""
     num_heads, head_dim = query.shape[1], query.shape[2]
-    keys = _batched_pages(k_cache, group.block_ids, group.num_seqs, group.length)
-    values = _batched_pages(v_cache, group.block_ids, group.num_seqs, group.length)
-    gathered = query.index_select(0, group.read_rows).float()
+    keys = _batched_pages(k_cache, group.block_ids, group.num_seqs, group.length).to(dtype)
+    values = _batched_pages(v_cache, group.block_ids, group.num_seqs, group.length).to(dtype)
+    gathered = query.index_select(0, group.read_rows).to(dtype)
     if group.real is None:
         # Query heads of one KV head are adjacent: view them as that head's rows (no copy of K/V per head).
         grouped = gathered.view(group.num_seqs, k_cache.shape[2], -1, head_dim)
@@ -203,11 +216,11 @@ def _attend_group(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor, 
 
 def _batched_pages(cache: Tensor, block_ids: Tensor, num_seqs: int, length: int) -> Tensor:
     """The listed blocks, `length // block_size` a sequence, as [num_seqs, num_kv_heads, length, head_dim],
-    in float32."""
+    in the cache's dtype."""
     # Rows of a 2-D view: index_select copies each whole block at once (several times faster than on 4-D).
     pages = cache.view(cache.shape[0], -1).index_select(0, block_ids)
     pages = pages.view(num_seqs, length, cache.shape[2], cache.shape[3])
-    return pages.transpose(1, 2).float()
+    return pages.transpose(1, 2)
 
 
 def paged_attention_per_sequence(query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
