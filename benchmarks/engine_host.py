@@ -235,8 +235,8 @@ def main() -> int:
 def _print_attention_comparison(splits: list[HostSplit], baselines: dict[int, HostSplit]) -> None:
     print("batched CPU attention against the per-sequence kernel (baseline), greedy, same run:")
     for split in splits:
-        if not split.sampled and split.batch in baselines:
-            before = baselines[split.batch]
+        before = baselines.get(split.batch)
+        if not split.sampled and before is not None and before.dtype == split.dtype:
             print(f"  batch {split.batch:>4}: step {before.step_ms:.2f} -> {split.step_ms:.2f} ms "
                   f"({before.step_ms / split.step_ms:.2f}x), "
                   f"forward {before.forward_ms:.2f} -> {split.forward_ms:.2f} ms "
