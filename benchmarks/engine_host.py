@@ -54,6 +54,7 @@ class HostSplit:
     h2d_bytes: float
     d2h_bytes: float
     step_bytes: int = 0  # read at least once per step: weights and K/V (`bytes_read_per_step`)
+    dtype: str = ""  # the engine's dtype (`engine.compute_dtype`)
 
     @property
     def host_ms(self) -> float:
@@ -66,7 +67,7 @@ class HostSplit:
 
 
 def measure(model_dir: Path, batch: int, sampled: bool, steps: int, repeats: int, device: str,
-            toll_us: float = 0.0, per_sequence_attention: bool = False) -> HostSplit:
+            toll_us: float = 0.0, per_sequence_attention: bool = False, dtype: str | None = None) -> HostSplit:
     """Best of `repeats` runs of `steps` decode steps with `batch` sequences running.
 
     `per_sequence_attention`: the CPU attention runs one sequence at a time, as before the batched kernel
@@ -74,7 +75,7 @@ def measure(model_dir: Path, batch: int, sampled: bool, steps: int, repeats: int
     """
     if per_sequence_attention:
         with _per_sequence_attention():
-            return measure(model_dir, batch, sampled, steps, repeats, device, toll_us)
+            return measure(model_dir, batch, sampled, steps, repeats, device, toll_us, dtype=dtype)
     import torch
 
     from engine import EngineConfig, LLMEngine, SamplingParams
@@ -82,7 +83,7 @@ def measure(model_dir: Path, batch: int, sampled: bool, steps: int, repeats: int
     config = EngineConfig(kv_cache_gib=0.5, max_num_seqs=batch, max_num_batched_tokens=max(4096, batch),
                           device=device, cuda_graphs=None if device == "cuda" else False,
                           async_scheduling=False,  # the host's own work, measured apart: what async steps overlap
-                          bridge_toll_us=toll_us)
+                          bridge_toll_us=toll_us, dtype=dtype)
     engine = LLMEngine(model_dir, config)
     max_tokens = 3 + repeats * steps + 1
     for index in range(batch):
@@ -107,7 +108,8 @@ def measure(model_dir: Path, batch: int, sampled: bool, steps: int, repeats: int
                           text_s / steps * 1000,
                           crossed.h2d / steps, crossed.d2h / steps, crossed.h2d_bytes / steps,
                           crossed.d2h_bytes / steps,
-                          bytes_read_per_step(engine, batch, context=len(PROMPT) + 3 + repeats * steps // 2))
+                          bytes_read_per_step(engine, batch, context=len(PROMPT) + 3 + repeats * steps // 2),
+                          engine.runner.dtype_choice.name)
         best = split if best is None or split.host_ms < best.host_ms else best
     return best
 
@@ -125,12 +127,16 @@ def _per_sequence_attention() -> Iterator[None]:
 
 
 def bytes_read_per_step(engine, batch: int, context: int) -> int:
-    """What a decode step must read at least once: every weight, and each sequence's cached K/V (`context` tokens)."""
+    """What a decode step must read at least once: every weight but the embedding table (a row per token;
+    all of it where it doubles as the output head), and each sequence's cached K/V (`context` tokens)."""
     from benchmarks.engine_gpu import weight_bytes
 
+    model = engine.runner.model
     kv = engine.runner.kv_cache
     kv_per_token = kv.shape[0] * kv[0, 0, 0].numel() * kv.element_size()  # every layer's K and V of one token
-    return weight_bytes(engine.runner.model) + batch * context * kv_per_token
+    table = model.model.embed_tokens.weight
+    unread = 0 if table is model.lm_head.weight else table.numel() * table.element_size()
+    return weight_bytes(model) - unread + batch * context * kv_per_token
 
 
 def _time_forward(engine, torch, device: str) -> tuple[list[float], list[float]]:
@@ -172,6 +178,9 @@ def main() -> int:
     parser.add_argument("--compare-attention", action="store_true",
                         help="also run each greedy batch with the per-sequence CPU attention (the kernel before the "
                              "batched one, now the test oracle) and print the batched kernel's speed-up")
+    parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), default=None,
+                        help="engine dtypes to run side by side, the first the baseline of the printed ratios "
+                             "(default: the engine's choice, `engine.compute_dtype`)")
     args = parser.parse_args()
 
     import torch
@@ -189,26 +198,29 @@ def main() -> int:
         baselines: dict[int, HostSplit] = {}
         for batch in args.batches:
             for sampled in (False, True):
-                progress(f"batch {batch}, {'sampled' if sampled else 'greedy'} ...")
-                splits.append(measure(model_dir, batch, sampled, args.steps, args.repeats, args.device,
-                                      args.bridge_toll_us))
+                for dtype in args.dtypes or [None]:
+                    progress(f"batch {batch}, {'sampled' if sampled else 'greedy'}, {dtype or 'default dtype'} ...")
+                    splits.append(measure(model_dir, batch, sampled, args.steps, args.repeats, args.device,
+                                          args.bridge_toll_us, dtype=dtype))
             if args.compare_attention:
                 progress(f"batch {batch}, greedy, per-sequence attention ...")
                 baselines[batch] = measure(model_dir, batch, False, args.steps, args.repeats, args.device,
-                                           args.bridge_toll_us, per_sequence_attention=True)
+                                           args.bridge_toll_us, per_sequence_attention=True, dtype=(args.dtypes or [None])[0])
         # A large copy, timed in this run on this (shared) machine: what streaming memory moves now.
         bandwidth = copy_bandwidth(torch.device("cpu"), gib=1, repeats=3) / 1e9 if args.device == "cpu" else None
     print(f"\nhost time per decode step: built-in '{args.preset}' model on {args.device}, {args.threads} thread(s), "
           f"best of {args.repeats} x {args.steps} steps, bridge toll {args.bridge_toll_us:g} us per crossing")
-    print(f"{'batch':>5} {'sampling':>8} | {'step ms':>8} {'forward ms':>10} {'host ms':>8} {'host share':>10} {'LM head ms':>10} {'host-head':>9} | "
+    print(f"{'batch':>5} {'sampling':>8} {'dtype':>8} | {'step ms':>8} {'forward ms':>10} {'host ms':>8} {'host share':>10} {'LM head ms':>10} {'host-head':>9} | "
           f"{'text ms':>7} | {'H2D/step':>8} {'D2H/step':>8} {'H2D B/step':>10} {'D2H B/step':>10}")
     for split in splits:
-        print(f"{split.batch:>5} {'sampled' if split.sampled else 'greedy':>8} | {split.step_ms:>8.2f} "
+        print(f"{split.batch:>5} {'sampled' if split.sampled else 'greedy':>8} {split.dtype:>8} | {split.step_ms:>8.2f} "
               f"{split.forward_ms:>10.2f} {split.host_ms:>8.2f} {split.host_ms / split.step_ms:>9.0%} "
               f"{split.head_ms:>10.2f} {split.host_without_head_ms:>9.2f} | "
               f"{split.text_ms:>7.2f} | {split.h2d:>8.2f} {split.d2h:>8.2f} {split.h2d_bytes:>10.0f} {split.d2h_bytes:>10.0f}")
     if baselines:
         _print_attention_comparison(splits, baselines)
+    if args.dtypes and len(args.dtypes) > 1:
+        _print_dtype_comparison(splits)
     if bandwidth is not None:
         _print_weights_floor(splits, bandwidth)
     print("host ms: step minus forward, the LM head included (as the issue's targets were set); host-head: without "
@@ -223,12 +235,24 @@ def main() -> int:
 def _print_attention_comparison(splits: list[HostSplit], baselines: dict[int, HostSplit]) -> None:
     print("batched CPU attention against the per-sequence kernel (baseline), greedy, same run:")
     for split in splits:
-        if not split.sampled and split.batch in baselines:
-            before = baselines[split.batch]
+        before = baselines.get(split.batch)
+        if not split.sampled and before is not None and before.dtype == split.dtype:
             print(f"  batch {split.batch:>4}: step {before.step_ms:.2f} -> {split.step_ms:.2f} ms "
                   f"({before.step_ms / split.step_ms:.2f}x), "
                   f"forward {before.forward_ms:.2f} -> {split.forward_ms:.2f} ms "
                   f"({before.forward_ms / split.forward_ms:.2f}x)")
+
+
+def _print_dtype_comparison(splits: list[HostSplit]) -> None:
+    """Each dtype's step and forward against the first dtype's, same batch and sampling, same run."""
+    print("dtypes against the first (baseline), same run:")
+    first: dict[tuple[int, bool], HostSplit] = {}
+    for split in splits:
+        base = first.setdefault((split.batch, split.sampled), split)
+        if base is not split:
+            print(f"  batch {split.batch:>4} {'sampled' if split.sampled else 'greedy':>7}: {base.dtype} -> {split.dtype}: "
+                  f"step {base.step_ms:.2f} -> {split.step_ms:.2f} ms ({base.step_ms / split.step_ms:.2f}x), "
+                  f"forward {base.forward_ms:.2f} -> {split.forward_ms:.2f} ms ({base.forward_ms / split.forward_ms:.2f}x)")
 
 
 def _print_weights_floor(splits: list[HostSplit], bandwidth_gb_s: float) -> None:
@@ -237,7 +261,7 @@ def _print_weights_floor(splits: list[HostSplit], bandwidth_gb_s: float) -> None
     for split in splits:
         if not split.sampled:
             floor_ms = split.step_bytes / bandwidth_gb_s / 1e6
-            print(f"  batch {split.batch:>4}: {split.step_bytes / split.batch / 1e3:.1f} kB/token, "
+            print(f"  batch {split.batch:>4} {split.dtype:>8}: {split.step_bytes / split.batch / 1e3:.1f} kB/token, "
                   f"floor {floor_ms:.3f} ms/step, step at {floor_ms / split.step_ms:.1%} of the floor's speed")
 
 

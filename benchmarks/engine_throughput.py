@@ -14,7 +14,11 @@ the zeroing calls of run 2 (on a CPU every call completes before it returns, so 
 the noise between runs), and with a toll the time the step loop waited at it: the toll's cost within one
 run, which a ratio of two runs on a shared machine can hide or inflate.
 
+With --dtype bfloat16 both sides run in bf16 (the engine's projections over prepacked weights on a CPU
+with native bf16: `kernels.cpu_linear`).
+
     python benchmarks/engine_throughput.py [--requests 64] [--hf-batch-size 16] [--quick] [--bridge-toll-us 300]
+                                           [--dtype float32|bfloat16] [--threads N]
 """
 
 from __future__ import annotations
@@ -105,13 +109,14 @@ def timed_zeroing() -> Iterator[list[float]]:
         kernels.zero_blocks = real_zero_blocks
 
 
-def run_veil(model_dir: str, workload: Workload, skip_zeroing: bool, toll_us: float = 0.0) -> VeilRun:
+def run_veil(model_dir: str, workload: Workload, skip_zeroing: bool, toll_us: float = 0.0,
+             dtype: str | None = None) -> VeilRun:
     from engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(
         model_dir,
         EngineConfig(kv_cache_gib=2.0, max_num_seqs=64, max_num_batched_tokens=2048, unsafe_skip_zeroing=skip_zeroing,
-                     bridge_toll_us=toll_us),
+                     bridge_toll_us=toll_us, dtype=dtype),
     )
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in workload.output_lens]
     engine.generate([workload.prompts[0]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
@@ -127,10 +132,10 @@ def run_veil(model_dir: str, workload: Workload, skip_zeroing: bool, toll_us: fl
                    crossed.h2d, crossed.d2h, tolled[0])
 
 
-def run_transformers(model_dir: str, workload: Workload, batch_size: int) -> float:
+def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype: torch.dtype = torch.float32) -> float:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     model.generation_config.pad_token_id = 0
     started = time.perf_counter()
     for begin in range(0, len(workload.prompts), batch_size):
@@ -168,6 +173,8 @@ def main() -> None:
     parser.add_argument("--bridge-toll-us", type=float, default=0.0,
                         help="also run Veil with every host<->device crossing waiting this long (a simulated "
                              "confidential-computing bridge) and compare it with the toll-free run")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="dtype of both sides, Veil and transformers (default: float32, the model's own)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -181,7 +188,8 @@ def main() -> None:
         params_m = sum(p.numel() for p in _param_shapes(model_dir)) / 1e6
         vocab_size = PRESETS[preset].vocab_size or _config_vocab(model_dir)
         workload = make_workload(args.requests, prompt_range, output_range, vocab_size)
-        print(f"model: built-in '{preset}' Llama, {params_m:.1f}M parameters, fp32, {torch.get_num_threads()} CPU threads")
+        print(f"model: built-in '{preset}' Llama, {params_m:.1f}M parameters, {args.dtype} on both sides, "
+              f"{torch.get_num_threads()} CPU threads")
         print(f"workload: {args.requests} requests, prompts {prompt_range}, outputs {output_range}, "
               f"{workload.output_tokens} output tokens, greedy")
         # Every configuration runs once per round, best of --repeats each, so that a busy moment on a
@@ -190,14 +198,15 @@ def main() -> None:
         veil_runs, unsafe_runs, tolled_runs = [], [], []
         for repeat in range(1, args.repeats + 1):
             progress(f"transformers.generate, run {repeat} of {args.repeats} ...")
-            hf_runs.append(run_transformers(model_dir, workload, args.hf_batch_size))
+            hf_runs.append(run_transformers(model_dir, workload, args.hf_batch_size, getattr(torch, args.dtype)))
             progress(f"veil with zero-on-free, run {repeat} of {args.repeats} ...")
-            veil_runs.append(run_veil(model_dir, workload, skip_zeroing=False))
+            veil_runs.append(run_veil(model_dir, workload, skip_zeroing=False, dtype=args.dtype))
             progress(f"veil with zeroing skipped, run {repeat} of {args.repeats} ...")
-            unsafe_runs.append(run_veil(model_dir, workload, skip_zeroing=True))
+            unsafe_runs.append(run_veil(model_dir, workload, skip_zeroing=True, dtype=args.dtype))
             if args.bridge_toll_us:
                 progress(f"veil with a bridge toll of {args.bridge_toll_us:g} us, run {repeat} of {args.repeats} ...")
-                tolled_runs.append(run_veil(model_dir, workload, skip_zeroing=False, toll_us=args.bridge_toll_us))
+                tolled_runs.append(run_veil(model_dir, workload, skip_zeroing=False, toll_us=args.bridge_toll_us,
+                                            dtype=args.dtype))
         veil = min(veil_runs, key=lambda run: run.seconds)
         unsafe_seconds = min(run.seconds for run in unsafe_runs)
         hf_seconds = min(hf_runs)

@@ -36,7 +36,7 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="sampling seed: the same seed gives the same text (default: none, a fresh random draw)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                        help="compute dtype (default: the model's own)")
+                        help="compute dtype (default: the model's own where this device computes it natively, else float32)")
     parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="KV pool size on CPU")
     parser.add_argument("--eager", action="store_true",
                         help="run every step eagerly: no CUDA graphs for decode steps (graphs never run on a CPU)")

@@ -22,7 +22,7 @@ from engine.bridge import Bridge
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models import LlamaFamilyForCausalLM
-from engine.models.layers import MergedLinear
+from engine.models.layers import MergedLinear, prepack_linears
 
 
 _ROTARY = "\0rotary."  # the rotary tables cross with the weights, under names no checkpoint can hold
@@ -64,7 +64,9 @@ def load_model(folder: str | Path, dtype: torch.dtype | None, device: torch.devi
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.rotary = rotary
-    return model.to(dtype=dtype).eval()
+    model = model.to(dtype=dtype).eval()
+    prepack_linears(model)  # bf16 on a CPU: its products over prepacked weights (`kernels.cpu_linear`)
+    return model
 
 
 def _read_state(folder: Path) -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ finished embeddings and the residue count come back in one download.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import torch
 from engine import block_ops
 from engine.block_ops import PendingBlockOps
 from engine.bridge import Bridge, Download, DownloadPlan, Upload
-from engine.config import EngineConfig
+from engine.compute_dtype import choose_dtype
+from engine.config import EngineConfig, ModelConfig
 from engine.device_tables import DeviceBlockTables
 from engine.draft_model import DraftModel, DraftRequest, draft_folder
 from engine.cuda_graphs import (
@@ -36,6 +38,7 @@ from engine.scheduler import ScheduledChunk
 from engine.speculative import SpeculativeBatch, SpeculativeSampler
 
 _GIB = 1 << 30
+_log = logging.getLogger("veil.engine")
 # The runner's segments in a step's crossings.
 STEP_LONGS, STEP_INTS = "step.longs", "step.ints"
 RESIDUE_FOUND, RESIDUE_FLAGS, CHECK_IDS = "residue.found", "residue.flags", "residue.check_ids"
@@ -99,8 +102,9 @@ class ModelRunner:
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # Downloads drain on a worker thread when steps overlap: the scheduling thread never waits for one.
         self.bridge = Bridge(self.device, config.bridge_toll_us, async_scheduling_enabled(config, self.device))
-        dtype = None if config.dtype is None else _dtype(config.dtype)
-        self.model = load_model(model_dir, dtype, self.device, self.bridge)
+        self.dtype_choice = choose_dtype(config.dtype, ModelConfig.from_folder(Path(model_dir)).torch_dtype, self.device)
+        _log.info("engine: weights and KV in %s (%s)", self.dtype_choice.name, self.dtype_choice.reason)
+        self.model = load_model(model_dir, self.dtype_choice.dtype, self.device, self.bridge)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
         self.block_size = config.block_size
@@ -380,9 +384,3 @@ def step_lists(chunks: list[ScheduledChunk], block_size: int) -> StepLists:
                 sample_rows += range(total - 1 - len(draft), total - 1)
             sample_rows.append(total - 1)
     return StepLists(input_ids, positions, slots, cu_seqlens, context_lens, tables, sample_rows, widest, seq_ids)
-
-
-def _dtype(name: str) -> torch.dtype:
-    from engine.config import parse_dtype
-
-    return parse_dtype(name)

@@ -21,6 +21,7 @@ from kernels.dispatch import (
     zero_blocks,
 )
 from kernels.errors import KernelBackendError, KernelError, KernelInputError
+from kernels.per_forward import one_forward
 
 __all__ = [
     "KernelBackendError",
@@ -30,6 +31,7 @@ __all__ = [
     "count_residue",
     "find_residue",
     "force",
+    "one_forward",
     "paged_attention",
     "residue_flags",
     "rms_norm",

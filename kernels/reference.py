@@ -1,25 +1,43 @@
 """Torch implementations of the kernels: the CPU production path and the Triton kernels' test oracle.
 
 Same signatures as `kernels.dispatch`; inputs are assumed valid (the dispatch layer checks them).
-Attention is computed in float32 whatever the cache dtype and cast back, as the Triton kernels do. The layer
+Attention accumulates in float32 whatever the cache dtype and is cast back, as the Triton kernels do (on a
+CPU a bf16 cache goes to SDPA as it is: `_attention_dtype`). The layer
 kernels (RMSNorm, SiLU-and-mul, rotary embedding) round exactly where Hugging Face's Llama does, op for op,
 so on a CPU the engine computes what `transformers` computes, and no slower than plain torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels import per_forward
+
 
 def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
-    """Write token i's K/V into slot slot_mapping[i] of the paged caches; slot -1 skips the token."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].to(torch.int64)
+    """Write token i's K/V into slot slot_mapping[i] of the paged caches; slot -1 skips the token.
+
+    Which tokens are kept, and where they go, is the same in every layer: inside
+    `kernels.per_forward.one_forward()` the first layer works it out for all."""
+    rows, slots = per_forward.once(("kv slots", id(slot_mapping)), lambda: _kept_slots(slot_mapping))
+    if rows is not None:
+        key, value = key.index_select(0, rows), value.index_select(0, rows)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key[keep])
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value[keep])
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value)
+
+
+def _kept_slots(slot_mapping: Tensor) -> tuple[Tensor | None, Tensor]:
+    """(the rows of the tokens kept, or None when all are; their slots as int64)."""
+    keep = slot_mapping >= 0
+    if bool(keep.all()):
+        return None, slot_mapping.to(torch.int64)
+    rows = keep.nonzero().flatten()
+    return rows, slot_mapping.index_select(0, rows).to(torch.int64)
 
 
 def zero_blocks(kv_cache: Tensor, block_ids: Tensor) -> None:
@@ -68,17 +86,60 @@ def paged_attention(
     padding a decode token's query to the longest chunk would multiply its work by that chunk's length.
     A group whose padded K/V would pass GATHER_BUDGET_BYTES is cut, by context length, into calls that
     each fit it: short contexts (the common decode step) make one call, long ones a few.
+    The plan (groups, block ids, masks) depends on the step's metadata only, so inside
+    `kernels.per_forward.one_forward()` the first layer makes it and the others reuse it.
     Same results as `paged_attention_per_sequence`, the test oracle.
     """
     out = torch.empty_like(query)
     if query.shape[0] == 0:
         return out
+    dtype = _attention_dtype(k_cache)
+    key = ("attention plan", id(block_tables), id(context_lens), id(cu_seqlens_q), query.shape[0], tuple(k_cache.shape),
+           dtype)
+    plan = per_forward.once(key, lambda: _plan(query.shape[0], k_cache.shape, dtype.itemsize, block_tables,
+                                               context_lens, cu_seqlens_q))
+    for group in plan:
+        _attend_group(out, query, k_cache, v_cache, group, scale, dtype)
+    return out
+
+
+def _attention_dtype(cache: Tensor) -> torch.dtype:
+    """What the batched kernel gathers K/V and queries in: float32, but bf16 as it is on a CPU. There SDPA's
+    kernel accumulates bf16 in float32 itself (rounding the softmax weights to bf16, as transformers' bf16
+    attention on a CPU does), and a float32 copy of every gathered page cost about a fifth of the attention's
+    time at batch 64 (`benchmarks/engine_host.py`)."""
+    return torch.bfloat16 if cache.dtype == torch.bfloat16 and cache.device.type == "cpu" else torch.float32
+
+
+# The K/V one attention call gathers, at most (a single sequence may exceed it): sized to stay in a core's
+# cache, since gathered K/V read again from memory cost more than the calls saved by one larger batch.
+GATHER_BUDGET_BYTES = 2 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """One masked attention call: which blocks it gathers, which query rows it reads and writes, its mask."""
+
+    block_ids: Tensor  # [num_seqs * width] int64: each sequence's blocks, padded with block 0 (masked out)
+    num_seqs: int
+    length: int  # width * block_size: the padded context every sequence of the group is gathered to
+    visible: Tensor  # the attention mask, broadcast over heads
+    read_rows: Tensor  # query rows gathered (padding rows repeat the last real one)
+    write_rows: Tensor  # output rows written: the real ones
+    real: Tensor | None  # prefill: which of the [num_seqs, q_len] gathered rows are real; decode: None
+    q_len: int
+
+
+def _plan(num_tokens: int, cache_shape: torch.Size, itemsize: int, block_tables: Tensor, context_lens: Tensor,
+          cu_seqlens_q: Tensor) -> list[_Group]:
     # Host tensors on this path (CUDA runs Triton's kernel): reading them back costs no crossing.
     offsets = cu_seqlens_q.tolist()
     contexts = context_lens.tolist()
     query_lens = [end - start for start, end in zip(offsets, offsets[1:])]
     lens_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    kv_row_bytes = 2 * k_cache.shape[2] * k_cache.shape[3] * 4  # one token's K and V, gathered in float32
+    block_size = cache_shape[1]
+    kv_row_bytes = 2 * cache_shape[2] * cache_shape[3] * itemsize  # one token's K and V, as gathered
+    groups: list[_Group] = []
     for selected, is_member, group_q_len in ((lens_q == 1, lambda n: n == 1, 1),
                                              (lens_q > 1, lambda n: n > 1, max(query_lens))):
         members = sorted((context, seq) for seq, (context, n) in enumerate(zip(contexts, query_lens)) if is_member(n))
@@ -87,15 +148,10 @@ def paged_attention(
         rows = selected.nonzero().flatten()
         rows = rows.index_select(0, context_lens.index_select(0, rows).argsort(stable=True))  # by context length
         sorted_contexts = [context for context, _ in members]
-        for start, end in _groups(sorted_contexts, k_cache.shape[1], kv_row_bytes, GATHER_BUDGET_BYTES):
-            _attend_group(out, query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, rows[start:end],
-                          sorted_contexts[end - 1], group_q_len, scale)
-    return out
-
-
-# The K/V one attention call gathers, at most (a single sequence may exceed it): sized to stay in a core's
-# cache, since gathered K/V read again from memory cost more than the calls saved by one larger batch.
-GATHER_BUDGET_BYTES = 2 << 20
+        for start, end in _groups(sorted_contexts, block_size, kv_row_bytes, GATHER_BUDGET_BYTES):
+            groups.append(_group(num_tokens, block_size, block_tables, context_lens, cu_seqlens_q, rows[start:end],
+                                 sorted_contexts[end - 1], group_q_len))
+    return groups
 
 
 def _groups(sorted_contexts: list[int], block_size: int, row_bytes: int, budget: int) -> list[tuple[int, int]]:
@@ -111,14 +167,11 @@ def _groups(sorted_contexts: list[int], block_size: int, row_bytes: int, budget:
     return groups
 
 
-def _attend_group(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                  context_lens: Tensor, cu_seqlens_q: Tensor, rows: Tensor, longest: int, q_len: int,
-                  scale: float) -> None:
-    """One masked attention into `out` for the sequences `rows`, whose contexts are at most
-    `longest` and query lengths at most `q_len` (1: each has exactly one new token)."""
-    device = query.device
-    num_tokens, num_heads, head_dim = query.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+def _group(num_tokens: int, block_size: int, block_tables: Tensor, context_lens: Tensor, cu_seqlens_q: Tensor,
+           rows: Tensor, longest: int, q_len: int) -> _Group:
+    """The plan of one call for the sequences `rows`, whose contexts are at most `longest` and query lengths
+    at most `q_len` (1: each has exactly one new token)."""
+    device = context_lens.device
     pick = (lambda t: t.index_select(0, rows))  # noqa: E731 (each metadata tensor, for the group's rows)
     num_seqs = rows.shape[0]
     width = -(-longest // block_size)
@@ -126,17 +179,11 @@ def _attend_group(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor, 
     # Entries past a context may be -1 or stale, even out of range: read block 0 there instead, masked out below.
     in_context = torch.arange(width, device=device)[None, :] * block_size < lens[:, None]
     block_ids = torch.where(in_context, pick(block_tables[:, :width]).to(torch.int64), 0).flatten()
-    keys = _batched_pages(k_cache, block_ids, num_seqs, width * block_size)
-    values = _batched_pages(v_cache, block_ids, num_seqs, width * block_size)
     starts = pick(cu_seqlens_q[:-1]).to(torch.int64)
     columns = torch.arange(width * block_size, device=device)
     if q_len == 1:
-        # Query heads of one KV head are adjacent: view them as that head's rows (no copy of K/V per head).
-        grouped = query.index_select(0, starts).float().view(num_seqs, num_kv_heads, -1, head_dim)
         visible = (columns[None, :] < lens[:, None])[:, None, None, :]
-        attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=visible, scale=scale)
-        out.index_copy_(0, starts, attended.reshape(num_seqs, num_heads, head_dim).to(query.dtype))
-        return
+        return _Group(block_ids, num_seqs, width * block_size, visible, starts, starts, None, 1)
     ends = pick(cu_seqlens_q[1:]).to(torch.int64)
     steps = torch.arange(q_len, device=device)
     tokens = starts[:, None] + steps[None, :]  # [seqs, q_len]; past a sequence's end: padding rows
@@ -144,19 +191,36 @@ def _attend_group(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor, 
     positions = (lens - (ends - starts))[:, None] + steps[None, :]
     # A padding row sees what its position would (finite, never all-masked); its output is dropped.
     visible = (columns[None, None, :] <= positions[:, :, None])[:, None]
-    padded = query.index_select(0, tokens.clamp(max=num_tokens - 1).flatten()).float()
-    padded = padded.view(num_seqs, q_len, num_heads, head_dim).transpose(1, 2)
-    attended = F.scaled_dot_product_attention(padded, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
-    out.index_copy_(0, tokens[real], attended.transpose(1, 2)[real].to(query.dtype))
+    return _Group(block_ids, num_seqs, width * block_size, visible, tokens.clamp(max=num_tokens - 1).flatten(),
+                  tokens[real], real, q_len)
+
+
+def _attend_group(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group, scale: float,
+                  dtype: torch.dtype) -> None:
+    """One masked attention call into `out`, as `group` plans it, over K/V and queries in `dtype`."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    keys = _batched_pages(k_cache, group.block_ids, group.num_seqs, group.length).to(dtype)
+    values = _batched_pages(v_cache, group.block_ids, group.num_seqs, group.length).to(dtype)
+    gathered = query.index_select(0, group.read_rows).to(dtype)
+    if group.real is None:
+        # Query heads of one KV head are adjacent: view them as that head's rows (no copy of K/V per head).
+        grouped = gathered.view(group.num_seqs, k_cache.shape[2], -1, head_dim)
+        attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=group.visible, scale=scale)
+        out.index_copy_(0, group.write_rows, attended.reshape(group.num_seqs, num_heads, head_dim).to(query.dtype))
+        return
+    padded = gathered.view(group.num_seqs, group.q_len, num_heads, head_dim).transpose(1, 2)
+    attended = F.scaled_dot_product_attention(padded, keys, values, attn_mask=group.visible, scale=scale,
+                                              enable_gqa=True)
+    out.index_copy_(0, group.write_rows, attended.transpose(1, 2)[group.real].to(query.dtype))
 
 
 def _batched_pages(cache: Tensor, block_ids: Tensor, num_seqs: int, length: int) -> Tensor:
     """The listed blocks, `length // block_size` a sequence, as [num_seqs, num_kv_heads, length, head_dim],
-    in float32."""
+    in the cache's dtype."""
     # Rows of a 2-D view: index_select copies each whole block at once (several times faster than on 4-D).
     pages = cache.view(cache.shape[0], -1).index_select(0, block_ids)
     pages = pages.view(num_seqs, length, cache.shape[2], cache.shape[3])
-    return pages.transpose(1, 2).float()
+    return pages.transpose(1, 2)
 
 
 def paged_attention_per_sequence(query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
@@ -230,10 +294,11 @@ def rotary_embedding(
     """Rotate-half rotary embedding of query [tokens, heads, dim] and key [tokens, kv_heads, dim].
 
     cos_cache/sin_cache: [max_positions, dim / 2], rounded to the query dtype before use. With `inplace`,
-    query and key are overwritten and returned; otherwise new tensors come back.
+    query and key are overwritten and returned; otherwise new tensors come back. The step's rows of the
+    caches are the same in every layer: inside `kernels.per_forward.one_forward()` the first layer's are kept.
     """
-    cos = cos_cache[positions].to(query.dtype).unsqueeze(1)
-    sin = sin_cache[positions].to(query.dtype).unsqueeze(1)
+    key_rows = ("rotary rows", id(positions), id(cos_cache), id(sin_cache), query.dtype)
+    cos, sin = per_forward.once(key_rows, lambda: _rotary_rows(positions, cos_cache, sin_cache, query.dtype))
     rotated = _rotate(query, cos, sin), _rotate(key, cos, sin)
     if not inplace:
         return rotated
@@ -242,6 +307,15 @@ def rotary_embedding(
     return query, key
 
 
+def _rotary_rows(positions: Tensor, cos_cache: Tensor, sin_cache: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The positions' cos and sin at full head width, the sine's first half negated: rounded to `dtype` first,
+    as Hugging Face rounds them, then widened, which is exact."""
+    cos = cos_cache[positions].to(dtype)
+    sin = sin_cache[positions].to(dtype)
+    return torch.cat((cos, cos), dim=-1).unsqueeze(1), torch.cat((-sin, sin), dim=-1).unsqueeze(1)
+
+
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+    """x * cos + rotate_half(x) * sin as Hugging Face computes it, rounding alike: rotate_half(x) * sin is
+    (-x2 * sin, x1 * sin), which is (x2 * -sin, x1 * sin) exactly, so x's halves swapped times `sin`."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin

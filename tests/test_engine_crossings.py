@@ -338,8 +338,8 @@ ALLOWED = {
     ("kernels/reference.py", "zero_blocks", "to"): "ids already on the cache's device (the engine's come through "
                                                    "its bridge); only the dtype changes",
     ("kernels/reference.py", "mark_residue", "to"): "as for zero_blocks",
-    ("kernels/reference.py", "paged_attention", "tolist"): "the reference kernels are the CPU path and the test "
-                                                           "oracle: on CUDA the engine runs Triton's",
+    ("kernels/reference.py", "_plan", "tolist"): "paged_attention's plan: the reference kernels are the CPU path "
+                                                 "and the test oracle: on CUDA the engine runs Triton's",
     ("kernels/reference.py", "paged_attention_per_sequence", "tolist"): "the test oracle, never the engine's path",
     ("kernels/validation.py", "_check_sequence_values", "tolist"): "called only for CPU tensors",
     ("kernels/dispatch.py", "find_residue", "to"): "a kernel API for tests and tools: the engine checks residue "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+import engine.compute_dtype as compute_dtype
 from engine import EngineConfig, LLMEngine
 from tests.engine_models import (  # noqa: F401 (fixtures)
     one_torch_thread,
@@ -154,8 +155,10 @@ def test_logits_tolerance_is_tight_enough_to_catch_a_wrong_weight(batch, referen
         torch.testing.assert_close(logits, hf_logits(reference.model, prompts[0]), atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
 
 
-def test_bf16_checkpoint_loads_in_bf16_and_generates(tmp_path, batch):
+def test_bf16_checkpoint_loads_in_bf16_and_generates(tmp_path, batch, monkeypatch):
     prompts, _ = batch
+    # On a CPU with native bf16 (`engine.compute_dtype`; one without widens it to fp32: its own test).
+    monkeypatch.setattr(compute_dtype, "native_dtypes", lambda device: frozenset({torch.float32, torch.bfloat16}))
     folder = save_with_tokenizer(build_hf_model("llama", torch.bfloat16), tmp_path / "bf16")
     engine = LLMEngine(folder, EngineConfig(num_blocks=64, block_size=4))
     assert engine.runner.dtype == torch.bfloat16

@@ -161,3 +161,21 @@ def test_find_residue_sees_negative_zero_and_reports_each_dirty_id_once() -> Non
     kv_cache[0, 4, 0, 0, 0] = 1.0
     assert kernels.find_residue(kv_cache, [4, 2, 1, 2, 4]) == [4, 2]
     assert kernels.find_residue(kv_cache, torch.tensor([0, 1, 3], dtype=torch.int32)) == []
+
+
+def test_inside_one_forward_the_layers_share_one_attention_plan(monkeypatch) -> None:
+    # The plan depends on the step's metadata only: each layer's call reuses the first one's, with the same results.
+    plans = []
+    make_plan = reference._plan
+    monkeypatch.setattr(reference, "_plan", lambda *args: plans.append(1) or make_plan(*args))
+    batch = build_paged_batch([40, 9, 33, 1], [1, 9, 5, 1], num_heads=8, num_kv_heads=2, head_dim=16, block_size=4,
+                              generator=torch.Generator().manual_seed(4))
+    alone = [kernels.paged_attention(*batch.args()) for _ in range(3)]
+    assert len(plans) == 3
+    with kernels.one_forward():
+        shared = [kernels.paged_attention(*batch.args()) for _ in range(3)]
+    assert len(plans) == 4
+    for separate, together in zip(alone, shared):
+        assert torch.equal(separate, together)
+    kernels.paged_attention(*batch.args())  # the memo ends with the forward
+    assert len(plans) == 5

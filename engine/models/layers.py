@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import kernels
+from kernels import cpu_linear
 from engine.config import RopeScaling
 
 
@@ -23,7 +24,31 @@ class AttentionMetadata:
     max_seqlen_q: int
 
 
-class MergedLinear(nn.Linear):
+class Linear(nn.Linear):
+    """`nn.Linear` whose product runs over a prepacked copy of its weight once `prepack` made one
+    (`kernels.cpu_linear`: bf16 on a CPU); the same values as without it."""
+
+    packed: torch.Tensor | None = None
+
+    def prepack(self) -> None:
+        """Packs the weight where `kernels.cpu_linear` can; call again after the weight changes."""
+        self.packed = cpu_linear.pack(self.weight) if cpu_linear.can_pack(self.weight) else None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return super().forward(hidden)
+        return cpu_linear.linear(hidden, self.packed, self.bias)
+
+
+def prepack_linears(model: nn.Module) -> int:
+    """Prepacks every `Linear` of `model` that `kernels.cpu_linear` can pack; how many it packed."""
+    layers = [module for module in model.modules() if isinstance(module, Linear)]
+    for layer in layers:
+        layer.prepack()
+    return sum(layer.packed is not None for layer in layers)
+
+
+class MergedLinear(Linear):
     """Several projections of the same input as one matrix product: their weights stacked by output row.
 
     Checkpoints keep the parts apart (Hugging Face's `q_proj`, `k_proj`, `v_proj`, siblings of this module);
@@ -117,7 +142,7 @@ class Attention(nn.Module):
             {"q_proj": num_heads * head_dim, "k_proj": num_kv_heads * head_dim, "v_proj": num_kv_heads * head_dim},
             bias=bias,
         )
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=output_bias)
+        self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=output_bias)
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
@@ -161,7 +186,7 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size}, bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(hidden)))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import kernels
+
 from engine.config import ModelConfig
-from engine.models.layers import Attention, AttentionMetadata, GatedMLP, RMSNorm, RotaryEmbedding
+from engine.models.layers import Attention, AttentionMetadata, GatedMLP, Linear, RMSNorm, RotaryEmbedding
 
 
 class DecoderLayer(nn.Module):
@@ -53,7 +55,7 @@ class LlamaFamilyForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(
@@ -69,10 +71,11 @@ class LlamaFamilyForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Returns the final hidden states [num_tokens, hidden]; `compute_logits` projects the rows that sample."""
         hidden, residual = self.model.embed_tokens(input_ids), None
-        for index, layer in enumerate(self.model.layers):
-            hidden, residual = layer(
-                positions, hidden, residual, self.rotary, kv_cache[2 * index], kv_cache[2 * index + 1], meta
-            )
+        with kernels.one_forward():  # the layers share their metadata's checks, attention plan and rotary rows
+            for index, layer in enumerate(self.model.layers):
+                hidden, residual = layer(
+                    positions, hidden, residual, self.rotary, kv_cache[2 * index], kv_cache[2 * index + 1], meta
+                )
         if residual is None:  # a model without layers
             return self.model.norm(hidden)
         return self.model.norm.add_and_norm(hidden, residual)[0]
