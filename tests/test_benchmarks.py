@@ -103,7 +103,7 @@ def test_the_end_to_end_benchmark_compares_the_encrypted_path_with_both_baseline
 def test_the_host_time_benchmark_splits_each_step_into_forward_and_host() -> None:
     out = run_benchmark("engine_host.py", "--batches", "2", "8", "--steps", "3", "--repeats", "1",
                         "--compare-attention")
-    rows = re.findall(rf"^\s+(\d+)\s+(greedy|sampled) \|\s+({NUMBER})\s+({NUMBER})\s+({NUMBER})\s+(\d+)%"
+    rows = re.findall(rf"^\s+(\d+)\s+(greedy|sampled)\s+float32 \|\s+({NUMBER})\s+({NUMBER})\s+({NUMBER})\s+(\d+)%"
                       rf"\s+({NUMBER})\s+({NUMBER}) \|\s+({NUMBER}) \|\s+({NUMBER})\s+({NUMBER})\s+(\d+)\s+(\d+)$",
                       out, re.M)
     assert [(batch, mode) for batch, mode, *_ in rows] == [("2", "greedy"), ("2", "sampled"), ("8", "greedy"),
@@ -120,7 +120,7 @@ def test_the_host_time_benchmark_splits_each_step_into_forward_and_host() -> Non
     assert [batch for batch, _ in speedups] == ["2", "8"] and all(float(ratio) > 0 for _, ratio in speedups)
     bandwidth = re.search(rf"streaming bandwidth \(({NUMBER}) GB/s", out)
     assert bandwidth is not None and float(bandwidth.group(1)) > 0
-    floors = re.findall(rf"batch\s+(\d+): ({NUMBER}) kB/token, floor ({NUMBER}) ms/step", out)
+    floors = re.findall(rf"batch\s+(\d+)\s+float32: ({NUMBER}) kB/token, floor ({NUMBER}) ms/step", out)
     assert [batch for batch, *_ in floors] == ["2", "8"] and all(float(kb) > 0 for _, kb, _ in floors)
     assert "8 ms at 256" in out
 
