@@ -70,6 +70,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     try:
         engine = LLMEngine(args.model, engine_config(args))
+        choice = engine.runner.dtype_choice  # the engine itself logs nothing: its command line says it
+        if choice.widened:  # slower and larger than the checkpoint: worth a line
+            print(f"veil generate: weights and KV in {choice.name} ({choice.reason})", file=sys.stderr)
         params = SamplingParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
         )

@@ -19,10 +19,11 @@ from engine.errors import EngineError
 
 @dataclass(frozen=True, slots=True)
 class DtypeChoice:
-    """The dtype the engine loads its weights and KV in, and why (for the engine's load line)."""
+    """The dtype the engine loads its weights and KV in, and why (`veil generate` prints it)."""
 
     dtype: torch.dtype
     reason: str
+    widened: bool = False  # the checkpoint's own dtype was widened to float32 (the one case a user is told)
 
     @property
     def name(self) -> str:
@@ -59,4 +60,5 @@ def choose_dtype(requested: str | None, model_dtype: torch.dtype, device: torch.
     if model_dtype in native:
         return DtypeChoice(model_dtype, f"the model's own; {device.type} computes it natively")
     own = str(model_dtype).removeprefix("torch.")
-    return DtypeChoice(torch.float32, f"the model's {own} widened: this {device.type} has no native {own} arithmetic")
+    return DtypeChoice(torch.float32, f"the model's {own} widened: this {device.type} has no native {own} arithmetic",
+                       widened=True)

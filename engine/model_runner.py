@@ -7,7 +7,6 @@ finished embeddings and the residue count come back in one download.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +37,6 @@ from engine.scheduler import ScheduledChunk
 from engine.speculative import SpeculativeBatch, SpeculativeSampler
 
 _GIB = 1 << 30
-_log = logging.getLogger("veil.engine")
 # The runner's segments in a step's crossings.
 STEP_LONGS, STEP_INTS = "step.longs", "step.ints"
 RESIDUE_FOUND, RESIDUE_FLAGS, CHECK_IDS = "residue.found", "residue.flags", "residue.check_ids"
@@ -103,7 +101,6 @@ class ModelRunner:
         # Downloads drain on a worker thread when steps overlap: the scheduling thread never waits for one.
         self.bridge = Bridge(self.device, config.bridge_toll_us, async_scheduling_enabled(config, self.device))
         self.dtype_choice = choose_dtype(config.dtype, ModelConfig.from_folder(Path(model_dir)).torch_dtype, self.device)
-        _log.info("engine: weights and KV in %s (%s)", self.dtype_choice.name, self.dtype_choice.reason)
         self.model = load_model(model_dir, self.dtype_choice.dtype, self.device, self.bridge)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype

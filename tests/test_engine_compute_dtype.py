@@ -42,12 +42,13 @@ def test_the_models_own_dtype_is_kept_where_the_cpu_computes_it_natively() -> No
 
 def test_a_bf16_model_is_widened_to_fp32_on_a_cpu_without_bf16() -> None:
     choice = choose_dtype(None, torch.bfloat16, CPU, native=FP32_ONLY)
-    assert choice.dtype == torch.float32
+    assert choice.dtype == torch.float32 and choice.widened
     assert choice.reason == "the model's bfloat16 widened: this cpu has no native bfloat16 arithmetic"
 
 
 def test_fp32_models_stay_fp32_and_an_explicit_dtype_is_honoured() -> None:
     assert choose_dtype(None, torch.float32, CPU, native=WITH_BF16).dtype == torch.float32
+    assert not choose_dtype(None, torch.float32, CPU, native=WITH_BF16).widened
     assert choose_dtype("bf16", torch.float32, CPU, native=FP32_ONLY).dtype == torch.bfloat16
     assert choose_dtype("float32", torch.bfloat16, CPU, native=WITH_BF16).dtype == torch.float32
 
