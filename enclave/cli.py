@@ -46,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       default=None, help="the tool-call format the model writes, read with tool_choice \"auto\" "
                            "(default: the one its chat template shows; a template that shows none refuses \"auto\")")
     node.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size on CPU (default: the policy's budget)")
+    node.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                      help="the engine's compute dtype (default: the model's own where this device computes it "
+                           "natively, else float32)")
     node.add_argument("--eager", action="store_true",
                       help="CUDA: run every engine step eagerly, no decode graphs (default: graphs on CUDA)")
     node.add_argument("--sync-scheduling", action="store_true",
@@ -103,7 +106,8 @@ def node_settings(args: argparse.Namespace) -> NodeSettings:
         key_grace_s=args.key_grace_s, model_name=_first(args.model_name),
         model_aliases=tuple(dict.fromkeys(args.model_name or ()))[1:], kv_cache_gib=args.kv_cache_gib,
         tool_call_format=args.tool_call_format, task=args.task, pooling=args.pooling,
-        cuda_graphs=not args.eager, async_scheduling=not args.sync_scheduling, bridge_toll_us=args.bridge_toll_us,
+        dtype=args.dtype, cuda_graphs=not args.eager, async_scheduling=not args.sync_scheduling,
+        bridge_toll_us=args.bridge_toll_us,
         drain_s=args.drain_s, evidence_check_s=args.evidence_check_s, metrics_listen=args.metrics_listen,
         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

@@ -96,7 +96,7 @@ def engine_config(settings: NodeSettings, limits: EngineLimits) -> EngineConfig:
                 if (value := getattr(settings, name)) is not None}  # unset: the engine's own defaults
     return EngineConfig(
         kv_cache_gib=limits.kv_cache_gib, max_model_len=limits.max_model_len,
-        max_num_seqs=settings.max_num_seqs or max(64, settings.capacity),
+        max_num_seqs=settings.max_num_seqs or max(64, settings.capacity), dtype=settings.dtype,
         cuda_graphs=None if settings.cuda_graphs else False,
         async_scheduling=None if settings.async_scheduling else False, bridge_toll_us=settings.bridge_toll_us,
         speculative=settings.speculative, num_speculative_tokens=settings.num_speculative_tokens,

@@ -26,6 +26,7 @@ class NodeSettings:
     task: str = "generate"
     pooling: str | None = None
     kv_cache_gib: float | None = None  # default: the policy's KV budget
+    dtype: str | None = None  # None: the model's own where the device computes it natively (`engine.compute_dtype`)
     # On CUDA the engine replays decode graphs and launches each step before reading the previous one.
     # Turning either off is an operator's escape hatch; neither changes what is zeroed or audited.
     cuda_graphs: bool = True

@@ -402,6 +402,8 @@ def test_generate_and_node_commands_can_turn_graphs_and_async_steps_off():
     assert (default.cuda_graphs, default.async_scheduling) == (None, None)
     assert (turned_off.cuda_graphs, turned_off.async_scheduling) == (False, False)
     assert (turned_off.max_model_len, turned_off.kv_cache_gib) == (512, 0.05)
+    in_fp32 = node_engine_config(node_settings(parser.parse_args([*node, "--dtype", "float32"])), limits)
+    assert (default.dtype, in_fp32.dtype) == (None, "float32")  # a node, like veil generate, can set its dtype
 
 
 # ----- random workloads ---------------------------------------------------------------------------
