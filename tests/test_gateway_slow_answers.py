@@ -31,11 +31,11 @@ from tests.hardening_support import MODEL_NAME, node_settings
 from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     GrpcNode,
     LiveGateway,
-    RecordingNode,
     SimEvidence,
     candidate,
     client,
     gateway_settings,
+    recording_nodes,
     sim_root,
 )
 from tests.conftest import HANG_S
@@ -49,10 +49,8 @@ HOLD_S = 2 * ACCEPT_TIMEOUT_S
 
 @pytest.fixture(scope="module")
 def nodes(sim_root: Path) -> Iterator[list[GrpcNode]]:
-    started = [GrpcNode(RecordingNode(SimEvidence())) for _ in range(2)]
-    yield started
-    for node in started:
-        node.stop()
+    with recording_nodes([SimEvidence(), SimEvidence()]) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")

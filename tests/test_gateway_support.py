@@ -14,7 +14,8 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,3 +264,14 @@ def candidate(node_id: str, payload: bytes, media_type: str = "message/ohttp-req
 
 def client(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, timeout=20.0, trust_env=False)
+
+
+@contextmanager
+def recording_nodes(evidence: Iterable[SimEvidence]) -> Iterator[list[GrpcNode]]:
+    """Real gRPC nodes on loopback, one answering with each evidence, stopped when the block ends."""
+    started = [GrpcNode(RecordingNode(item)) for item in evidence]
+    try:
+        yield started
+    finally:
+        for node in started:
+            node.stop()

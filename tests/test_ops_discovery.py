@@ -13,9 +13,9 @@ from gateway.app import create_app
 from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     GrpcNode,
     LiveServer,
-    RecordingNode,
     SimEvidence,
     gateway_settings,
+    recording_nodes,
     sim_root,
 )
 from tests.conftest import HANG_S
@@ -56,12 +56,9 @@ class DiscoveringGateway(LiveServer):
 
 @pytest.fixture(scope="module")
 def nodes(sim_root: Path) -> Iterator[list[GrpcNode]]:
-    started = [GrpcNode(RecordingNode(SimEvidence())) for _ in range(2)]
-    # Debug-mode evidence: it answers, but its attestation fails, so it is never admitted.
-    started.append(GrpcNode(RecordingNode(SimEvidence(debug=True))))
-    yield started
-    for node in started:
-        node.stop()
+    # The third's debug-mode evidence answers, but its attestation fails, so it is never admitted.
+    with recording_nodes([SimEvidence(), SimEvidence(), SimEvidence(debug=True)]) as started:
+        yield started
 
 
 def test_the_gateway_admits_what_the_name_resolves_to_and_follows_its_changes(nodes: list[GrpcNode]) -> None:

@@ -22,10 +22,10 @@ from tests.test_gateway_support import (  # noqa: F401  (sim_root is a fixture)
     GrpcNode,
     LiveGateway,
     LiveServer,
-    RecordingNode,
     SimEvidence,
     candidate,
     gateway_settings,
+    recording_nodes,
     sim_root,
 )
 from tests.conftest import HANG_S
@@ -109,10 +109,8 @@ def from_client(url: str) -> httpx.Client:
 
 @pytest.fixture(scope="module")
 def nodes(sim_root: Path) -> Iterator[list[GrpcNode]]:
-    started = [GrpcNode(RecordingNode(SimEvidence())) for _ in range(2)]
-    yield started
-    for node in started:
-        node.stop()
+    with recording_nodes([SimEvidence(), SimEvidence()]) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
