@@ -43,7 +43,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 
 def test_openai_package_responses_whole_and_streamed(world: World) -> None:
-    whole = world.oa.responses.create(model=MODEL, input="Hello", instructions="be brief", max_output_tokens=5)
+    whole = world.oa.responses.create(model=MODEL, input="Hello", instructions="be brief", max_output_tokens=5,
+                                    extra_body={"ignore_eos": True})
     assert whole.output_text and whole.usage.output_tokens == 5 and whole.store is False
     assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
     # A constrained answer completes (an incomplete one has no final response in the SDK's stream helper).
@@ -66,7 +67,8 @@ def test_openai_package_function_tool_round_trip(world: World) -> None:
     assert len(done) == 1 and json.loads(done[0].arguments)["city"] in ("Paris", "Rome")
     conversation = [{"role": "user", "content": "weather?"}, call.model_dump(exclude_none=True),
                     {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
-    second = world.oa.responses.create(model=MODEL, input=conversation, tools=[TOOL], max_output_tokens=4)
+    second = world.oa.responses.create(model=MODEL, input=conversation, tools=[TOOL], max_output_tokens=4,
+                                       extra_body={"ignore_eos": True})
     assert second.status == "incomplete" and second.output[0].type == "message"
 
 
@@ -84,9 +86,10 @@ def test_openai_package_sees_stateful_fields_refused_by_name(world: World, field
 
 
 def test_the_sdk_serves_responses_and_routes_by_an_alias(world: World) -> None:
-    whole = world.sdk.responses.create(model=ALIAS, input="Hello", max_output_tokens=3)
+    whole = world.sdk.responses.create(model=ALIAS, input="Hello", max_output_tokens=3, ignore_eos=True)
     assert whole.model == MODEL and whole.receipt is not None and whole.output_text
-    with world.sdk.responses.create(model=ALIAS, input="Hello", max_output_tokens=3, stream=True) as stream:
+    with world.sdk.responses.create(model=ALIAS, input="Hello", max_output_tokens=3, stream=True,
+                                    ignore_eos=True) as stream:
         kinds = [event.type for event in stream]
     assert kinds[0] == "response.created" and kinds[-1] == "response.incomplete" and stream.receipt is not None
     assert {m.id for m in world.sdk.models.list().data} == {MODEL, ALIAS}
