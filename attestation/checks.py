@@ -34,6 +34,7 @@ from attestation.errors import (
     SimulatedEvidenceError,
 )
 from attestation.hardware import hardware_id, is_bound
+from attestation.revocation import CrlAgeLimits
 from attestation.sim_root import local_sim_root_certificate
 from policy import Policy
 from policy.model import LaunchReference
@@ -88,7 +89,7 @@ def check_chain(ctx: Context) -> str:
         notes.append(f"CPU chain of {len(chain)} to pinned root {fingerprint(chain[-1])[:16]}…")
     elif cpu is not None:
         ctx.cpu_chain = verify_cpu_chain(cpu, pinned, ctx.chain_time)
-        revocation = check_cpu_revocation(cpu, ctx.cpu_chain, ctx.chain_time, ctx.policy.attestation.max_crl_age_s)
+        revocation = check_cpu_revocation(cpu, ctx.cpu_chain, ctx.chain_time, CrlAgeLimits.of(ctx.policy.attestation))
         notes.append(f"{cpu.kind} chain {ctx.cpu_chain.detail}, {revocation}")
     if not notes:
         raise ChainError("the evidence holds neither a CPU nor a GPU report")

@@ -30,7 +30,7 @@ from attestation.bundle import CpuEvidence
 from attestation.certs import fingerprint, load_der_chain, verify_chain
 from attestation.cpu_reports import CpuReport, snp_cpu_report, tdx_cpu_report
 from attestation.errors import ChainError, CpuReportFormatError
-from attestation.revocation import check_chain_not_revoked
+from attestation.revocation import CrlAgeLimits, check_chain_not_revoked
 
 HARDWARE_CPU_KINDS: tuple[str, ...] = ("tdx", "sev-snp")
 # Chain positions whose CRL must be stapled: AMD's ARK revokes ASKs (VCEKs are
@@ -60,10 +60,10 @@ def verify_cpu_chain(cpu: CpuEvidence, pinned_roots: Collection[str], at_time: d
     raise CpuReportFormatError(f"{cpu.kind!r} is not a hardware CPU TEE")
 
 
-def check_cpu_revocation(cpu: CpuEvidence, chain: VerifiedCpuChain, at_time: dt.datetime, max_age_s: int) -> str:
-    """Check the CRLs the node stapled against the verified chain."""
+def check_cpu_revocation(cpu: CpuEvidence, chain: VerifiedCpuChain, at_time: dt.datetime, limits: CrlAgeLimits) -> str:
+    """Check the CRLs the node stapled against the verified chain (the root's CRL under the root's age limit)."""
     return check_chain_not_revoked(
-        chain.certificates, cpu.crls, issuers=CRL_ISSUERS[chain.kind], at_time=at_time, max_age_s=max_age_s,
+        chain.certificates, cpu.crls, issuers=CRL_ISSUERS[chain.kind], at_time=at_time, limits=limits,
         what=f"{chain.kind} chain",
     )
 

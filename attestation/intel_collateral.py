@@ -35,7 +35,7 @@ from attestation.errors import (
     TcbEvaluationNumberError,
     TdxCollateralFormatError,
 )
-from attestation.revocation import check_chain_not_revoked
+from attestation.revocation import CrlAgeLimits, check_chain_not_revoked
 
 TCB_INFO = ("tcbInfo", "TDX", 3)  # (outer key, id, version) Veil verifies
 QE_IDENTITY = ("enclaveIdentity", "TD_QE", 2)
@@ -49,7 +49,7 @@ class CollateralLimits:
 
     max_age_s: int
     min_evaluation_number: int
-    max_crl_age_s: int  # the root CA's CRL, which must not list the TCB Signing certificate
+    crl_ages: CrlAgeLimits  # the root CA's CRL, which must not list the TCB Signing certificate, takes the root's
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,7 @@ def verify_collateral(
             "the TDX evidence carries no Intel collateral: the node must staple the TCB Info for its FMSPC and the "
             "TD_QE Identity, fetched from Intel PCS (see attestation/backends/collateral.py)"
         )
-    signer = _verify_issuer_chain(collateral.issuer_chain, pinned_roots, crls, at_time, limits.max_crl_age_s)
+    signer = _verify_issuer_chain(collateral.issuer_chain, pinned_roots, crls, at_time, limits.crl_ages)
     tcb_info = _verified_document(collateral.tcb_info, TCB_INFO, signer, at_time, limits)
     qe_identity = _verified_document(collateral.qe_identity, QE_IDENTITY, signer, at_time, limits)
     return VerifiedCollateral(_read_tcb_info(tcb_info), _read_qe_identity(qe_identity))
@@ -133,14 +133,14 @@ def verify_collateral(
 
 def _verify_issuer_chain(
     chain: Sequence[bytes], pinned_roots: Collection[str], crls: Sequence[bytes], at_time: dt.datetime,
-    max_crl_age_s: int,
+    crl_ages: CrlAgeLimits,
 ) -> x509.Certificate:
     try:
         certificates = load_der_chain(chain, "Intel TCB signing")
         if len(certificates) != 2:
             raise ChainError("the Intel TCB signing chain must hold the TCB Signing certificate and the root")
         signer = verify_chain(certificates, pinned_roots, what="Intel TCB signing", at_time=at_time)
-        check_chain_not_revoked(certificates, crls, issuers=(1,), at_time=at_time, max_age_s=max_crl_age_s,
+        check_chain_not_revoked(certificates, crls, issuers=(1,), at_time=at_time, limits=crl_ages,
                                 what="Intel TCB signing chain")
     except ChainError as error:  # CrlError included: the collateral is refused by its own check
         raise CollateralChainError(f"TDX collateral: {error}") from None

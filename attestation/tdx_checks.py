@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from attestation.checks import Context, pinned_roots
 from attestation.intel_collateral import CollateralLimits, verify_collateral
+from attestation.revocation import CrlAgeLimits
 from attestation.sgx_extensions import read_pck_platform
 from attestation.tdx_tcb import check_pins, check_statuses, evaluate_tcb
 
@@ -17,7 +18,7 @@ def check_tdx_platform(ctx: Context) -> str:
     platform = read_pck_platform(ctx.cpu_chain.certificates[0])  # type: ignore[union-attr]
     pins = check_pins(quote, platform, attestation)
     limits = CollateralLimits(attestation.tdx_max_collateral_age_s, attestation.tdx_min_tcb_evaluation_data_number,
-                              attestation.max_crl_age_s)
+                              CrlAgeLimits.of(attestation))
     collateral = verify_collateral(ctx.bundle.cpu.tdx_collateral, pinned_roots(ctx, attestation.pinned_roots),
                                    ctx.bundle.cpu.crls, ctx.chain_time, limits)
     statuses = check_statuses(evaluate_tcb(quote, platform, collateral), attestation)

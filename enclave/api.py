@@ -194,6 +194,7 @@ class InnerApi:
                               logprobs=params.logprobs is not None, token_text=self._token_text, echo=echo,
                               tool_format=call_format, parallel_tool_calls=tools.parallel,
                               tool_call_ids=self.tool_call_format or tool_format(template),
+                              tool_names=tools.names,
                               reasoning=reasoning[0], reasoning_opened=reasoning[1] == "inside")
         include_usage = request_fields.include_usage(body)
         if body.get("stream") is True:

@@ -27,6 +27,7 @@ class ResponseShape:
     tool_format: str | None = None  # chat: the format tool calls are read from (`tool_calls`); None: not read
     parallel_tool_calls: bool = True
     tool_call_ids: str | None = None  # the template's tool-call format, whose id form calls take (forced calls too)
+    tool_names: frozenset[str] | None = None  # the functions the request declares: the only ones a call may name
     reasoning: bool = False  # chat: the model reasons in `<think>` blocks, returned as `reasoning_content`
     reasoning_opened: bool = False  # the prompt ends inside such a block: the answer starts as reasoning
 
@@ -75,7 +76,7 @@ class ResponseShape:
         if not self.chat or (self.tool_format is None and not self.reasoning):
             return None
         calls = None if self.tool_format is None else ChoiceCalls(self.tool_format, self.parallel_tool_calls,
-                                                                  self.tool_call_ids)
+                                                                  self.tool_call_ids, self.tool_names)
         return ChoiceReader(ReasoningParser(self.reasoning_opened) if self.reasoning else None, calls)
 
     def chunk(self, delta: StreamDelta, first_of_choice: bool) -> dict:

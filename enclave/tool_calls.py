@@ -18,6 +18,12 @@ parse stays content, as vLLM keeps it), so every call's arguments are a JSON obj
 `tool_choice` wrote always parses (its grammar says so), so it is given out as it is written: its name
 first, then its arguments piece by piece, as OpenAI streams them. Each call's id is random, never
 derived from the call.
+
+A call is one only to a function the request declared in `tools` (`ChoiceCalls(declared=...)`): text naming
+any other is not a call, and stays content as written, as text that does not parse does. A client is never
+handed a `tool_calls` entry for a function it did not offer (which agent frameworks dispatch wrongly or fail
+on), and an answer whose only "calls" are such text ends "stop", not "tool_calls". Where one answer must be
+all calls (Llama JSON, Mistral), one undeclared name makes the whole answer content.
 """
 
 from __future__ import annotations
@@ -145,11 +151,14 @@ class ChoiceCalls:
     """One choice's tool calls: its parser, whether it has called, and `parallel_tool_calls: false`
     (only the first call is kept)."""
 
-    def __init__(self, format: str, parallel: bool = True, id_family: str | None = None) -> None:
+    def __init__(self, format: str, parallel: bool = True, id_family: str | None = None,
+                 declared: frozenset[str] | None = None) -> None:
         """`id_family`: the tool-call format of the model's template, whose id form the calls take (the
-        format the answer is read in where None)."""
+        format the answer is read in where None). `declared`: the names of the functions the request offers,
+        the only ones a call may name (None: any name, where a grammar already allows only those)."""
         self._parser = parser_for(format)
         self._parser.id_family = id_family or format
+        self._parser.declared = declared
         self._parallel = parallel
         self.called = False
 
@@ -171,6 +180,7 @@ class ToolCallParser:
     """Reads one sample's text, piece by piece."""
 
     id_family: str | None = None  # the template's tool-call format: the form of the ids it gives calls
+    declared: frozenset[str] | None = None  # the functions the request offers; None: any name
 
     def __init__(self) -> None:
         self._calls = 0  # calls begun
@@ -192,6 +202,10 @@ class ToolCallParser:
     def _advance(self, parsed: Parsed) -> bool:
         raise NotImplementedError
 
+    def _offered(self, calls: list[ParsedCall]) -> bool:
+        """Whether every one of `calls` names a function the request offers."""
+        return self.declared is None or all(call.name in self.declared for call in calls)
+
     def _named(self, name: str) -> CallPiece:
         """The first piece of a new call: its id and name, as OpenAI's stream names a call first."""
         self._calls += 1
@@ -210,8 +224,8 @@ class HermesParser(ToolCallParser):
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks among plain text.
 
     Each block is read whole at its closing tag (or at the end of the text, where a model stopped right
-    after its last call) and is a call only if it parses as one; otherwise it stays content, tags and all,
-    as vLLM keeps it. Whitespace next to a call is layout, not content: it waits until what follows it
+    after its last call) and is a call only if it parses as one naming a declared function; otherwise it
+    stays content, tags and all, as vLLM keeps text that does not parse. Whitespace next to a call is layout, not content: it waits until what follows it
     is known."""
 
     def __init__(self) -> None:
@@ -255,7 +269,7 @@ class HermesParser(ToolCallParser):
     def _end(self, body: str, closing: str) -> Parsed:
         gap, self._gap = self._gap, ""
         call = _call(body, "arguments")
-        if call is None:
+        if call is None or not self._offered([call]):
             return Parsed(gap + _OPEN + body + closing)
         self._called = True
         return Parsed("", self._whole([call]))
@@ -293,7 +307,7 @@ class JsonAnswerParser(ToolCallParser):
         held, self._held = self._held, ""
         body = _unmarked(held, self._prefix).rstrip()
         calls = _json_calls(body, self._key, self._allow_list) if self._mode == "json" else None
-        return Parsed("", self._whole(calls)) if calls else Parsed(held)
+        return Parsed("", self._whole(calls)) if calls and self._offered(calls) else Parsed(held)
 
 
 class MistralArgsParser(ToolCallParser):
@@ -319,7 +333,7 @@ class MistralArgsParser(ToolCallParser):
     def finish(self) -> Parsed:
         held, self._pending = self._pending, ""
         calls = _marked_calls(held.strip()) if self._calling else None
-        return Parsed("", self._whole(calls)) if calls else Parsed(held)
+        return Parsed("", self._whole(calls)) if calls and self._offered(calls) else Parsed(held)
 
 
 _MARKED_CALL = re.compile(r"\[TOOL_CALLS\]\s*([A-Za-z0-9_-]{1,64})\s*(?:\[CALL_ID\]\s*[A-Za-z0-9]{1,64}\s*)?\[ARGS\]\s*")

@@ -33,6 +33,11 @@ class ToolRequest:
     def forced(self) -> bool:
         return self.choice in ("required", "function")
 
+    @property
+    def names(self) -> frozenset[str]:
+        """The functions the request declares: the only names a call read from the answer may have."""
+        return frozenset(tool["function"]["name"] for tool in self.tools or ())
+
     def call_format(self, template: str | None, named: str | None = None) -> str | None:
         """The format the answer's calls are read in; None: none are read. `template`: the chat template;
         `named`: the format the operator named for the model (`veil node --tool-call-format`), which wins."""

@@ -9,7 +9,8 @@ A policy is a TOML file with four sections:
   is acceptable, and the verification gaps the policy knowingly accepts
   (``accepted_gaps``; none is left), the roots that sign NVIDIA's RIMs
   (``pinned_rim_roots``), the oldest stapled OCSP response and CRL accepted
-  (``max_ocsp_age_s``, ``max_crl_age_s``), and the SEV-SNP floor and pins: the minimum TCB per
+  (``max_ocsp_age_s``; ``max_crl_age_s`` below the root, ``max_root_crl_age_s`` for a root's own CRL,
+  which roots reissue rarely), and the SEV-SNP floor and pins: the minimum TCB per
   product line (``sev_snp_min_tcb``), HOST_DATA and the ID block's key digests.
 - ``[engine]``: maximum context, KV budget, prefix sharing (``request`` or
   ``off``: nothing is shared across requests), the model weights allowed by

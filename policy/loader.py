@@ -39,6 +39,8 @@ SCHEMA: dict[str, dict[str, fields.Reader]] = {
         "max_clock_skew_s": fields.integer(0, 300),
         "max_ocsp_age_s": fields.integer(60, 7 * 86_400),
         "max_crl_age_s": fields.integer(3600, 400 * 86_400),
+        # A root's own CRL: Intel's SGX Root CA reissues its CRL about yearly (SECURITY.md, "Revocation").
+        "max_root_crl_age_s": fields.integer(3600, 400 * 86_400),
         "launch_measurements": fields.launch_references,
         "required_confidential_mode": fields.subset_of(*CONFIDENTIAL_PARTS),
         "debug_forbidden": fields.boolean,

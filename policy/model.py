@@ -62,7 +62,8 @@ class AttestationPolicy:
     max_evidence_age_s: int
     max_clock_skew_s: int
     max_ocsp_age_s: int  # oldest acceptable revocation status (OCSP thisUpdate)
-    max_crl_age_s: int  # oldest acceptable stapled CRL (seconds since its thisUpdate)
+    max_crl_age_s: int  # oldest acceptable stapled CRL of a CA below the root (seconds since its thisUpdate)
+    max_root_crl_age_s: int  # the same for a root CA's own CRL, which roots reissue rarely (Intel: yearly)
     launch_measurements: tuple[LaunchReference, ...]  # the code digest passes on hardware only with one of these
     required_confidential_mode: tuple[str, ...]  # subset of CONFIDENTIAL_PARTS
     debug_forbidden: bool

@@ -382,7 +382,7 @@ def cpu_policy(**options):
 
 
 def cpu_policy_text(*, roots: tuple[str, ...] = (), launch: str = "", extra: str = "", max_crl_age_s: int = 86_400,
-                    modes: str = '["cpu"]', snp_min_tcb: str = SYNTHETIC_SNP_MINIMUM,
+                    max_root_crl_age_s: int = 86_400, modes: str = '["cpu"]', snp_min_tcb: str = SYNTHETIC_SNP_MINIMUM,
                     snp_pins: dict[str, str] | None = None, tdx_settings: dict[str, str] | None = None) -> str:
     """`strict` (filled in: tests/policy_support.py) for CPU-only evidence: the synthetic roots pinned, the test code and model digests listed with
     the synthetic images' launch measurements (or `launch`, TOML inline tables), the SEV-SNP minimum TCB
@@ -400,6 +400,7 @@ def cpu_policy_text(*, roots: tuple[str, ...] = (), launch: str = "", extra: str
         "allowed_model_digests = []": f'allowed_model_digests = ["{MODEL_DIGEST}"]',
         "launch_measurements = []": f"launch_measurements = [{launch}]",
         "max_crl_age_s = 2592000": f"max_crl_age_s = {max_crl_age_s}",
+        "max_root_crl_age_s = 34560000": f"max_root_crl_age_s = {max_root_crl_age_s}",
         **{f"{key} = []": f"{key} = [\"{value}\"]" for key, value in (snp_pins or {}).items()},
     }
     for old, new in replacements.items():

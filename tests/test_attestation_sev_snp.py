@@ -14,6 +14,7 @@ from attestation import errors, sev_snp
 from attestation.bundle import CpuEvidence
 from attestation.certs import fingerprint
 from attestation.cpu_evidence import check_cpu_revocation, verify_cpu_chain, verify_cpu_report
+from attestation.revocation import CrlAgeLimits
 from attestation.roots import AMD_ARK_FINGERPRINTS
 from attestation.sev_snp import SnpReportFormatError
 from attestation.verifier import verify, verify_with_report
@@ -252,7 +253,7 @@ def test_a_launch_measurement_listed_for_other_code_is_refused():
 
 @pytest.mark.parametrize("crl_options,message", [
     ({"next_update": NOW - dt.timedelta(hours=1), "this_update": NOW - dt.timedelta(hours=2)}, "stale"),
-    ({"this_update": NOW - dt.timedelta(days=3)}, "policy allows 86400 s"),
+    ({"this_update": NOW - dt.timedelta(days=3)}, "policy allows 86400 s (attestation.max_root_crl_age_s)"),
     ({"this_update": NOW + dt.timedelta(hours=1)}, "dated in the future"),
     ({"revoked": (2,)}, "'SEV-Milan' is revoked by 'ARK-Milan'"),
 ])
@@ -290,9 +291,10 @@ def test_the_arks_crl_is_the_one_revocation_reads_for_a_vcek_chain():
     hierarchy = amd_hierarchy()
     cpu = CpuEvidence("sev-snp", bytes(0x4A0), hierarchy.chain, hierarchy.crls())
     verified = verify_cpu_chain(cpu, [fingerprint(hierarchy.ark)], NOW)
-    assert "CRLs of ARK-Milan," in check_cpu_revocation(cpu, verified, NOW, 7200)
-    with pytest.raises(errors.CrlError, match="policy allows 60 s"):
-        check_cpu_revocation(cpu, verified, NOW, 60)
+    # The ARK is the chain's root: its CRL takes the root's limit, whatever the limit below the root.
+    assert "CRLs of ARK-Milan (at most 7200 s old)" in check_cpu_revocation(cpu, verified, NOW, CrlAgeLimits(60, 7200))
+    with pytest.raises(errors.CrlError, match=r"policy allows 60 s \(attestation.max_root_crl_age_s\)"):
+        check_cpu_revocation(cpu, verified, NOW, CrlAgeLimits(7200, 60))
 
 
 def test_the_genoa_ark_pinned_by_strict_is_the_one_amd_serves():

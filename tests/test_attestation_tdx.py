@@ -298,7 +298,8 @@ def test_a_launch_measurement_for_another_tee_does_not_count():
     ("pck", {"revoked": (12,)}, "'Intel SGX PCK Certificate' is revoked by 'Intel SGX PCK Platform CA'"),
     ("root", {"revoked": (11,)}, "'Intel SGX PCK Platform CA' is revoked by 'Intel SGX Root CA'"),
     ("pck", {"next_update": NOW - dt.timedelta(minutes=5), "this_update": NOW - dt.timedelta(hours=1)}, "stale"),
-    ("root", {"this_update": NOW - dt.timedelta(days=2)}, "policy allows 86400 s"),
+    ("root", {"this_update": NOW - dt.timedelta(days=2)}, "policy allows 86400 s (attestation.max_root_crl_age_s)"),
+    ("pck", {"this_update": NOW - dt.timedelta(days=2)}, "policy allows 86400 s (attestation.max_crl_age_s)"),
 ])
 def test_a_bad_intel_crl_is_refused(which, options, message):
     policy = cpu_policy()

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from attestation import errors
 from attestation.bundle import EvidenceBundle
 from attestation.intel_collateral import CollateralLimits, verify_collateral
+from attestation.revocation import CrlAgeLimits
 from attestation.roots import INTEL_SGX_ROOT_CA_FINGERPRINT
 from attestation.sgx_extensions import read_pck_platform
 from attestation.tdx import INTEL_QE_VENDOR_ID, parse_tdx_quote
@@ -41,7 +42,8 @@ from tests.cpu_tee_support import (
 
 GENUINE = REPO_ROOT / "tests" / "data" / "vectors" / "intel-tdx"
 GENUINE_TIME = dt.datetime(2023, 6, 20, tzinfo=dt.timezone.utc)  # inside every genuine document's window
-GENUINE_LIMITS = CollateralLimits(max_age_s=30 * 86_400, min_evaluation_number=15, max_crl_age_s=400 * 86_400)
+GENUINE_LIMITS = CollateralLimits(max_age_s=30 * 86_400, min_evaluation_number=15,
+                                  crl_ages=CrlAgeLimits(max_age_s=30 * 86_400, max_root_age_s=400 * 86_400))
 INTEL_PINS = (INTEL_SGX_ROOT_CA_FINGERPRINT,)
 DER = serialization.Encoding.DER
 

@@ -11,6 +11,7 @@ for every call, with arguments that parse.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -115,6 +116,32 @@ def test_malformed_calls_stay_content_whole_and_streamed(core) -> None:
     _, chunks = post_to(node, CHAT, ask(guided_regex=regex, stream=True))
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == choice["message"]["content"]
     assert not any("tool_calls" in c["choices"][0]["delta"] for c in chunks)
+
+
+# Each format's call to `send_email`, which the request does not declare (TOOLS offers get_weather, get_time).
+UNDECLARED = {
+    HERMES: 'Let me send it.\n<tool_call>\n{"name": "send_email", "arguments": {"to": "a"}}\n</tool_call>',
+    LLAMA_JSON: '{"name": "send_email", "parameters": {"to": "a"}}',
+    MISTRAL_JSON: '[{"name": "send_email", "arguments": {"to": "a"}}]',
+    MISTRAL_ARGS: 'Sending. [TOOL_CALLS]send_email[ARGS]{"to": "a"}',
+}
+
+
+@pytest.mark.parametrize("format", list(UNDECLARED))
+def test_a_call_to_an_undeclared_function_is_content_whole_and_streamed(core, format: str) -> None:
+    """The client is never handed a call to a function it did not offer: the text stays content, ending "stop"."""
+    text, node = UNDECLARED[format], api(core, format)
+    status, whole = post_to(node, CHAT, ask(guided_regex=re.escape(text)))
+    assert status == 200, whole
+    [choice] = whole["choices"]
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == text
+    status, chunks = post_to(node, CHAT, ask(guided_regex=re.escape(text), stream=True))
+    assert status == 200
+    assert not any("tool_calls" in c["choices"][0]["delta"] for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == text
+    _, final = helper_events(chunks)
+    assert final.choices[0].finish_reason == "stop" and not final.choices[0].message.tool_calls
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])

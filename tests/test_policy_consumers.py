@@ -26,7 +26,7 @@ from policy.model import TransparencyPolicy
 from policy.loader import SCHEMA, parse_policy
 from tests.test_attestation_support import code_digest, collect, dev_policy, dev_variant, sim_root_dir  # noqa: F401
 from tests.cpu_tee_support import NOW as CRL_NOW
-from tests.cpu_tee_support import amd_hierarchy, cpu_policy, snp_evidence
+from tests.cpu_tee_support import amd_hierarchy, cpu_policy, intel_hierarchy, snp_evidence, tdx_evidence
 from tests.policy_support import filled_strict_text
 from tests.test_attestation_backends import CHAIN_2023, REPORT_2023, RIM_TIME, hopper_bundle, rims_2023
 from tests.test_security_claims import missing_tests
@@ -58,6 +58,7 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
     "attestation.max_ocsp_age_s": (
         "tests/test_policy_consumers.py::test_the_policy_bounds_the_age_of_stapled_revocation_status",),
     "attestation.max_crl_age_s": ("tests/test_policy_consumers.py::test_the_policy_bounds_the_age_of_stapled_crls",),
+    "attestation.max_root_crl_age_s": ("tests/test_policy_consumers.py::test_the_policy_bounds_the_age_of_a_roots_own_crl",),
     "attestation.launch_measurements": (
         "tests/test_attestation_sev_snp.py::test_a_launch_measurement_listed_for_other_code_is_refused",),
     "attestation.debug_forbidden": ("tests/test_policy_loading.py::test_debug_cannot_be_allowed",),
@@ -203,10 +204,20 @@ def test_genuine_rims_verify_only_under_a_policy_pinning_their_root() -> None:
 
 
 def test_the_policy_bounds_the_age_of_stapled_crls() -> None:
-    two_days_old = {"this_update": CRL_NOW - dt.timedelta(days=2)}
+    # max_crl_age_s: the CRL of a CA below the root (Intel's PCK CA), whatever the root's limit.
+    crls = intel_hierarchy().crls(pck={"this_update": CRL_NOW - dt.timedelta(days=2)})
     for max_age_s, passes in ((30 * 86_400, True), (86_400, False)):
-        policy = cpu_policy(max_crl_age_s=max_age_s)
-        bundle = snp_evidence(policy, crls=amd_hierarchy().crls(**two_days_old))
-        report = verify_with_report(bundle, policy)
+        policy = cpu_policy(max_crl_age_s=max_age_s, max_root_crl_age_s=400 * 86_400)
+        report = verify_with_report(tdx_evidence(policy, crls=crls), policy)
         assert (report.error is None) is passes, report.error
-    assert isinstance(report.error, CrlError)
+    assert isinstance(report.error, CrlError) and "attestation.max_crl_age_s" in str(report.error)
+
+
+def test_the_policy_bounds_the_age_of_a_roots_own_crl() -> None:
+    # max_root_crl_age_s: the CRL a root signs (AMD's ARK here), whatever the limit below the root.
+    crls = amd_hierarchy().crls(this_update=CRL_NOW - dt.timedelta(days=2))
+    for max_age_s, passes in ((30 * 86_400, True), (86_400, False)):
+        policy = cpu_policy(max_crl_age_s=3600, max_root_crl_age_s=max_age_s)
+        report = verify_with_report(snp_evidence(policy, crls=crls), policy)
+        assert (report.error is None) is passes, report.error
+    assert isinstance(report.error, CrlError) and "attestation.max_root_crl_age_s" in str(report.error)

@@ -59,6 +59,7 @@ def _semantic_edits() -> list[tuple[str, str, object]]:
         ("attestation", "max_clock_skew_s", 0),
         ("attestation", "max_ocsp_age_s", 3600),
         ("attestation", "max_crl_age_s", 86_400),
+        ("attestation", "max_root_crl_age_s", 86_400),
         ("attestation", "pinned_rim_roots", ["00" * 32]),
         ("attestation", "required_confidential_mode", ["gpu"]),
         ("engine", "max_context_tokens", 8193),

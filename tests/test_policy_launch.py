@@ -79,7 +79,19 @@ def test_the_crl_age_must_be_within_range(age):
         parse_policy(strict_with("", codes="[]", age=age))
 
 
-@pytest.mark.parametrize("key", ["max_crl_age_s", "launch_measurements"])
+@pytest.mark.parametrize("age", ["0", "59", str(401 * 86_400), '"1y"'])
+def test_the_root_crl_age_must_be_within_range(age):
+    text = filled_strict_text().replace("max_root_crl_age_s = 34560000", f"max_root_crl_age_s = {age}")
+    with pytest.raises(InvalidValueError, match="max_root_crl_age_s"):
+        parse_policy(text)
+
+
+def test_strict_bounds_a_roots_crl_apart_from_the_crls_below_it():
+    attestation = filled_strict().attestation
+    assert (attestation.max_crl_age_s, attestation.max_root_crl_age_s) == (30 * 86_400, 400 * 86_400)
+
+
+@pytest.mark.parametrize("key", ["max_crl_age_s", "max_root_crl_age_s", "launch_measurements"])
 def test_the_new_keys_are_required(key):
     text = "\n".join(line for line in filled_strict_text().splitlines() if not line.startswith(key))
     with pytest.raises(MissingKeyError, match=key):

@@ -223,6 +223,44 @@ def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
     assert ChoiceCalls(HERMES).finish_reason("stop") == "stop" and calls.finish_reason("length") == "length"
 
 
+OFFERED = frozenset({"get_weather"})
+UNDECLARED = '{"name": "send_email", "arguments": {"to": "x"}}'
+# Each format's answer calling get_weather (declared) and send_email (not), and what the first call looks like.
+UNDECLARED_ANSWERS = {
+    HERMES: f"Sure.\n<tool_call>\n{UNDECLARED}\n</tool_call>",
+    LLAMA_JSON: '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                '{"name": "send_email", "parameters": {"to": "x"}}',
+    MISTRAL_JSON: f"[TOOL_CALLS][{WEATHER}, {UNDECLARED}]",
+    MISTRAL_ARGS: 'Checking. [TOOL_CALLS]send_email[ARGS]{"to": "x"}',
+}
+
+
+def read_offered(format: str, pieces: list[str]) -> tuple[Parsed, ChoiceCalls]:
+    calls, total = ChoiceCalls(format, declared=OFFERED), Parsed()
+    for index, piece in enumerate(pieces):
+        total.extend(calls.read(piece, last=index == len(pieces) - 1))
+    return total, calls
+
+
+@pytest.mark.parametrize("format", list(UNDECLARED_ANSWERS))
+def test_a_call_to_an_undeclared_function_stays_content_whole_and_streamed(format: str) -> None:
+    text = UNDECLARED_ANSWERS[format]
+    for pieces in ([text], list(text)):
+        parsed, calls = read_offered(format, pieces)
+        assert parsed.pieces == [] and parsed.content == text
+        assert calls.finish_reason("stop") == "stop"
+    assert [call.name for call in parse_whole(format, text).calls]  # without `declared`: read as calls
+
+
+def test_a_hermes_block_naming_an_undeclared_function_stays_beside_a_declared_call() -> None:
+    text = f"<tool_call>{UNDECLARED}</tool_call>\n<tool_call>{WEATHER}</tool_call>"
+    for pieces in ([text], list(text)):
+        parsed, calls = read_offered(HERMES, pieces)
+        assert [call.name for call in parsed.calls] == ["get_weather"]
+        assert parsed.content == f"<tool_call>{UNDECLARED}</tool_call>"
+        assert calls.finish_reason("stop") == "tool_calls"
+
+
 def test_call_ids_are_random_per_call() -> None:
     text = f"<tool_call>{WEATHER}</tool_call><tool_call>{WEATHER}</tool_call>"
     ids = [call.id for _ in range(3) for call in parse_whole(HERMES, text).calls]
