@@ -20,9 +20,15 @@ its device view (`views["my_mask"]`); given the step's `DownloadPlan`, it adds a
 A segment name is used once per crossing. State that lasts across steps (per-slot settings, counters)
 belongs in device tensors of its owner, updated from a segment carrying the diff, not re-sent whole.
 
-A download segment added with `scrub=True` (an embedding's vector: request data, and larger than what
-later steps write over it) is zeroed in both buffers once copied and read, and its values are taken out of
-the download by its reader (`Download.take`): nothing of it stays in the bridge after its step is read.
+Everything a step's crossings carry is request data (token ids, positions, picks, logprobs, embeddings),
+and later steps, which may write fewer bytes, would leave it there for good; so the bridge zeroes every
+byte of a crossing once it has been consumed. An upload: in its pinned buffer once its copy has landed
+(checked at each send; waited for when the buffer is reused or the engine goes idle), in the device
+buffer at the next send (past what that send overwrites) or when the engine goes idle (`Bridge.scrub`),
+queued after every step that reads it. A download: in the device buffer by a memset queued after its copy,
+in its pinned slot once its values are listed. Buffers start zeroed and zero the buffer they outgrow.
+A reader that keeps nothing of a segment takes its values out of the download (`Download.take`). Only
+weights (`Bridge.load`), no request's data, skip all this and pay nothing for it.
 
 A view of the device buffer is valid until the next send: the next step's upload overwrites it (on
 CUDA, ordered after every kernel already queued on the stream, so queued work reads what it was given).
@@ -41,7 +47,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -121,13 +127,20 @@ class Toll:
 
 
 class Staging:
-    """A byte buffer that grows when a crossing needs more (rarely: it keeps its largest size), pinned on CUDA."""
+    """A byte buffer that grows when a crossing needs more (rarely: it keeps its largest size), pinned on CUDA.
 
-    def __init__(self, device: torch.device, pinned: bool) -> None:
+    It knows how far it holds a crossing's bytes (`held`), so that `scrub` zeroes those and no more. A
+    scrubbed buffer (every one a step crosses through) is allocated zeroed and zeroes the buffer it
+    outgrows before letting it go; `scrubbed=False` is for data of no request (weights), which pays nothing.
+    """
+
+    def __init__(self, device: torch.device, pinned: bool, scrubbed: bool = True) -> None:
         self.device = device
         self.pinned = pinned
+        self.scrubbed = scrubbed
         self.tensor = torch.empty(0, dtype=torch.uint8)
         self.capacity = 0  # the tensor's bytes, kept as an int: reserve runs several times a step
+        self.held = 0  # bytes from the start that may hold a crossing's data: zero past them
         self.array = self.tensor.numpy() if device.type == "cpu" else None
         # Views made before, by segment: a steady step lays out the same segments each time, and making a
         # view is three tensor ops. A view reads whatever the buffer holds now, so it never goes stale.
@@ -139,11 +152,24 @@ class Staging:
         if nbytes <= self.capacity:
             return
         size = max(_INITIAL_BYTES, 1 << (nbytes - 1).bit_length())
-        grown = torch.empty(size, dtype=torch.uint8, device=self.device, pin_memory=self.pinned)
+        allocate = torch.zeros if self.scrubbed else torch.empty  # no stale allocator bytes in a crossing
+        grown = allocate(size, dtype=torch.uint8, device=self.device, pin_memory=self.pinned)
         grown[: self.capacity].copy_(self.tensor)
+        if self.scrubbed and self.capacity:  # the allocator would hand the outgrown buffer's bytes out again
+            _zero(self.tensor, self.array, 0, self.capacity)
         self.tensor, self.capacity = grown, size
         self.array = self.tensor.numpy() if self.device.type == "cpu" else None
         self._views, self._flat_views = {}, {}  # of the old buffer
+
+    def hold(self, end: int) -> None:
+        """Notes that the bytes up to `end` hold a crossing's data."""
+        self.held = max(self.held, end)
+
+    def scrub(self, keep: int = 0) -> None:
+        """Zeroes the bytes held past `keep` (on a device: queued on the stream, after what reads them)."""
+        if self.held > keep:
+            _zero(self.tensor, self.array, keep, self.held)
+            self.held = keep
 
     def view(self, segment: Segment) -> torch.Tensor:
         view = self._views.get(segment)
@@ -158,6 +184,16 @@ class Staging:
             raw = self.tensor[segment.offset : segment.offset + segment.nbytes]
             view = _kept(self._flat_views, segment, raw.view(segment.dtype))
         return view
+
+
+def _zero(tensor: torch.Tensor, array: np.ndarray | None, start: int, end: int) -> None:
+    if array is not None:  # host memory, through numpy: a drain's worker thread is outside inference mode
+        array[start:end] = 0
+        return
+    # The guard `torch.inference_mode` enters, entered directly (as `ModelRunner.run` does): the bridge's
+    # device buffers are inference tensors, and the idle scrub may run outside inference mode.
+    with torch._C._InferenceMode(True):
+        tensor[start:end].zero_()
 
 
 def _kept(views: dict[Segment, torch.Tensor], segment: Segment, view: torch.Tensor) -> torch.Tensor:
@@ -187,6 +223,7 @@ class Upload:
         segment = Segment(_aligned(self.nbytes), dtype, shape)
         end = segment.offset + count * dtype.itemsize
         self._staging.reserve(end)
+        self._staging.hold(end)
         if count:
             self._write(segment, end, values)
         self.segments[name] = segment
@@ -212,17 +249,14 @@ class DownloadPlan:
 
     def __init__(self) -> None:
         self.tensors: dict[str, torch.Tensor] = {}
-        self.scrubbed: list[str] = []  # segments zeroed in the bridge's buffers once read
 
-    def add(self, name: str, tensor: torch.Tensor, scrub: bool = False) -> None:
-        """Adds `tensor` as segment `name`; `scrub`: its bytes are zeroed in the bridge's buffers once read."""
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Adds `tensor` as segment `name`; its bytes are zeroed in the bridge's buffers once read."""
         if name in self.tensors:
             raise EngineError(f"the step's download already has a segment {name!r}")
         if tensor.dtype not in _NUMPY:
             raise EngineError(f"segment {name!r} has dtype {tensor.dtype}, which the bridge does not carry")
         self.tensors[name] = tensor
-        if scrub:
-            self.scrubbed.append(name)
 
 
 @dataclass(slots=True)
@@ -243,6 +277,10 @@ class Download:
     def take(self, name: str) -> list:
         """A segment's values, removed from the download: the taker holds the only reference to them."""
         return self.values().pop(name)
+
+    @property
+    def is_read(self) -> bool:
+        return self._values is not None
 
 
 @dataclass(slots=True)
@@ -302,9 +340,7 @@ class Bridge:
     def upload(self) -> Upload:
         """A new upload, packed into the staging buffer whose previous copy has surely landed."""
         turn = self._uploads.turn
-        done = self._uploads.done[turn]
-        if done is not None:
-            done.synchronize()  # a step ago: long landed, the wait returns at once
+        self._scrub_landed([turn], wait=True)  # a step ago: long landed, the wait returns at once
         self._upload = Upload(self._uploads.staging[turn])
         return self._upload
 
@@ -317,13 +353,39 @@ class Bridge:
             return {}
         turn = self._uploads.turn
         self._device_in.reserve(upload.nbytes)
+        self._device_in.scrub(keep=upload.nbytes)  # the previous step's bytes past what this copy overwrites
         host = self._uploads.staging[turn].tensor[: upload.nbytes]
         self.toll.pay()
         self._device_in.tensor[: upload.nbytes].copy_(host, non_blocking=True)
+        self._device_in.hold(upload.nbytes)
         self._uploads.done[turn] = _recorded_event(self.device)
         self._uploads.turn = (turn + 1) % len(self._uploads.staging)
+        self._scrub_landed(range(len(self._uploads.staging)), wait=False)  # this one at once on a CPU
         self._count(CrossingCount(h2d=1, h2d_bytes=upload.nbytes))
         return {name: self._device_in.view(segment) for name, segment in upload.segments.items()}
+
+    def _scrub_landed(self, turns: Iterable[int], wait: bool) -> None:
+        """Zeroes the staging buffers of `turns` whose copy has landed (waiting for it if `wait`): what
+        they held is on the device now."""
+        for turn in turns:
+            done = self._uploads.done[turn]
+            if done is not None:
+                if not wait and not done.query():
+                    continue  # still crossing: zeroed by a later call
+                done.synchronize()
+                self._uploads.done[turn] = None
+            self._uploads.staging[turn].scrub()
+
+    def scrub(self) -> None:
+        """Zeroes what the latest crossings left in the bridge and lets go of the downloads read already:
+        the engine calls this whenever it has nothing to run. A download not read yet (a step still in
+        flight) zeroes its slot as it is read; its bytes on the device are zeroed already."""
+        self._upload = None  # one packed and not sent would cross zeroed bytes: sending it fails instead
+        self._scrub_landed(range(len(self._uploads.staging)), wait=True)
+        self._device_in.scrub()  # on CUDA queued after every step already launched, which reads it
+        for slot in self._slots:
+            if slot.reader is not None and slot.reader.is_read:
+                slot.reader = None
 
     # ----- device to host ---------------------------------------------------------------------
 
@@ -339,11 +401,11 @@ class Bridge:
         if nbytes:
             slot.staging.tensor[:nbytes].copy_(self._device_out.tensor[:nbytes], non_blocking=True)
         slot.done = _recorded_event(self.device)
-        scrubbed = [segments[name] for name in plan.scrubbed]
-        for segment in scrubbed:  # queued after the copy on the same stream: zeroed once copied
-            self._device_out.flat(segment).zero_()
+        slot.staging.hold(nbytes)  # zeroed by the drain once listed
+        self._device_out.hold(nbytes)
+        self._device_out.scrub()  # queued after the copy on the same stream: zeroed once copied
         self._count(CrossingCount(d2h=1, d2h_bytes=nbytes))
-        drain = _Drain(slot, segments, self.toll, scrubbed)
+        drain = _Drain(slot, segments, self.toll)
         download = Download(self._start(drain) if self.drain_on_worker else None, drain)
         slot.reader = download
         return download
@@ -378,7 +440,8 @@ class Bridge:
         loaded: dict[str, torch.Tensor] = {}
         chunk: list[tuple[str, torch.Tensor]] = []
         size = 0
-        staging = Staging(torch.device("cpu"), self.device.type == "cuda")  # one pinned buffer, reused
+        # One pinned buffer, reused; weights are no request's data: it is not scrubbed.
+        staging = Staging(torch.device("cpu"), self.device.type == "cuda", scrubbed=False)
         for name, tensor in tensors:
             nbytes = _aligned(tensor.numel() * tensor.element_size())
             if chunk and size + nbytes > chunk_bytes:
@@ -433,7 +496,6 @@ class _Drain:
     slot: _Slot
     segments: dict[str, Segment]
     toll: Toll
-    scrubbed: list[Segment]  # zeroed in the slot once listed
 
     def __call__(self) -> dict[str, list]:
         if self.slot.done is not None:
@@ -441,8 +503,7 @@ class _Drain:
         self.toll.pay()
         staging = self.slot.staging
         values = {name: staging.flat(segment).tolist() for name, segment in self.segments.items()}
-        for segment in self.scrubbed:  # through numpy: this thread is outside the engine's inference mode
-            staging.array[segment.offset : segment.offset + segment.nbytes] = 0
+        staging.scrub()  # listed: nothing of the download stays in the slot
         return values
 
 

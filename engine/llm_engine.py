@@ -254,12 +254,12 @@ class LLMEngine:
         return bool(self._requests or self._pending or self._pending_deltas) or self._in_flight is not None
 
     def _clear_if_idle(self) -> None:
-        # With nothing left to run, no token of a finished request may stay in the decode graphs' buffers.
-        # A step still in flight needs them no more: the clear is queued after it on the same stream.
-        # Block ops still queued cross now: no step is coming to carry them.
+        # With nothing left to run, no token of a finished request may stay in the decode graphs' buffers
+        # or the bridge's. A step still in flight needs them no more: the clear is queued after it on the
+        # same stream. Block ops still queued cross first: no step is coming to carry them.
         if not self.scheduler.has_work():
-            self.runner.clear_step_buffers()
             self.runner.flush()
+            self.runner.clear_step_buffers()
 
     # ----- stepping -------------------------------------------------------------------------
 
@@ -805,7 +805,7 @@ def _embeddings_download(vectors: torch.Tensor | None) -> DownloadPlan:
     """A step's download plan holding its finished embeddings' vectors, if any: zeroed in the bridge once read."""
     download = DownloadPlan()
     if vectors is not None:
-        download.add(EMBEDDINGS, vectors, scrub=True)
+        download.add(EMBEDDINGS, vectors)
     return download
 
 

@@ -205,7 +205,7 @@ class ModelRunner:
         download = DownloadPlan()
         picked = picks.sampler.pick(logits, plan, views, download)
         if embeddings is not None:
-            download.add(EMBEDDINGS, embeddings, scrub=True)
+            download.add(EMBEDDINGS, embeddings)
         download.add(RESIDUE_FOUND, self.residue_found)
         picked.copy = self.bridge.fetch(download)
         return StepRun(logits, picked)
@@ -243,9 +243,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def clear_step_buffers(self) -> None:
-        """Resets the graphs' step buffers to padding; the engine calls this whenever it has nothing to run."""
+        """Resets the graphs' step buffers to padding and zeroes what the last crossings left in the bridge
+        (`Bridge.scrub`); the engine calls this whenever it has nothing to run, after its last crossing."""
         if self.graphs is not None:
             self.graphs.clear()
+        self.bridge.scrub()
 
     def prepare(self, chunks: list[ScheduledChunk]) -> StepInputs:
         """A step's flat inputs on the device in one upload, the queued block ops run first (tests and tools)."""

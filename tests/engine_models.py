@@ -311,6 +311,14 @@ def staging_in_use_is_pinned(bridge) -> bool:
     return bool(used) and all(tensor.is_pinned() for tensor in used)
 
 
+def bridge_buffers(bridge) -> dict[str, torch.Tensor]:
+    """Every buffer of the bridge a step's crossings pass through, by a name for a failure message: the
+    upload staging buffers, the device buffers each way, and the download slots."""
+    buffers = {f"upload staging {turn}": staging.tensor for turn, staging in enumerate(bridge._uploads.staging)}
+    buffers |= {"device in": bridge._device_in.tensor, "device out": bridge._device_out.tensor}
+    return buffers | {f"download slot {n}": slot.staging.tensor for n, slot in enumerate(bridge._slots)}
+
+
 @contextmanager
 def running_core(model_dir: Path, config: EngineConfig) -> Iterator["EngineCoreClient"]:
     """An engine core process on `model_dir`, started, and stopped when the block ends."""

@@ -135,6 +135,63 @@ def test_the_worker_drains_a_download_while_the_scheduling_thread_goes_on() -> N
     assert download.values() == {"tokens": [1]}
 
 
+def zero(tensor: torch.Tensor) -> bool:
+    return int(tensor.count_nonzero()) == 0
+
+
+def test_an_uploads_bytes_are_zeroed_once_they_have_crossed_and_the_device_side_at_the_next_send() -> None:
+    bridge = Bridge(CPU)
+    first = bridge.upload()
+    first.add("ids", [7, 8, 9, 10], torch.int64)
+    first.add("scales", [0.5], torch.float32)
+    views = bridge.send(first)
+    assert views["ids"].tolist() == [7, 8, 9, 10] and views["scales"].tolist() == [0.5]
+    assert all(zero(staging.tensor) for staging in bridge._uploads.staging)  # landed at once on a CPU
+    shorter = bridge.upload()
+    shorter.add("ids", [3], torch.int64)
+    assert bridge.send(shorter)["ids"].tolist() == [3]
+    # The device buffer holds this step's bytes; the first step's past them are zero.
+    assert bridge._device_in.tensor[:8].tolist() != [0] * 8 and zero(bridge._device_in.tensor[8:])
+    bridge.scrub()  # the engine goes idle
+    assert zero(bridge._device_in.tensor)
+
+
+@pytest.mark.parametrize("on_worker", [False, True])
+def test_a_downloads_bytes_are_zeroed_on_the_device_side_once_copied_and_in_the_slot_once_read(on_worker) -> None:
+    bridge = Bridge(CPU, drain_on_worker=on_worker)
+    plan = DownloadPlan()
+    plan.add("tokens", torch.tensor([5, 9], dtype=torch.int64))
+    plan.add("logprobs", torch.tensor([-0.5], dtype=torch.float64))
+    download = bridge.fetch(plan)
+    assert zero(bridge._device_out.tensor)
+    assert download.values() == {"tokens": [5, 9], "logprobs": [-0.5]}
+    assert all(zero(slot.staging.tensor) for slot in bridge._slots)
+    bridge.scrub()  # the download read: the bridge lets go of its values
+    assert all(slot.reader is None for slot in bridge._slots)
+
+
+def test_a_buffer_starts_zeroed_and_zeroes_the_buffer_it_outgrows() -> None:
+    stale = torch.full((64 << 10,), 0xAB, dtype=torch.uint8)  # what the allocator hands out again once freed
+    del stale
+    bridge = Bridge(CPU)
+    upload = bridge.upload()
+    upload.add("ids", [1, 2], torch.int64)
+    staging = bridge._uploads.staging[0]
+    assert zero(staging.tensor[16:])
+    outgrown = staging.tensor
+    upload.add("large", list(range(1, 20_001)), torch.int64)  # grows mid-upload
+    assert zero(outgrown) and staging.tensor[:16].view(torch.int64).tolist() == [1, 2]
+
+
+def test_an_upload_packed_when_the_bridge_is_scrubbed_cannot_be_sent() -> None:
+    bridge = Bridge(CPU)
+    upload = bridge.upload()
+    upload.add("ids", [4], torch.int64)
+    bridge.scrub()
+    with pytest.raises(EngineError, match="only the latest upload"):  # it would cross zeroed bytes
+        bridge.send(upload)
+
+
 def test_tolls_serialize_across_threads() -> None:
     toll = Toll(5_000)
     inside, most_inside = [0], [0]

@@ -12,6 +12,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,7 +24,7 @@ from engine.logits_processors import INTS as PROCESSOR_INTS
 from engine.sampler import SETTINGS as SAMPLER_SETTINGS
 from engine.sampling_tables import BIAS_INTS, DIFF_INTS
 from tests.conftest import REPO_ROOT
-from tests.engine_models import greedy, random_lengths, random_prompts, tiny_model_dir
+from tests.engine_models import bridge_buffers, greedy, random_lengths, random_prompts, tiny_model_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +301,58 @@ def test_nothing_of_a_vector_stays_in_the_bridge_once_read(overlapped):
     for slot in bridge._slots:
         assert int(slot.staging.tensor[:used].count_nonzero()) == 0
         assert slot.reader is None or slot.reader.values() == {}
+
+
+CANARY = [501, 17, 333, 402, 219, 488, 77, 310, 499, 123, 456, 208]  # a prompt whose ids are looked for
+
+
+def holds_canary(tensor: torch.Tensor, run: int = 3) -> bool:
+    """Whether a buffer's bytes hold `run` of the canary prompt's ids side by side, in any dtype they may
+    cross as: later steps write over the start of what the prefill left, not over its end."""
+    raw = tensor.numpy().tobytes()
+    windows = [CANARY[start : start + run] for start in range(len(CANARY) - run + 1)]
+    return any(np.array(ids, dtype).tobytes() in raw for ids in windows for dtype in (np.int64, np.int32, np.float64))
+
+
+def step_tokens(llm: LLMEngine, tokens: dict[str, list[int]]) -> None:
+    for delta in llm.step():
+        tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
+
+
+@pytest.mark.parametrize("ending", ["finished", "aborted"])
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
+@pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
+def test_nothing_of_a_request_stays_in_the_bridge_once_the_engine_is_idle(overlapped, graphs, ending):
+    """Its prompt's ids went up in an upload, its picks and logprobs came down in downloads: once the engine
+    has nothing to run, every byte of every buffer of the bridge is zero again, host and device side."""
+    llm = engine(overlapped, graphs)
+    request_id = llm.add_request(CANARY, greedy(8, logprobs=2))
+    tokens: dict[str, list[int]] = {}
+    for _ in range(3):  # the prefill and two decode steps
+        step_tokens(llm, tokens)
+    if ending == "aborted":
+        llm.abort(request_id)
+    while llm.has_unfinished():
+        step_tokens(llm, tokens)
+    assert tokens[request_id] and not llm.scheduler.has_work()
+    for name, tensor in bridge_buffers(llm.runner.bridge).items():
+        assert not holds_canary(tensor), f"the prompt's ids stay in the bridge's {name}"
+        assert int(tensor.count_nonzero()) == 0, f"the bridge's {name} keeps bytes of a finished request"
+
+
+@pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
+def test_a_finished_requests_prompt_leaves_the_bridge_while_others_still_run(overlapped):
+    """Later steps cross fewer bytes than its prefill did, so what they write over would not reach the
+    canary's ids: each upload is zeroed once it has landed, and the device buffer's tail at the next send."""
+    llm = engine(overlapped, graphs=False)
+    canary_id = llm.add_request(CANARY * 3, greedy(2))  # its prefill's ids reach past what decode steps write
+    other_id = llm.add_request([5, 6], greedy(30))
+    tokens: dict[str, list[int]] = {}
+    while len(tokens.get(canary_id, [])) < 2 or llm.runner.bridge.steps < 6:
+        step_tokens(llm, tokens)
+    assert llm.scheduler.has_work() and len(tokens[other_id]) < 30  # the other request still runs
+    for name, tensor in bridge_buffers(llm.runner.bridge).items():
+        assert not holds_canary(tensor), f"a finished request's prompt stays in the bridge's {name}"
 
 
 def test_an_embedding_finished_in_a_step_that_waits_for_a_constrained_token_rides_its_picks_download():
