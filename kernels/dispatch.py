@@ -6,7 +6,8 @@ KV path: `store_kv`, `paged_attention`, `zero_blocks`, and the residue check (`f
 
 Backend choice, first match wins:
 1. `force("triton" | "reference")`, a context manager for tests and tools;
-2. the environment variable `VEIL_KERNELS=triton|reference` (read at each call);
+2. the environment variable `VEIL_KERNELS=triton|reference` (read at each call; once per forward inside
+   `kernels.one_forward()`);
 3. the tensors' device: Triton on CUDA, the reference elsewhere.
 
 Triton on a CPU runs only in the Triton interpreter, so `TRITON_INTERPRET=1` must be set before the first
@@ -51,11 +52,16 @@ def selected_backend(device: torch.device) -> str:
     forced = _forced_backend.get()
     if forced is not None:
         return forced
-    from_env = os.environ.get("VEIL_KERNELS", "").strip().lower()
+    # Read at each call, but once per forward inside `kernels.one_forward()` (a layer's several kernels alike).
+    from_env = per_forward.once("VEIL_KERNELS", _backend_from_env)
     if from_env:
         _check_backend_name(from_env, "VEIL_KERNELS")
         return from_env
     return "triton" if device.type == "cuda" else "reference"
+
+
+def _backend_from_env() -> str:
+    return os.environ.get("VEIL_KERNELS", "").strip().lower()
 
 
 def _check_backend_name(name: str, source: str) -> None:

@@ -90,16 +90,18 @@ def paged_attention(
     `kernels.per_forward.one_forward()` the first layer makes it and the others reuse it.
     Same results as `paged_attention_per_sequence`, the test oracle.
     """
-    out = torch.empty_like(query)
     if query.shape[0] == 0:
-        return out
+        return torch.empty_like(query)
+    out = torch.empty_like(query)
     dtype = _attention_dtype(k_cache)
     key = ("attention plan", id(block_tables), id(context_lens), id(cu_seqlens_q), query.shape[0], tuple(k_cache.shape),
            dtype)
     plan = per_forward.once(key, lambda: _plan(query.shape[0], k_cache.shape, dtype.itemsize, block_tables,
                                                context_lens, cu_seqlens_q))
+    if len(plan) == 1 and plan[0].in_order:
+        return _attend_group(query, k_cache, v_cache, plan[0], scale, dtype).to(query.dtype)
     for group in plan:
-        _attend_group(out, query, k_cache, v_cache, group, scale, dtype)
+        out.index_copy_(0, group.write_rows, _attend_group(query, k_cache, v_cache, group, scale, dtype).to(query.dtype))
     return out
 
 
@@ -122,12 +124,13 @@ class _Group:
 
     block_ids: Tensor  # [num_seqs * width] int64: each sequence's blocks, padded with block 0 (masked out)
     num_seqs: int
-    length: int  # width * block_size: the padded context every sequence of the group is gathered to
-    visible: Tensor  # the attention mask, broadcast over heads
+    length: int  # the context every sequence of the group is gathered to: width * block_size, or a lone one's own
+    visible: Tensor | None  # the attention mask, broadcast over heads; None where every gathered slot is visible
     read_rows: Tensor  # query rows gathered (padding rows repeat the last real one)
     write_rows: Tensor  # output rows written: the real ones
     real: Tensor | None  # prefill: which of the [num_seqs, q_len] gathered rows are real; decode: None
     q_len: int
+    in_order: bool = False  # reads and writes every query row in order: no gather or scatter of rows needed
 
 
 def _plan(num_tokens: int, cache_shape: torch.Size, itemsize: int, block_tables: Tensor, context_lens: Tensor,
@@ -182,8 +185,11 @@ def _group(num_tokens: int, block_size: int, block_tables: Tensor, context_lens:
     starts = pick(cu_seqlens_q[:-1]).to(torch.int64)
     columns = torch.arange(width * block_size, device=device)
     if q_len == 1:
+        in_order = num_seqs == num_tokens and bool((starts == torch.arange(num_seqs, device=device)).all())
+        if bool((lens == longest).all()):  # one context length (batch 1): gather exactly it, seen whole, no mask
+            return _Group(block_ids, num_seqs, longest, None, starts, starts, None, 1, in_order)
         visible = (columns[None, :] < lens[:, None])[:, None, None, :]
-        return _Group(block_ids, num_seqs, width * block_size, visible, starts, starts, None, 1)
+        return _Group(block_ids, num_seqs, width * block_size, visible, starts, starts, None, 1, in_order)
     ends = pick(cu_seqlens_q[1:]).to(torch.int64)
     steps = torch.arange(q_len, device=device)
     tokens = starts[:, None] + steps[None, :]  # [seqs, q_len]; past a sequence's end: padding rows
@@ -195,32 +201,32 @@ def _group(num_tokens: int, block_size: int, block_tables: Tensor, context_lens:
                   tokens[real], real, q_len)
 
 
-def _attend_group(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group, scale: float,
-                  dtype: torch.dtype) -> None:
-    """One masked attention call into `out`, as `group` plans it, over K/V and queries in `dtype`."""
+def _attend_group(query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group, scale: float,
+                  dtype: torch.dtype) -> Tensor:
+    """One attention call as `group` plans it, over K/V and queries in `dtype`: the rows `group.write_rows`
+    of the output, [rows, num_heads, head_dim] in `dtype`."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     keys = _batched_pages(k_cache, group.block_ids, group.num_seqs, group.length).to(dtype)
     values = _batched_pages(v_cache, group.block_ids, group.num_seqs, group.length).to(dtype)
-    gathered = query.index_select(0, group.read_rows).to(dtype)
+    gathered = (query if group.in_order else query.index_select(0, group.read_rows)).to(dtype)
     if group.real is None:
         # Query heads of one KV head are adjacent: view them as that head's rows (no copy of K/V per head).
         grouped = gathered.view(group.num_seqs, k_cache.shape[2], -1, head_dim)
         attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=group.visible, scale=scale)
-        out.index_copy_(0, group.write_rows, attended.reshape(group.num_seqs, num_heads, head_dim).to(query.dtype))
-        return
+        return attended.reshape(group.num_seqs, num_heads, head_dim)
     padded = gathered.view(group.num_seqs, group.q_len, num_heads, head_dim).transpose(1, 2)
     attended = F.scaled_dot_product_attention(padded, keys, values, attn_mask=group.visible, scale=scale,
                                               enable_gqa=True)
-    out.index_copy_(0, group.write_rows, attended.transpose(1, 2)[group.real].to(query.dtype))
+    return attended.transpose(1, 2)[group.real]
 
 
 def _batched_pages(cache: Tensor, block_ids: Tensor, num_seqs: int, length: int) -> Tensor:
-    """The listed blocks, `length // block_size` a sequence, as [num_seqs, num_kv_heads, length, head_dim],
-    in the cache's dtype."""
+    """The listed blocks, the same number a sequence, as [num_seqs, num_kv_heads, length, head_dim] (their
+    first `length` slots), in the cache's dtype."""
     # Rows of a 2-D view: index_select copies each whole block at once (several times faster than on 4-D).
     pages = cache.view(cache.shape[0], -1).index_select(0, block_ids)
-    pages = pages.view(num_seqs, length, cache.shape[2], cache.shape[3])
-    return pages.transpose(1, 2)
+    pages = pages.view(num_seqs, -1, cache.shape[2], cache.shape[3])
+    return pages[:, :length].transpose(1, 2)
 
 
 def paged_attention_per_sequence(query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
@@ -271,9 +277,10 @@ def _attend(queries: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tens
 
 def rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm over the last dimension: normalised in float32, rounded to the input dtype, times the weight."""
-    as_float = hidden.float()
-    normed = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.to(hidden.dtype)
+    # torch's rms_norm without a weight computes x * rsqrt(mean(x^2) + eps) in float32 and rounds it to x's
+    # dtype, bit for bit the op-by-op formula (test_kernels_layers checks it against transformers' module),
+    # in one call instead of seven; the weight multiplies after the rounding, as transformers does.
+    return weight * F.rms_norm(hidden, hidden.shape[-1:], eps=eps)
 
 
 def add_rms_norm(hidden: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -284,8 +291,8 @@ def add_rms_norm(hidden: Tensor, residual: Tensor, weight: Tensor, eps: float) -
 
 def silu_and_mul(gate_up: Tensor) -> Tensor:
     """silu(gate) * up, where gate and up are the two halves of the last dimension."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    width = gate_up.shape[-1] // 2
+    return F.silu(gate_up[..., :width]).mul_(gate_up[..., width:])
 
 
 def rotary_embedding(
@@ -299,23 +306,24 @@ def rotary_embedding(
     """
     key_rows = ("rotary rows", id(positions), id(cos_cache), id(sin_cache), query.dtype)
     cos, sin = per_forward.once(key_rows, lambda: _rotary_rows(positions, cos_cache, sin_cache, query.dtype))
-    rotated = _rotate(query, cos, sin), _rotate(key, cos, sin)
-    if not inplace:
-        return rotated
-    query.copy_(rotated[0])
-    key.copy_(rotated[1])
-    return query, key
+    return _rotate(query, cos, sin, inplace), _rotate(key, cos, sin, inplace)
 
 
 def _rotary_rows(positions: Tensor, cos_cache: Tensor, sin_cache: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """The positions' cos and sin at full head width, the sine's first half negated: rounded to `dtype` first,
+    """The positions' cos and sin at full head width, the sine's second half negated: rounded to `dtype` first,
     as Hugging Face rounds them, then widened, which is exact."""
     cos = cos_cache[positions].to(dtype)
     sin = sin_cache[positions].to(dtype)
-    return torch.cat((cos, cos), dim=-1).unsqueeze(1), torch.cat((-sin, sin), dim=-1).unsqueeze(1)
+    return torch.cat((cos, cos), dim=-1).unsqueeze(1), torch.cat((sin, -sin), dim=-1).unsqueeze(1)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x * cos + rotate_half(x) * sin as Hugging Face computes it, rounding alike: rotate_half(x) * sin is
-    (-x2 * sin, x1 * sin), which is (x2 * -sin, x1 * sin) exactly, so x's halves swapped times `sin`."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, inplace: bool) -> Tensor:
+    """x * cos + rotate_half(x) * sin as Hugging Face computes it, rounding alike, in four ops and no copy of x:
+    rotate_half(x) * sin is (-x2 * s, x1 * s), which is exactly the halves of x * (s, -s) = (x1 * s, -x2 * s)
+    swapped, each added to its half of x * cos (`sin` holds (s, -s))."""
+    half = x.shape[-1] // 2
+    swapped = x * sin
+    rotated = x.mul_(cos) if inplace else x * cos
+    rotated[..., :half].add_(swapped[..., half:])
+    rotated[..., half:].add_(swapped[..., :half])
+    return rotated

@@ -63,6 +63,20 @@ def test_reference_norm_and_activation_equal_transformers_bit_for_bit(dtype: tor
     assert torch.equal(reference.silu_and_mul(gate_up), ACT2FN["silu"](gate_up[:, :48]) * gate_up[:, 48:])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_norm_equals_transformers_on_model_widths_and_large_values(dtype: torch.dtype) -> None:
+    # The reference's fused float32 norm against transformers' op-by-op module, on the widths of real models
+    # and rows whose scales span many binades (where a different summation order would show).
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    for width in (64, 512, 2048, 4096):
+        rows = _random((9, width), torch.float32, width).cpu() * torch.logspace(-3, 3, 9)[:, None]
+        norm = LlamaRMSNorm(width, eps=1e-6).to(dtype)
+        with torch.no_grad():
+            norm.weight.copy_(_random((width,), dtype, width + 1).cpu())
+            assert torch.equal(reference.rms_norm(rows.to(dtype), norm.weight, 1e-6), norm(rows.to(dtype)))
+
+
 @pytest.mark.parametrize("scaling", [RopeScaling(), LLAMA3], ids=["default", "llama3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reference_rotary_with_the_engine_caches_equals_transformers(scaling: RopeScaling, dtype: torch.dtype) -> None:

@@ -93,6 +93,22 @@ def test_a_step_of_decode_tokens_and_prefill_chunks_equals_the_oracle(budget: in
     torch.testing.assert_close(batched, reference.paged_attention_per_sequence(*batch.args()), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("contexts", [[13], [13, 13, 13], [13, 5, 13]], ids=["batch 1", "one length", "two lengths"])
+def test_decode_reads_no_slot_past_a_context_with_or_without_a_mask(contexts: list[int]) -> None:
+    # Decode tokens of one context length gather exactly that length and attend without a mask; the slots
+    # past a context in its last block hold huge keys and values, which any unmasked read would show.
+    batch = build_paged_batch(contexts, [1] * len(contexts), num_heads=8, num_kv_heads=2, head_dim=16, block_size=8,
+                              dtype=torch.bfloat16, stale_id=10**6, generator=torch.Generator().manual_seed(5))
+    for seq, context in enumerate(contexts):
+        last_block = int(batch.block_tables[seq, (context - 1) // 8])
+        batch.k_cache[last_block, context % 8:] = 1000.0
+        batch.v_cache[last_block, context % 8:] = 1000.0
+    with kernels.one_forward():
+        batched = kernels.paged_attention(*batch.args())
+    torch.testing.assert_close(batched, reference.paged_attention_per_sequence(*batch.args()),
+                               atol=OUTPUT_TOLERANCE[torch.bfloat16], rtol=OUTPUT_TOLERANCE[torch.bfloat16])
+
+
 def test_sequences_share_a_call_while_their_padded_k_v_fits_the_budget() -> None:
     # Sorted contexts 3, 4, 9, 30 in blocks of 4, 10 bytes per token: padded 4, 4, 12, 32 tokens.
     assert reference._groups([3, 4, 9, 30], 4, 10, budget=400) == [(0, 3), (3, 4)]
