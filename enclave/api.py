@@ -184,9 +184,11 @@ class InnerApi:
         """`reasoning`: whether the model reasons in `<think>` blocks, and where the prompt left one
         (`answer_parts.reasoning_place`): a constraint then applies after the reasoning."""
         tools = tools or tool_fields.ToolRequest()
-        params = _with_tool_grammar(request_fields.sampling_params(body, chat, self.max_tokens_limit), tools)
         template = self.tokenizer.chat_template(with_tools=True)
         call_format = tools.call_format(template, self.tool_call_format)
+        special = {text: token for text in tool_markers(call_format) for token in self.tokenizer.special_ids_of((text,))}
+        params = _with_tool_grammar(request_fields.sampling_params(body, chat, self.max_tokens_limit), tools,
+                                    call_format, special)
         params = self._keeping_markers(answer_parts.reasoning_first(params, reasoning[1]), call_format, reasoning[0])
         handle = self.engine.submit(prompt, params)
         completion_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
@@ -224,17 +226,22 @@ class InnerApi:
 
 # The fields an engine refusal can name: its messages begin with the field's name.
 _SAMPLING_NAMES = frozenset({"max_tokens", "temperature", "top_k", "top_p", "min_p", "n", "seed", "stop",
-                             "stop_token_ids", "logprobs", "tool_choice", "messages", "logit_bias", "presence_penalty",
+                             "stop_token_ids", "logprobs", "tool_choice", "tools", "messages", "logit_bias", "presence_penalty",
                              "frequency_penalty", "repetition_penalty", "response_format", "structured_outputs",
                              "guided_json", "guided_regex", "guided_choice", "guided_grammar"})
 
 
-def _with_tool_grammar(params: SamplingParams, tools: tool_fields.ToolRequest) -> SamplingParams:
+def _with_tool_grammar(params: SamplingParams, tools: tool_fields.ToolRequest, call_format: str | None,
+                       special: dict[str, int]) -> SamplingParams:
     """A forced tool choice constrains the answer as a structured output does: one constraint per answer.
     OpenAI's `response_format` (`text.format`) shapes message text, which a forced call has none of, so it
     gives way, as OpenAI's does; vLLM's own constraints (`structured_outputs`, `guided_*`) are on the whole
-    output, and are refused beside a forced choice."""
+    output, and are refused beside a forced choice. Under "auto" the response format shapes the answer only
+    where it calls no tool: the answer is calls in the model's `call_format` or text in the format."""
     grammar = tools.grammar()
+    answer = params.structured
+    if grammar is None and tools.choice == "auto" and answer is not None and answer.field.startswith("response_format"):
+        return dataclasses.replace(params, structured=tools.beside(answer, call_format, special))
     if grammar is None:
         return params
     if params.structured is not None and not params.structured.field.startswith("response_format"):

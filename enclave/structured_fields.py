@@ -4,7 +4,8 @@ Constraints come from OpenAI's `response_format` (`json_object`, `json_schema`),
 `structured_outputs` (`json`, `regex`, `choice`, `grammar`, `json_object`) and its older `guided_json`,
 `guided_regex`, `guided_choice` and `guided_grammar`; a request may give one of them. A grammar is
 Lark in llguidance's dialect (not GBNF). A forced tool call (`tool_choice` "required" or a named
-function) is a constraint too, built by `tool_fields`. The engine compiles each constraint for its request alone (`engine.structured`); here only the shape
+function) is a constraint too, built by `tool_fields`; under "auto" a `response_format` gets the model's
+tool-call format as its alternative (`tool_grammar`). The engine compiles each constraint for its request alone (`engine.structured`); here only the shape
 of the fields is checked. Every check names the field and never echoes what it held.
 """
 

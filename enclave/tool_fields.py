@@ -7,16 +7,18 @@ names the field that was wrong and never echoes what it held.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from enclave.api_types import ApiError
 from enclave.tool_calls import FORCED_JSON, tool_format, valid_function_name
+from enclave.tool_grammar import GRAMMAR_FORMATS, calls_in_format, forced_calls
 from engine import StructuredOutput, ToolCall
 
 MAX_TOOLS = 128
 MAX_TOOL_CALLS = 128  # in one assistant message of the conversation
-MAX_FORCED_CALLS = 16  # in one forced answer: bounded, so a bounded schema's answer always ends
 _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 
 
@@ -58,52 +60,26 @@ class ToolRequest:
         if not self.forced:
             return None
         chosen = [t["function"] for t in self.tools if self.function in (None, t["function"]["name"])]
-        one = self.function is not None or not self.parallel
-        try:
-            calls = {"type": "array", "minItems": 1, "maxItems": 1 if one else MAX_FORCED_CALLS,
-                     "items": {"anyOf": [_call_schema(function) for function in chosen]}}
-            return StructuredOutput("json_schema", json.dumps(calls), field="tool_choice")
-        except RecursionError:
-            raise ApiError(400, "invalid_request", "a function's parameters in 'tools' are nested too deeply",
-                           param="tools") from None
+        return _nested_safely(lambda: forced_calls(chosen, one=self.function is not None or not self.parallel))
+
+    def beside(self, answer: StructuredOutput, format: str, special: Mapping[str, int]) -> StructuredOutput:
+        """For "auto" beside OpenAI's response format (`answer`): the answer is that, or calls in the model's
+        `format` (`tool_grammar.calls_in_format`; `special`: the ids of its markers that are special tokens)."""
+        if format not in GRAMMAR_FORMATS:
+            raise ApiError(400, "unsupported_parameter", "'tool_choice' \"auto\" beside a 'response_format' needs "
+                           "a tool-call format this node can constrain; use \"required\", a named function or \"none\"",
+                           param="tool_choice")
+        functions = [tool["function"] for tool in self.tools]
+        calls = _nested_safely(lambda: calls_in_format(functions, format, not self.parallel, special))
+        return dataclasses.replace(answer, alternative=calls)
 
 
-def _call_schema(function: dict) -> dict:
-    parameters = _closed(function.get("parameters") or {"type": "object", "properties": {}})
-    return {"type": "object", "properties": {"name": {"const": function["name"]}, "parameters": parameters},
-            "required": ["name", "parameters"], "additionalProperties": False}
-
-
-# The keywords whose values are subschemas (a schema, a list of them, or a mapping of names to them).
-# `not` and `if` are left as they are: closing a condition would change what it matches.
-_SUBSCHEMA_KEYS = ("items", "prefixItems", "additionalProperties", "anyOf", "oneOf", "then", "else", "contains",
-                   "properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-
-
-def _closed(schema: object, in_all_of: bool = False) -> object:
-    """The schema with every object that lists its `properties` and says nothing of others closed to them
-    (`additionalProperties: false`), as OpenAI's strict mode and vLLM's default (xgrammar's strict mode) read
-    a tool's parameters: otherwise a forced call may go on writing made-up properties until the context ends.
-    The parts of an `allOf` stay open: each holds only some of the object's properties."""
-    if isinstance(schema, list):
-        return [_closed(part, in_all_of) for part in schema]
-    if not isinstance(schema, dict):
-        return schema
-    copy = {key: _closed_value(key, value) for key, value in schema.items()}
-    if "allOf" in schema:
-        copy["allOf"] = _closed(schema["allOf"], in_all_of=True)
-    lists_properties = isinstance(schema.get("properties"), dict)
-    if lists_properties and not in_all_of and not {"additionalProperties", "unevaluatedProperties"} & set(schema):
-        copy["additionalProperties"] = False
-    return copy
-
-
-def _closed_value(key: str, value: object) -> object:
-    if key not in _SUBSCHEMA_KEYS:
-        return value  # `const`, `enum`, `default`, `examples`: data, never schemas
-    if key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas") and isinstance(value, dict):
-        return {name: _closed(part) for name, part in value.items()}
-    return _closed(value)
+def _nested_safely(build: Callable[[], StructuredOutput]) -> StructuredOutput:
+    try:
+        return build()
+    except RecursionError:
+        raise ApiError(400, "invalid_request", "a function's parameters in 'tools' are nested too deeply",
+                       param="tools") from None
 
 
 def tool_request(body: dict) -> ToolRequest:

@@ -65,7 +65,7 @@ class ThinkMarkers:
 def reasoning_first(grammar: str, place: str, markers: ThinkMarkers) -> str:
     """`grammar` (llguidance's JSON form or Lark text) after the reasoning block; `place` is "block" (the
     answer opens it) or "inside" (the prompt opened it)."""
-    top = _top_level(grammar)
+    top = top_level(grammar)
     first, *others = top["grammars"]
     name = first.get("name") if isinstance(first.get("name"), str) and _NAME.fullmatch(first["name"]) else ANSWER
     opening = markers.open + " " if place == "block" else ""
@@ -73,7 +73,7 @@ def reasoning_first(grammar: str, place: str, markers: ThinkMarkers) -> str:
     return json.dumps({**top, "grammars": [{"lark_grammar": outer}, {**first, "name": name}, *others]})
 
 
-def _top_level(grammar: str) -> dict:
+def top_level(grammar: str) -> dict:
     """The grammar in llguidance's JSON form (`{"grammars": [...]}`), which Lark text is wrapped into."""
     if grammar.lstrip().startswith("{"):  # as llguidance tells its JSON form from Lark
         try:

@@ -33,12 +33,16 @@ class StructuredOutput:
     list of strings (choice), a Lark grammar (grammar), or "" (json_object: any JSON object).
     `field` is the request field it came from, which refusals name (never its content). `reasoning`
     (one of `REASONING_PLACES`): whether free reasoning up to `</think>` comes before the constraint.
+    `alternative`: what the output may be instead (`start: alternative | this`), as a tool-call answer
+    beside OpenAI's `response_format` under `tool_choice: "auto"`; it has no reasoning or alternative
+    of its own.
     """
 
     kind: str
     spec: str = ""
     field: str = "response_format"
     reasoning: str = "none"
+    alternative: StructuredOutput | None = None
 
     def problem(self) -> str | None:
         """Why this constraint cannot be served as given, naming its field; None when it can."""
@@ -52,7 +56,15 @@ class StructuredOutput:
             return f"{self.field} is empty"
         if self.reasoning not in REASONING_PLACES:
             return f"{self.field}: the reasoning before it must be one of {', '.join(REASONING_PLACES)}"
-        return None
+        return self._alternative_problem()
+
+    def _alternative_problem(self) -> str | None:
+        other = self.alternative
+        if other is None:
+            return None
+        if not isinstance(other, StructuredOutput) or other.alternative is not None or other.reasoning != "none":
+            return f"{self.field}: its alternative must be a constraint without reasoning or an alternative of its own"
+        return other.problem()
 
 
 @dataclass(frozen=True, slots=True)

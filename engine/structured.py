@@ -9,6 +9,10 @@ compile time tell whether someone else used the same schema recently. What every
 only the model's vocabulary as llguidance indexes it (`GrammarCompiler`), built once from the
 tokenizer and never changed by a grammar.
 
+A constraint with an `alternative` (a tool-call answer beside OpenAI's `response_format` under
+`tool_choice: "auto"`) compiles to `start: alternative | constraint` (`either`), each part checked alone
+first so that a refusal names the part's own field.
+
 A reasoning model's constraint starts after its `<think>` block where its answer has one to write: the
 grammar compiled is then the free reasoning, `</think>`, and the request's grammar (`engine.reasoning_grammar`).
 
@@ -51,7 +55,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as FastTokenizer
 
 from engine.errors import RequestRejected
-from engine.reasoning_grammar import ThinkMarkers, reasoning_first
+from engine.reasoning_grammar import ThinkMarkers, reasoning_first, top_level
 from engine.sampling_params import StructuredOutput
 from engine.tokenizer import _forget_words as forget_words  # the tokenizer's own word-cache rules
 from engine.tokenizer import _turn_off_word_cache as turn_off_word_cache
@@ -60,9 +64,12 @@ from engine.tokenizer import _turn_off_word_cache as turn_off_word_cache
 # above what real-world schemas need, low enough that no request holds a step for long.
 _LIMITS = dict(initial_lexer_fuel=1_000_000, max_grammar_size=200_000, max_lexer_states=50_000,
                step_lexer_fuel=200_000, step_max_items=50_000, verbose_errors=False)
-# JSON with no free whitespace: a model cannot stall a structured answer with endless blank space.
-_JSON_OPTIONS = {"whitespace_flexible": False}
+# JSON with no free whitespace: a model cannot stall a structured answer with endless blank space. A Lark
+# grammar's `%json{...}` parts take them as the schema's "x-guidance" (`JSON_OPTIONS_KEY`).
+JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS_KEY = "x-guidance"
 _ANY_OBJECT = '{"type": "object"}'
+EITHER = "either"
 
 
 class Guide:
@@ -120,6 +127,11 @@ class GrammarCompiler:
     def compile(self, structured: StructuredOutput) -> Guide:
         """A fresh matcher for one request; raises RequestRejected naming the field."""
         grammar = _grammar(structured)
+        if structured.alternative is not None:  # each part is checked alone first, so a refusal names its field
+            self._matcher(grammar, structured)
+            alternative = _grammar(structured.alternative)
+            self._matcher(alternative, structured.alternative)
+            grammar = either(alternative, grammar)
         matcher = self._matcher(grammar, structured)
         if structured.reasoning == "inside" or (structured.reasoning == "block" and not self._writes_block(matcher)):
             matcher = self._matcher(reasoning_first(grammar, structured.reasoning, self._think), structured)
@@ -207,9 +219,9 @@ def _grammar(structured: StructuredOutput) -> str:
     """The llguidance grammar of a constraint; raises RequestRejected naming the field."""
     try:
         if structured.kind == "json_object":
-            return llguidance.LLMatcher.grammar_from_json_schema(_ANY_OBJECT, defaults=_JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(_ANY_OBJECT, defaults=JSON_OPTIONS)
         if structured.kind == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(structured.spec, defaults=_JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(structured.spec, defaults=JSON_OPTIONS)
         if structured.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(structured.spec)
         if structured.kind == "choice":
@@ -224,6 +236,18 @@ def _grammar(structured: StructuredOutput) -> str:
         over = "recursion" in str(error).lower()
         raise RequestRejected("invalid_structured_output",
                               _refusal(structured, "limit") if over else f"{structured.field} is not valid JSON") from None
+
+
+def either(first: str, second: str) -> str:
+    """One grammar allowing what `first` or `second` allows (llguidance's JSON form or Lark text each): the two
+    as sub-grammars (`@name`) of `start: @first | @second`, named `EITHER` so that a reasoning block may
+    come before the whole (`reasoning_first`)."""
+    grammars = []
+    for name, grammar in (("either_first", first), ("either_second", second)):
+        head, *others = top_level(grammar)["grammars"]
+        grammars += [{**head, "name": name}, *others]  # renamed: the two heads may share a name (json_schema)
+    outer = {"name": EITHER, "lark_grammar": "start: @either_first | @either_second\n"}
+    return json.dumps({"grammars": [outer, *grammars]})
 
 
 def _choice_grammar(structured: StructuredOutput) -> str:

@@ -110,3 +110,22 @@ def test_the_sdk_stream_helper_closes_every_call(oa: openai.OpenAI, fields: dict
     assert event.name == "get_forecast" and event.parsed_arguments == json.loads(event.arguments)
     jsonschema.validate(event.parsed_arguments, FORECAST)
     assert final.choices[0].finish_reason == "tool_calls"
+
+
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+        "additionalProperties": False}
+OPEN_ANGLE = "32"  # "<" in the tiny vocabulary: `<tool_call>`'s first token, never one of the JSON answer
+
+
+@pytest.mark.parametrize(("bias", "calls"), [(100, True), (-100, False)])
+def test_auto_beside_a_response_format_calls_or_answers_in_the_format(oa: openai.OpenAI, bias: int, calls: bool) -> None:
+    """An Agent with tools and an output type: the model may call (here, made to start `<tool_call>`) or answer
+    in the format (made not to), and the SDK reads either as it reads OpenAI's answer."""
+    city = {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": CITY}}
+    [choice] = ask(oa, tool_choice="auto", response_format=city, logit_bias={OPEN_ANGLE: bias}, seed=1).choices
+    if calls:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        check_calls(choice.message.tool_calls, set(SCHEMAS))
+    else:
+        assert choice.finish_reason == "stop" and not choice.message.tool_calls
+        jsonschema.validate(json.loads(choice.message.content), CITY)

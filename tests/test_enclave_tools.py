@@ -341,3 +341,78 @@ def test_the_forced_grammar_closes_listed_objects_and_leaves_declared_ones_alone
     assert closed["properties"]["tags"]["additionalProperties"] == {"type": "string"}  # said: kept as said
     assert all("additionalProperties" not in part for part in closed["properties"]["both"]["allOf"])
     assert parameters["$defs"]["Place"] == {"type": "object", "properties": {"city": {"type": "string"}}}  # a copy
+
+
+# ----- "auto" beside a response format: calls or an answer in the format ----------------------------------
+
+CITY_ANSWER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+               "additionalProperties": False}
+AUTO_FORMAT = {"tool_choice": "auto", "max_tokens": 1000,
+               "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_ANSWER}}}
+OPEN_ANGLE = 32  # "<" in the tiny vocabulary: the first token of `<tool_call>`, never one of a JSON answer
+
+
+def assert_calls_or_answer(choice: dict) -> str:
+    """The choice is valid calls or JSON valid against the answer schema; which one it is."""
+    if choice["message"].get("tool_calls"):
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        assert_valid_calls(choice["message"]["tool_calls"], set(SCHEMAS))
+        return "calls"
+    assert choice["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(choice["message"]["content"]), CITY_ANSWER)
+    return "answer"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_auto_beside_a_response_format_calls_or_answers_in_the_format(api, seed: int) -> None:
+    status, answer = post(api, chat(**AUTO_FORMAT, seed=seed))
+    assert status == 200, answer
+    assert_calls_or_answer(answer["choices"][0]) in ("calls", "answer")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_beside_a_response_format_lets_the_model_call(api, stream: bool) -> None:
+    """A model that starts `<tool_call>` calls, in the template's Hermes format (before: it could only answer
+    in the format, so the tools were offered and never callable)."""
+    body = chat(**AUTO_FORMAT, logit_bias={str(OPEN_ANGLE): 100}, stream=stream)
+    status, answer = post(api, body)
+    assert status == 200, answer
+    if stream:
+        [calls] = streamed_calls(answer).values()
+        assert_valid_calls(calls, set(SCHEMAS))
+        assert [c["choices"][0]["finish_reason"] for c in answer if c["choices"][0]["finish_reason"]] == ["tool_calls"]
+        assert all(c["choices"][0]["delta"].get("content") in ("", None) for c in answer)
+    else:
+        assert assert_calls_or_answer(answer["choices"][0]) == "calls"
+
+
+def test_auto_beside_a_response_format_answers_in_the_format_when_it_does_not_call(api) -> None:
+    status, answer = post(api, chat(**AUTO_FORMAT, logit_bias={str(OPEN_ANGLE): -100}))
+    assert status == 200, answer
+    assert assert_calls_or_answer(answer["choices"][0]) == "answer"
+
+
+def test_auto_beside_a_response_format_refuses_a_tool_schema_it_cannot_constrain(api) -> None:
+    broken = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "(" + CANARY}}}}}
+    refused(api, chat(**AUTO_FORMAT, tools=[broken]), "tools", "tools")
+    status, _ = post(api, chat(tools=[broken], tool_choice="auto"))  # without a format nothing constrains the calls
+    assert status == 200
+
+
+@pytest.mark.parametrize(("bias", "expected"), [(100, "calls"), (-100, "answer")])
+def test_auto_beside_a_text_format_on_the_responses_api_calls_or_answers(api, bias: int, expected: str) -> None:
+    """The Agents SDK's Agent with tools and an `output_type`: `text.format` beside `tool_choice: "auto"`."""
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMETERS}
+    text = {"format": {"type": "json_schema", "name": "city", "schema": CITY_ANSWER}}
+    body = {"model": MODEL, "input": REPLAY[0]["content"], "tools": [tool], "tool_choice": "auto", "text": text,
+            "seed": 1, "max_output_tokens": 1000, "logit_bias": {str(OPEN_ANGLE): bias}}
+    status, answer = post_to(api, b"/v1/responses", body)
+    assert status == 200, answer
+    if expected == "calls":
+        assert answer["output"] and {item["type"] for item in answer["output"]} == {"function_call"}
+        assert_valid_calls([{"id": item["call_id"], "type": "function", "function": item} for item in answer["output"]],
+                           {"get_weather"})
+    else:
+        [message] = answer["output"]
+        jsonschema.validate(json.loads(message["content"][0]["text"]), CITY_ANSWER)

@@ -1,0 +1,136 @@
+"""`tool_choice: "auto"` beside a response format: the compiled grammar, on the real families' vocabularies.
+
+The answer may be calls in the model's own format (Qwen's Hermes `<tool_call>` blocks, Llama 3.1's JSON
+with `"parameters"`, Mistral's `[TOOL_CALLS]`), each to a declared function with arguments valid against
+its schema, or text in the response format, and nothing else. Each text is fed to the engine's own
+matcher (`GrammarCompiler`) as the family's tokenizer writes it, special markers as their tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer
+
+from enclave.tool_calls import HERMES, LLAMA_JSON, MISTRAL_ARGS, MISTRAL_JSON, markers, parse_whole
+from enclave.tool_grammar import calls_in_format
+from engine import RequestRejected, StructuredOutput
+from engine.structured import GrammarCompiler
+from tests.family_support import family_folder
+
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}
+FUNCTIONS = [{"name": "get_weather", "parameters": WEATHER},
+             {"name": "get_time", "parameters": {"type": "object", "properties": {"utc": {"type": "boolean"}}}}]
+ANSWER = StructuredOutput("json_schema", json.dumps({
+    "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False}))
+# Text that is neither a call nor an answer in the format, in every family.
+NEITHER = ['Sure! {"answer":"hi"}', '{"answer":1}', '{"reply":"hi"}', "plain words"]
+
+
+class Family:
+    """A family's real tokenizer and the engine's grammar compiler on its vocabulary."""
+
+    def __init__(self, name: str, eos: int) -> None:
+        folder = family_folder(name)
+        text = (folder / "tokenizer.json").read_text()
+        self.tokenizer = Tokenizer.from_str(text)
+        vocab_size = json.loads((folder / "config.json").read_text())["vocab_size"]
+        self.compiler = GrammarCompiler(text, vocab_size, [eos])
+
+    def special(self, format: str) -> dict[str, int]:
+        """The format's markers that are special tokens, by id: what the node passes `calls_in_format`."""
+        added = self.tokenizer.get_added_tokens_decoder()
+        ids = {marker: self.tokenizer.token_to_id(marker) for marker in markers(format)}
+        return {marker: token for marker, token in ids.items() if token is not None and added[token].special}
+
+    def guide(self, format: str, reasoning: str = "none"):
+        calls = calls_in_format(FUNCTIONS, format, one=False, special=self.special(format))
+        return self.compiler.compile(StructuredOutput(ANSWER.kind, ANSWER.spec, reasoning=reasoning, alternative=calls))
+
+    def admits(self, guide, text: str) -> bool:
+        """Whether the grammar takes the whole `text`, as the tokenizer encodes it, and may end there."""
+        matcher = guide.fork().matcher
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if matcher.validate_tokens(ids) != len(ids):
+            return False
+        assert matcher.consume_tokens(ids)
+        return matcher.is_accepting()
+
+
+@pytest.fixture(scope="module")
+def qwen() -> Family:
+    return Family("qwen2.5-3b-instruct", eos=151645)
+
+
+@pytest.fixture(scope="module")
+def llama() -> Family:
+    return Family("llama-3.1-8b-instruct", eos=128009)
+
+
+def test_hermes_admits_calls_or_an_answer_and_nothing_else(qwen: Family) -> None:
+    guide = qwen.guide(HERMES)
+    one = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'
+    two = one + '\n<tool_call>\n{"name":"get_time","arguments":{"utc":true}}\n</tool_call>'
+    assert qwen.tokenizer.encode(one, add_special_tokens=False).ids[0] == 151657  # `<tool_call>`: one added token
+    for text in (one, two, '{"answer":"hi"}'):
+        assert qwen.admits(guide, text), text
+    wrong_calls = ['<tool_call>\n{"name":"get_weather","arguments":{"city":"Rome"}}\n</tool_call>',
+                   '<tool_call>\n{"name":"get_news","arguments":{}}\n</tool_call>',
+                   '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris","extra":1}}\n</tool_call>',
+                   one + ' {"answer":"hi"}', 'Let me check. ' + one]
+    for text in NEITHER + wrong_calls:
+        assert not qwen.admits(guide, text), text
+    assert [call.name for call in parse_whole(HERMES, two).calls] == ["get_weather", "get_time"]
+
+
+def test_llama_json_admits_calls_or_an_answer_and_nothing_else(llama: Family) -> None:
+    guide = llama.guide(LLAMA_JSON)
+    call = '{"name":"get_weather","parameters":{"city":"Oslo"}}'
+    tagged = '<|python_tag|>' + call + '; {"name":"get_time","parameters":{}}'
+    assert 128010 in llama.tokenizer.encode(tagged, add_special_tokens=False).ids  # the special token itself
+    for text in (call, tagged, '{"answer":"hi"}'):
+        assert llama.admits(guide, text), text
+    wrong_calls = ['{"name":"get_weather","parameters":{"city":"Rome"}}', '{"name":"get_news","parameters":{}}',
+                   '{"name":"get_weather","arguments":{"city":"Oslo"}}', call + "; plain words"]
+    for text in NEITHER + wrong_calls:
+        assert not llama.admits(guide, text), text
+    parsed = parse_whole(LLAMA_JSON, tagged)
+    assert [c.name for c in parsed.calls] == ["get_weather", "get_time"] and not parsed.content
+
+
+@pytest.mark.parametrize(("format", "call"), [
+    (MISTRAL_JSON, '[TOOL_CALLS] [{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_time","arguments":{}}]'),
+    (MISTRAL_ARGS, '[TOOL_CALLS]get_weather[ARGS]{"city":"Paris"}[TOOL_CALLS]get_time[ARGS]{"utc":false}'),
+])
+def test_mistral_formats_admit_their_calls_and_refuse_other_text(format: str, call: str) -> None:
+    mistral = Family("mistral-7b-instruct-v0.3", eos=2)
+    guide = mistral.guide(format)
+    assert mistral.special(format)["[TOOL_CALLS]"] == 5  # a control token: named by its id in the grammar
+    assert mistral.admits(guide, call)
+    assert [c.name for c in parse_whole(format, call).calls] == ["get_weather", "get_time"]
+    for text in ("[TOOL_CALLS] plain words", call.replace("Paris", "Rome"), "plain words"):
+        assert not mistral.admits(guide, text), text
+
+
+def test_a_reasoning_model_thinks_first_then_calls_or_answers() -> None:
+    """Qwen3's `<think>` block comes before the union as before any constraint (`engine.reasoning_grammar`)."""
+    qwen3 = Family("qwen3-0.6b", eos=151645)
+    guide = qwen3.guide(HERMES, reasoning="block")
+    call = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'
+    for text in ("<think>\nThe user asks.\n</think>\n\n" + call, '<think>\nok\n</think>\n\n{"answer":"hi"}'):
+        assert qwen3.admits(guide, text), text
+    for text in ("<think>\nok\n</think>\n\nplain words", call):  # a block first, then one of the two
+        assert not qwen3.admits(guide, text), text
+
+
+def test_a_tool_schema_the_node_cannot_compile_is_refused_naming_tools(qwen: Family) -> None:
+    broken = [{"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}}}]
+    calls = calls_in_format(broken, HERMES, one=False, special={})
+    with pytest.raises(RequestRejected) as refusal:
+        qwen.compiler.compile(StructuredOutput(ANSWER.kind, ANSWER.spec, alternative=calls))
+    assert str(refusal.value).startswith("tools ")
+    bad_answer = StructuredOutput("json_schema", "{not json", alternative=calls_in_format(FUNCTIONS, HERMES, False, {}))
+    with pytest.raises(RequestRejected) as refusal:
+        qwen.compiler.compile(bad_answer)
+    assert str(refusal.value).startswith("response_format ")
