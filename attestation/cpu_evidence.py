@@ -4,7 +4,7 @@ Three steps, each a function the verifier's checks call in order (and tests call
 directly on genuine reports, whose report_data is not a Veil binding):
 
 - :func:`verify_cpu_chain`: the certificate chain ends at a root the policy
-  pins. SEV-SNP: VCEK → ASK → ARK of the VCEK's product line (Milan, Genoa),
+  pins. SEV-SNP: VCEK → ASK → ARK of the VCEK's product line (Milan, Genoa, Turin),
   carried in the bundle; TDX: PCK → PCK Platform/Processor CA → Intel SGX Root
   CA, embedded in the quote.
 - :func:`check_cpu_revocation`: the stapled CRLs (:mod:`attestation.revocation`):

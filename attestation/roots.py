@@ -9,9 +9,14 @@ from __future__ import annotations
 # AMD's root keys (ARK), one per SEV-SNP product line, SHA-256 of the DER certificate
 # served by AMD KDS (/vcek/v1/{product}/cert_chain). Milan: go-sev-guest's
 # verify/trust/ask_ark_milan.pem; Genoa: the ARK-Genoa of its verify/trust/ask_ark_genoa_vlek.pem.
+# Turin (EPYC 9005): the ARK-Turin of go-sev-guest's verify/trust/ask_ark_turin_vcek.pem ("source:
+# https://kdsintf.amd.com/vcek/v1/Turin/cert_chain", commit 6953342, 2024), the same DER as virtee/sev's
+# src/certs/snp/builtin/turin/ark.pem and confidential-containers/trustee's
+# deps/verifier/src/snp/turin_ask_ark_asvk.pem (tests/data/amd-ask-ark-turin.pem; SECURITY.md, "ARK-Turin").
 AMD_ARK_FINGERPRINTS: dict[str, str] = {
     "Milan": "69d063b45344d26a2e94e1f4210de49ef555308287d4c174445c95639a540bcd",
     "Genoa": "4c6598d19c18719c5dfd4a7d335f674e5bfe1d8f800cea2cf270c10d103db2f1",
+    "Turin": "1f084161a44bb6d93778a904877d4819cafa5d05ef4193b2ded9dd9c73dd3f6a",
 }
 
 # Intel SGX Root CA: the root of every PCK certificate chain (TDX quotes).

@@ -14,7 +14,8 @@ The VCEK (chip key, one per chip and TCB) is certified by the ASK, the ASK by
 the ARK of its product line (RSA-PSS, SHA-384). The VCEK's extensions name
 the product and certify the TCB's security patch levels and the chip's hwID,
 which must equal the report's REPORTED_TCB and CHIP_ID: a key certified for
-another chip or another TCB does not vouch for this report.
+another chip or another TCB does not vouch for this report. Turin (family 1Ah)
+lays both out differently from Milan and Genoa (family 19h): see PRODUCT_FORMATS.
 """
 
 from __future__ import annotations
@@ -50,17 +51,34 @@ POLICY_DEFINED = (1 << 26) - 1
 SIGNATURE_ALGO_ECDSA_P384 = 1
 SIGNING_KEY_VCEK = 0
 _AMD_OID = "1.3.6.1.4.1.3704.1."
+STRUCT_VERSION_OID = _AMD_OID + "1"
 PRODUCT_NAME_OID = _AMD_OID + "2"
 HWID_OID = _AMD_OID + "4"
-# TCB_VERSION, AMD SEV-SNP Firmware ABI Specification (56860), "TCB_VERSION Structure": one security patch
-# level (SPL) per byte, placed by processor family. Family 19h (Milan, Genoa): 0 BOOT_LOADER, 1 TEE, 2-5
-# reserved, 6 SNP, 7 MICROCODE. Family 1Ah (Turin): 0 FMC, 1 BOOT_LOADER, 2 TEE, 3 SNP, 4-6 reserved,
-# 7 MICROCODE. Read by the product the verified VCEK names, never by a field of the report itself.
-_FAMILY_19H: tuple[tuple[str, int], ...] = (("boot_loader", 0), ("tee", 1), ("snp", 6), ("microcode", 7))
-TCB_LAYOUTS: dict[str, tuple[tuple[str, int], ...]] = {
+CHIP_ID_SIZE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class SnpProductFormat:
+    """How one product line's VCEK and report encode the TCB and the chip's identity."""
+
+    struct_version: int  # the VCEK's structVersion extension, which names the layout below
+    hwid_size: int  # bytes of the VCEK's hwID; the report's CHIP_ID is them, then zeros
+    tcb: tuple[tuple[str, int], ...]  # (component, byte of TCB_VERSION)
+
+
+# AMD SEV-SNP Firmware ABI Specification (56860) rev. 1.57+, "TCB_VERSION Structure", and the VCEK
+# Certificate and KDS Interface Specification (57230), Tables 11-13: one security patch level (SPL) per
+# byte of TCB_VERSION, placed by processor family. Family 19h (Milan, Genoa; VCEK structVersion 0):
+# 0 BOOT_LOADER, 1 TEE, 2-5 reserved, 6 SNP, 7 MICROCODE, hwID the whole 64-byte CHIP_ID. Family 1Ah
+# (Turin; structVersion 1): 0 FMC, 1 BOOT_LOADER, 2 TEE, 3 SNP, 4-6 reserved, 7 MICROCODE, hwID the
+# 8-byte silicon id that fills the first 8 bytes of CHIP_ID (the other 56 are zero). virtee/sev
+# (TcbVersion::from_turin_bytes) and virtee/snpguest (PR #159) read them so. Chosen by the product the
+# verified VCEK names and checked against its structVersion, never taken from a field of the report.
+_FAMILY_19H = SnpProductFormat(0, CHIP_ID_SIZE, (("boot_loader", 0), ("tee", 1), ("snp", 6), ("microcode", 7)))
+PRODUCT_FORMATS: dict[str, SnpProductFormat] = {
     "Milan": _FAMILY_19H,
     "Genoa": _FAMILY_19H,
-    "Turin": (("fmc", 0), ("boot_loader", 1), ("tee", 2), ("snp", 3), ("microcode", 7)),
+    "Turin": SnpProductFormat(1, 8, (("fmc", 0), ("boot_loader", 1), ("tee", 2), ("snp", 3), ("microcode", 7))),
 }
 # Each component's VCEK extension (AMD KDS specification, 57230: blSPL, teeSPL, snpSPL, ucodeSPL, fmcSPL).
 TCB_EXTENSION_OIDS: dict[str, str] = {
@@ -174,7 +192,10 @@ def check_product_line(chain: Sequence[x509.Certificate]) -> str:
     expected = (f"SEV-{product}", f"ARK-{product}")
     if (_common_name(ask), _common_name(ark)) != expected:
         raise ChainError(f"the SEV-SNP VCEK is for {product!r} but its chain is not that product's ASK and ARK")
-    _tcb_layout(product)  # a product whose TCB Veil cannot read has no verifiable TCB
+    product_format = _product_format(product)  # a product whose TCB Veil cannot read has no verifiable TCB
+    if _extension_small_int(vcek, STRUCT_VERSION_OID) != product_format.struct_version:
+        raise ChainError(f"the SEV-SNP VCEK is for {product!r} but its structVersion is not "
+                         f"{product_format.struct_version}, the one whose TCB and hwID layout {product} uses")
     return product
 
 
@@ -193,7 +214,7 @@ def verify_report_signature(report: SnpReport, vcek: x509.Certificate) -> None:
 
 def tcb_levels(tcb_version: bytes, product: str) -> dict[str, int]:
     """Each component's security patch level in an 8-byte TCB_VERSION, laid out as `product` lays it out."""
-    return {component: tcb_version[offset] for component, offset in _tcb_layout(product)}
+    return {component: tcb_version[offset] for component, offset in _product_format(product).tcb}
 
 
 def check_vcek_certifies(report: SnpReport, vcek: x509.Certificate, product: str) -> dict[str, int]:
@@ -205,17 +226,25 @@ def check_vcek_certifies(report: SnpReport, vcek: x509.Certificate, product: str
                 f"the SEV-SNP report's {TCB_COMPONENT_NAMES[component]} security patch level (REPORTED_TCB) "
                 "differs from the one its VCEK certifies; fetch the VCEK for the reported TCB"
             )
-    if _extension_raw(vcek, HWID_OID) != report.chip_id:
-        raise ChipIdError("the SEV-SNP report's CHIP_ID differs from its VCEK's hwID: the VCEK is another chip's")
+    check_chip_id(report.chip_id, _extension_raw(vcek, HWID_OID), product)
     return levels
 
 
-def _tcb_layout(product: str) -> tuple[tuple[str, int], ...]:
-    layout = TCB_LAYOUTS.get(product)
-    if layout is None:
+def check_chip_id(chip_id: bytes, hwid: bytes, product: str) -> None:
+    """CHIP_ID must be the VCEK's hwID, of the product's size, followed by zeros up to 64 bytes."""
+    size = _product_format(product).hwid_size
+    if len(hwid) != size:
+        raise ChainError(f"the SEV-SNP VCEK's hwID is {len(hwid)} bytes; a {product} VCEK's is {size}")
+    if chip_id != hwid + bytes(CHIP_ID_SIZE - size):
+        raise ChipIdError("the SEV-SNP report's CHIP_ID differs from its VCEK's hwID: the VCEK is another chip's")
+
+
+def _product_format(product: str) -> SnpProductFormat:
+    product_format = PRODUCT_FORMATS.get(product)
+    if product_format is None:
         raise ChainError(f"the SEV-SNP VCEK is for {product!r}, whose TCB layout Veil does not know "
-                         f"(it reads {', '.join(TCB_LAYOUTS)})")
-    return layout
+                         f"(it reads {', '.join(PRODUCT_FORMATS)})")
+    return product_format
 
 
 def _extension_raw(certificate: x509.Certificate, oid: str) -> bytes:

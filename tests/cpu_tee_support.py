@@ -107,7 +107,7 @@ def _amd_extension(suffix: str, value: bytes) -> x509.UnrecognizedExtension:
 
 @dataclass(frozen=True)
 class AmdHierarchy:
-    """ARK → ASK → VCEK of one synthetic chip, product Milan."""
+    """ARK → ASK → VCEK of one synthetic chip of one product line (Milan unless told)."""
 
     ark_key: rsa.RSAPrivateKey
     ark: x509.Certificate
@@ -126,23 +126,49 @@ class AmdHierarchy:
         return (make_crl(self.ark, self.ark_key, **options),)
 
 
-def vcek_extensions(product: str, tcb: bytes, chip_id: bytes) -> tuple[x509.ExtensionType, ...]:
-    spl = {"3.1": tcb[0], "3.2": tcb[1], "3.3": tcb[6], "3.8": tcb[7]}
+# A VCEK's extensions per product line (AMD 57230, Tables 11-13), written out here rather than read from
+# attestation.sev_snp: structVersion, the TCB_VERSION byte each SPL extension certifies, the hwID's size.
+_FAMILY_19H_VCEK = (0, {"3.1": 0, "3.2": 1, "3.3": 6, "3.8": 7}, 64)  # Milan, Genoa
+_TURIN_VCEK = (1, {"3.9": 0, "3.1": 1, "3.2": 2, "3.3": 3, "3.8": 7}, 8)  # FMC first; hwID the silicon id
+
+
+def vcek_extensions(product: str, tcb: bytes, chip_id: bytes,
+                    struct_version: int | None = None) -> tuple[x509.ExtensionType, ...]:
+    """A VCEK's AMD extensions for `product` ("Milan-B0", "Turin-B0"), laid out as that product line's are."""
+    version, spl_bytes, hwid_size = _TURIN_VCEK if product.startswith("Turin") else _FAMILY_19H_VCEK
     return (
+        _amd_extension("1", bytes([2, 1, version if struct_version is None else struct_version])),
         _amd_extension("2", b"\x16" + bytes([len(product)]) + product.encode()),
-        *(_amd_extension(oid, bytes([2, 1, level])) for oid, level in spl.items()),
-        _amd_extension("4", chip_id),
+        *(_amd_extension(oid, bytes([2, 1, tcb[offset]])) for oid, offset in spl_bytes.items()),
+        _amd_extension("4", chip_id[:hwid_size]),
     )
 
 
-@functools.cache
+# The synthetic chip per product line: its REPORTED_TCB (boot loader 3, TEE 0, SNP 8, microcode 115; Turin's
+# FMC 1, in Turin's byte order) and its CHIP_ID (a Turin CHIP_ID is its 8-byte silicon id, then zeros).
+_SYNTHETIC_TCBS = {"Turin": bytes([1, 3, 0, 8, 0, 0, 0, 115])}
+_SYNTHETIC_CHIP_ID = hashlib.sha512(b"veil test chip").digest()
+
+
+def synthetic_chip(product: str) -> tuple[bytes, bytes]:
+    """(CHIP_ID, REPORTED_TCB) of the synthetic chip of `product`."""
+    chip_id = _SYNTHETIC_CHIP_ID[:8] + bytes(56) if product == "Turin" else _SYNTHETIC_CHIP_ID
+    return chip_id, _SYNTHETIC_TCBS.get(product, bytes([3, 0, 0, 0, 0, 0, 8, 115]))
+
+
 def amd_hierarchy(product: str = "Milan") -> AmdHierarchy:
+    """The synthetic hierarchy of `product`, one per product for the whole run."""
+    return _amd_hierarchy(product)  # one cache key per product, however the caller spells the default
+
+
+@functools.cache
+def _amd_hierarchy(product: str) -> AmdHierarchy:
     ark_key = rsa.generate_private_key(65537, 2048)
     ark = issue_certificate(f"ARK-{product}", ark_key.public_key(), f"ARK-{product}", ark_key, ca=True, serial=1)
     ask_key = rsa.generate_private_key(65537, 2048)
     ask = issue_certificate(f"SEV-{product}", ask_key.public_key(), f"ARK-{product}", ark_key, ca=True, serial=2)
     vcek_key = ec.generate_private_key(ec.SECP384R1())
-    chip_id, tcb = hashlib.sha512(b"veil test chip").digest(), bytes([3, 0, 0, 0, 0, 0, 8, 115])
+    chip_id, tcb = synthetic_chip(product)
     vcek = issue_certificate("SEV-VCEK", vcek_key.public_key(), f"SEV-{product}", ask_key, ca=False, serial=3,
                              extensions=vcek_extensions(f"{product}-B0", tcb, chip_id))
     return AmdHierarchy(ark_key, ark, ask_key, ask, vcek_key, vcek, chip_id, tcb)
@@ -449,10 +475,10 @@ def tsm_bundle(binding: Binding, cpu: CpuEvidence) -> EvidenceBundle:
 
 def snp_evidence(policy, fields: SnpFields | None = None, *, crls: tuple[bytes, ...] | None = None,
                  chain: tuple[bytes, ...] | None = None, code_digest: str = CODE_DIGEST, nonce: bytes = NONCE,
-                 timestamp: int | None = None, config: bytes | None = None) -> EvidenceBundle:
-    """A tsm bundle with a synthetic SEV-SNP report over the bundle's own binding (`binding_for`), unless
-    `fields` says otherwise."""
-    hierarchy = amd_hierarchy()
+                 timestamp: int | None = None, config: bytes | None = None, product: str = "Milan") -> EvidenceBundle:
+    """A tsm bundle with a synthetic SEV-SNP report of a `product` chip over the bundle's own binding
+    (`binding_for`), unless `fields` says otherwise."""
+    hierarchy = amd_hierarchy(product)
     binding = binding_for(policy, code_digest, nonce=nonce, timestamp=timestamp, config=config)
     fields = fields or SnpFields()
     if fields.report_data == bytes(64):

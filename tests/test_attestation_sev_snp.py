@@ -304,3 +304,92 @@ def test_the_genoa_ark_pinned_by_strict_is_the_one_amd_serves():
     ark.verify_directly_issued_by(ark)
     assert fingerprint(ark) == AMD_ARK_FINGERPRINTS["Genoa"] and fingerprint(ark) in STRICT_PINS
     assert sev_snp.POLICY_DEBUG == 1 << 19 and sev_snp.POLICY_MIGRATE_MA == 1 << 18
+
+
+# ----- Turin (EPYC 9005) -------------------------------------------------------------------------------
+
+def test_the_turin_ark_pinned_by_strict_is_self_signed_and_certifies_the_turin_ask():
+    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+    from tests.conftest import REPO_ROOT
+
+    # AMD KDS's /vcek/v1/Turin/cert_chain (the ASK, then the ARK), as go-sev-guest embeds it.
+    ask, ark = x509.load_pem_x509_certificates((REPO_ROOT / "tests" / "data" / "amd-ask-ark-turin.pem").read_bytes())
+    assert ark.subject == ark.issuer and ark.subject.rfc4514_string().startswith("CN=ARK-Turin,")
+    assert ask.issuer == ark.subject and ask.subject.rfc4514_string().startswith("CN=SEV-Turin,")
+    for certificate in (ark, ask):
+        key = ark.public_key() if certificate is ark else ask.public_key()
+        assert isinstance(key, rsa.RSAPublicKey) and key.key_size == 4096
+        assert isinstance(certificate.signature_algorithm_parameters, padding.PSS)
+        assert certificate.signature_hash_algorithm is not None and certificate.signature_hash_algorithm.name == "sha384"
+    ark.verify_directly_issued_by(ark)
+    ask.verify_directly_issued_by(ark)
+    assert fingerprint(ark) == AMD_ARK_FINGERPRINTS["Turin"] and fingerprint(ark) in STRICT_PINS
+    assert fingerprint(ask) == "5b77ef5fe7a7a004fd9032668fba9d0fda22f88c4442069a479636a6ae3b3185"
+
+
+TURIN_MINIMUM = '{ product = "Turin", fmc = 1, boot_loader = 3, tee = 0, snp = 8, microcode = 115 }'
+
+
+def turin_policy():
+    return cpu_policy(roots=(fingerprint(amd_hierarchy("Turin").ark),), snp_min_tcb=TURIN_MINIMUM)
+
+
+def test_synthetic_turin_evidence_passes_every_check_with_its_short_chip_id_and_fmc():
+    policy = turin_policy()
+    node = verify(snp_evidence(policy, product="Turin"), policy)
+    assert all(check.passed for check in node.checks)
+    assert node.cpu_chip_id == "sev-snp:" + amd_hierarchy("Turin").chip_id.hex()
+    assert amd_hierarchy("Turin").chip_id[8:] == bytes(56)  # a Turin CHIP_ID: 8-byte silicon id, then zeros
+    details = {check.name: check.detail for check in node.checks}
+    assert "ARK-Turin" in details["chain"]
+    assert "SEV-SNP Turin TCB (FMC 1, boot loader 3, TEE 0, SNP firmware 8, microcode 115) meets" in details["revocation"]
+
+
+@pytest.mark.parametrize("chip_id", [
+    bytes(8) + bytes(56),  # another silicon id
+    amd_hierarchy("Turin").chip_id[:8] + bytes(55) + b"\x01",  # the VCEK's id, but not zero after it
+])
+def test_a_turin_chip_id_other_than_the_vceks_hwid_then_zeros_is_refused(chip_id):
+    policy = turin_policy()
+    error = refusal(snp_evidence(policy, SnpFields(chip_id=chip_id), product="Turin"), policy)
+    assert isinstance(error, errors.ChipIdError)
+
+
+def vcek_chain(product: str, extensions) -> tuple[bytes, ...]:
+    hierarchy = amd_hierarchy(product)
+    vcek = issue_certificate("SEV-VCEK", hierarchy.vcek_key.public_key(), f"SEV-{product}", hierarchy.ask_key,
+                             ca=False, serial=6, extensions=extensions)
+    return (vcek.public_bytes(DER), *hierarchy.chain[1:])
+
+
+@pytest.mark.parametrize("product,struct_version", [("Turin", 0), ("Milan", 1), ("Genoa", 1)])
+def test_a_vcek_whose_struct_version_is_not_its_products_is_refused_at_the_chain(product, struct_version):
+    hierarchy = amd_hierarchy(product)
+    extensions = vcek_extensions(f"{product}-B0", hierarchy.tcb, hierarchy.chip_id, struct_version=struct_version)
+    cpu = CpuEvidence("sev-snp", bytes(0x4A0), vcek_chain(product, extensions))
+    with pytest.raises(errors.ChainError, match=f"for '{product}' but its structVersion is not"):
+        verify_cpu_chain(cpu, [fingerprint(hierarchy.ark)], NOW)
+
+
+def test_a_turin_vcek_with_a_64_byte_hwid_is_refused_by_name():
+    policy = turin_policy()
+    hierarchy = amd_hierarchy("Turin")
+    long_hwid = tuple(
+        x509.UnrecognizedExtension(extension.oid, hierarchy.chip_id) if extension.oid.dotted_string.endswith(".1.4")
+        else extension for extension in vcek_extensions("Turin-B0", hierarchy.tcb, hierarchy.chip_id))
+    bundle = snp_evidence(policy, chain=vcek_chain("Turin", long_hwid), product="Turin")
+    error = refusal(bundle, policy)
+    assert isinstance(error, errors.ChainError) and "hwID is 64 bytes; a Turin VCEK's is 8" in str(error)
+
+
+# Strict's own minimums, as inline tables (no Turin among them: none is published; SECURITY.md, "Platform TCB").
+STRICT_SNP_MINIMUMS = ", ".join(
+    f'{{ product = "{entry.product}", boot_loader = {entry.boot_loader}, tee = {entry.tee}, snp = {entry.snp}, '
+    f"microcode = {entry.microcode} }}" for entry in filled_strict().attestation.sev_snp_min_tcb)
+
+
+def test_strict_refuses_turin_evidence_by_name_for_want_of_a_published_turin_floor():
+    policy = cpu_policy(roots=(fingerprint(amd_hierarchy("Turin").ark),), snp_min_tcb=STRICT_SNP_MINIMUMS)
+    error = refusal(snp_evidence(policy, product="Turin"), policy)
+    assert isinstance(error, errors.TcbMinimumMissingError) and "for Turin, for which the policy sets no minimum" in str(error)

@@ -11,7 +11,6 @@ import dataclasses
 import struct
 
 import pytest
-from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 
@@ -174,32 +173,20 @@ def test_refusals_name_the_field_never_the_evidence():
 # ----- REPORTED_TCB against the VCEK, by product ----------------------------------------------------
 
 def resigned_genuine(vcek_tcb: bytes, reported_tcb: bytes, product: str = "Milan") -> CpuEvidence:
-    """The genuine report's bytes with `reported_tcb`, re-signed by a test VCEK (same CHIP_ID) that certifies
-    `vcek_tcb` laid out as `product` lays it out, under the test hierarchy of that product."""
+    """The genuine report's bytes with `reported_tcb` and the test chip's CHIP_ID of `product`, re-signed by a
+    test VCEK that certifies `vcek_tcb` laid out as `product` lays it out, under the test hierarchy of that
+    product."""
     report, _ = genuine_snp()
     hierarchy = amd_hierarchy(product)
-    chip_id = report[0x1A0:0x1E0]
     vcek = issue_certificate("SEV-VCEK", hierarchy.vcek_key.public_key(), f"SEV-{product}", hierarchy.ask_key,
-                             ca=False, serial=5, extensions=_vcek_extensions(product, vcek_tcb, chip_id))
+                             ca=False, serial=5, extensions=vcek_extensions(f"{product}-B0", vcek_tcb,
+                                                                            hierarchy.chip_id))
     body = bytearray(report[:0x2A0])
     body[0x180:0x188] = reported_tcb
+    body[0x1A0:0x1E0] = hierarchy.chip_id
     r, s = utils.decode_dss_signature(hierarchy.vcek_key.sign(bytes(body), ec.ECDSA(hashes.SHA384())))
     signed = bytes(body) + r.to_bytes(72, "little") + s.to_bytes(72, "little") + report[0x330:]
     return CpuEvidence("sev-snp", signed, (vcek.public_bytes(DER), *hierarchy.chain[1:]))
-
-
-def _vcek_extensions(product: str, tcb: bytes, chip_id: bytes) -> tuple[x509.ExtensionType, ...]:
-    if product != "Turin":
-        return vcek_extensions(f"{product}-B0", tcb, chip_id)
-    # Turin: FMC 0, boot loader 1, TEE 2, SNP 3, microcode 7; fmcSPL is extension 3.9.
-    levels = {"3.9": tcb[0], "3.1": tcb[1], "3.2": tcb[2], "3.3": tcb[3], "3.8": tcb[7]}
-    name = b"Turin-B0"
-    return (
-        x509.UnrecognizedExtension(x509.ObjectIdentifier("1.3.6.1.4.1.3704.1.2"), b"\x16" + bytes([len(name)]) + name),
-        *(x509.UnrecognizedExtension(x509.ObjectIdentifier("1.3.6.1.4.1.3704.1." + oid), bytes([2, 1, level]))
-          for oid, level in levels.items()),
-        x509.UnrecognizedExtension(x509.ObjectIdentifier("1.3.6.1.4.1.3704.1.4"), chip_id),
-    )
 
 
 def verified(cpu: CpuEvidence, product: str = "Milan") -> CpuReport:

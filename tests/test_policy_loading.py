@@ -72,8 +72,10 @@ def test_strict_pins_the_nvidia_root_and_refuses_simulation():
         for path in ("nvidia-h100/device-identity-root.pem", "amd-sev-snp/ask-ark-milan.pem",
                      "intel-tdx/intel-sgx-root-ca.pem")
     }
-    # NVIDIA's, AMD's ARK per product line (Milan from the vectors; Genoa's is only pinned by fingerprint) and Intel's.
-    assert set(strict.attestation.pinned_roots) == vendor_roots | {AMD_ARK_FINGERPRINTS["Genoa"]}
+    # NVIDIA's, AMD's ARK per product line (Milan from the vectors; Genoa's and Turin's are pinned by fingerprint,
+    # checked against tests/data/ in test_attestation_sev_snp.py) and Intel's.
+    assert set(strict.attestation.pinned_roots) == vendor_roots | {AMD_ARK_FINGERPRINTS[product]
+                                                                   for product in ("Genoa", "Turin")}
     assert set(AMD_ARK_FINGERPRINTS.values()) <= set(strict.attestation.pinned_roots)
     assert strict.attestation.allow_simulated is False
     assert strict.attestation.trust_local_simulated_root is False

@@ -7,7 +7,9 @@ each comes from:
 
 SEV-SNP, from AMD KDS (https://kdsintf.amd.com):
   vcek.der        /vcek/v1/{product}/{CHIP_ID hex}?blSPL=…&teeSPL=…&snpSPL=…&ucodeSPL=…
-                  (this chip's VCEK at its REPORTED_TCB)
+                  (this chip's VCEK at its REPORTED_TCB; Turin: /vcek/v1/Turin/{first 8 bytes of
+                  CHIP_ID, hex}?fmcSPL=…&blSPL=…&teeSPL=…&snpSPL=…&ucodeSPL=…, KDS answers 404 to the
+                  64-byte form)
   cert_chain.pem  /vcek/v1/{product}/cert_chain   (the ASK, then the ARK)
   crl.der         /vcek/v1/{product}/crl          (the ARK's CRL)
 TDX, from Intel PCS:
