@@ -37,6 +37,10 @@ class ChainError(AttestationError):
     check = "chain"
 
 
+class SnpProductError(ChainError):
+    """An SEV-SNP report's version or CPUID family and model do not fit the product line its VCEK names."""
+
+
 class CrlError(ChainError):
     """A stapled CRL is missing, not signed by its issuer, stale, or lists a certificate of the chain."""
 

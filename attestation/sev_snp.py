@@ -7,6 +7,7 @@ Report layout (0x4A0 bytes, integers little-endian):
     0x048 KEY_INFO u32 (bits 2-4 SIGNING_KEY: 0 VCEK)
     0x050 REPORT_DATA (64)   0x090 MEASUREMENT (48)   0x0C0 HOST_DATA (32)
     0x0E0 ID_KEY_DIGEST (48) 0x110 AUTHOR_KEY_DIGEST (48) 0x180 REPORTED_TCB (8)
+    0x188 CPUID_FAM_ID, 0x189 CPUID_MOD_ID, 0x18A CPUID_STEP (version 3 on; reserved in version 2)
     0x1A0 CHIP_ID (64)       0x2A0 signature r ‖ s, 72 bytes each, little-endian,
                              over bytes 0x000-0x29F; 0x330-0x49F reserved, zero
 
@@ -16,6 +17,8 @@ the product and certify the TCB's security patch levels and the chip's hwID,
 which must equal the report's REPORTED_TCB and CHIP_ID: a key certified for
 another chip or another TCB does not vouch for this report. Turin (family 1Ah)
 lays both out differently from Milan and Genoa (family 19h): see PRODUCT_FORMATS.
+From version 3 on, the report names the chip's CPUID family and model, which
+must be of the VCEK's product: see CPUID_PRODUCTS.
 """
 
 from __future__ import annotations
@@ -32,7 +35,14 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 
 from attestation.certs import parse_certificate
-from attestation.errors import CertifiedTcbError, ChainError, ChipIdError, CpuReportFormatError, SignatureError
+from attestation.errors import (
+    CertifiedTcbError,
+    ChainError,
+    ChipIdError,
+    CpuReportFormatError,
+    SignatureError,
+    SnpProductError,
+)
 
 REPORT_SIZE = 0x4A0
 SIGNED_SIZE = 0x2A0
@@ -55,6 +65,13 @@ STRUCT_VERSION_OID = _AMD_OID + "1"
 PRODUCT_NAME_OID = _AMD_OID + "2"
 HWID_OID = _AMD_OID + "4"
 CHIP_ID_SIZE = 64
+# ATTESTATION_REPORT version 3 (AMD 56860 rev. 1.55+, section 7.3, "ATTESTATION_REPORT Structure") turns
+# reserved bytes after REPORTED_TCB into CPUID_FAM_ID (0x188, extended family plus family), CPUID_MOD_ID
+# (0x189, extended model << 4 | model) and CPUID_STEP (0x18A); go-sev-guest (abi.ReportToProto, 0x188-0x18A
+# from version 3) and virtee/sev (AttestationReport's decoder, CPUID_FAMILY_ID_BYTES 0x188) read them there.
+CPUID_VERSION = 3
+CPUID_FAMILY_OFFSET = 0x188
+CPUID_MODEL_OFFSET = 0x189
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +81,7 @@ class SnpProductFormat:
     struct_version: int  # the VCEK's structVersion extension, which names the layout below
     hwid_size: int  # bytes of the VCEK's hwID; the report's CHIP_ID is them, then zeros
     tcb: tuple[tuple[str, int], ...]  # (component, byte of TCB_VERSION)
+    min_report_version: int  # the oldest ATTESTATION_REPORT version accepted from the product's chips
 
 
 # AMD SEV-SNP Firmware ABI Specification (56860) rev. 1.57+, "TCB_VERSION Structure", and the VCEK
@@ -74,12 +92,27 @@ class SnpProductFormat:
 # 8-byte silicon id that fills the first 8 bytes of CHIP_ID (the other 56 are zero). virtee/sev
 # (TcbVersion::from_turin_bytes) and virtee/snpguest (PR #159) read them so. Chosen by the product the
 # verified VCEK names and checked against its structVersion, never taken from a field of the report.
-_FAMILY_19H = SnpProductFormat(0, CHIP_ID_SIZE, (("boot_loader", 0), ("tee", 1), ("snp", 6), ("microcode", 7)))
+# Milan and Genoa firmware wrote version 2 reports, which carry no CPUID, and still may. A Turin report must
+# carry its CPUID: virtee/snpguest's verify refuses a Turin report below version 3 ("Turin Attestation is not
+# supported in version 2 of the report", src/verify.rs), and without it nothing signed ties the report to Turin.
+_FAMILY_19H = SnpProductFormat(0, CHIP_ID_SIZE, (("boot_loader", 0), ("tee", 1), ("snp", 6), ("microcode", 7)), 2)
 PRODUCT_FORMATS: dict[str, SnpProductFormat] = {
     "Milan": _FAMILY_19H,
     "Genoa": _FAMILY_19H,
-    "Turin": SnpProductFormat(1, 8, (("fmc", 0), ("boot_loader", 1), ("tee", 2), ("snp", 3), ("microcode", 7))),
+    "Turin": SnpProductFormat(1, 8, (("fmc", 0), ("boot_loader", 1), ("tee", 2), ("snp", 3), ("microcode", 7)), 3),
 }
+# The product line whose VCEK signs for each CPUID family and range of models, as virtee/sev's
+# Generation::identify_cpu (src/lib.rs) and virtee/snpguest's get_processor_model (src/fetch.rs) map them:
+# family 19h models 00h-0Fh Milan, 10h-1Fh and A0h-AFh Genoa; family 1Ah models 00h-11h Turin (its models
+# 50h-57h, 90h-AFh and C0h-C7h are Venice, whose VCEK layout Veil does not know). go-sev-guest's
+# SevProductFromCpuid1Eax (abi/abi.go) names only each line's first model (19h/01h, 19h/11h, 1Ah/02h), which
+# these ranges hold.
+CPUID_PRODUCTS: tuple[tuple[int, range, str], ...] = (
+    (0x19, range(0x00, 0x10), "Milan"),
+    (0x19, range(0x10, 0x20), "Genoa"),
+    (0x19, range(0xA0, 0xB0), "Genoa"),
+    (0x1A, range(0x00, 0x12), "Turin"),
+)
 # Each component's VCEK extension (AMD KDS specification, 57230: blSPL, teeSPL, snpSPL, ucodeSPL, fmcSPL).
 TCB_EXTENSION_OIDS: dict[str, str] = {
     "boot_loader": _AMD_OID + "3.1", "tee": _AMD_OID + "3.2", "snp": _AMD_OID + "3.3",
@@ -108,6 +141,8 @@ class SnpReport:
     id_key_digest: bytes  # SHA-384 of the ID block's signing key; zero without an ID block
     author_key_digest: bytes  # SHA-384 of the key that signed the ID key; zero without one
     reported_tcb: bytes
+    cpuid_family: int | None  # CPUID_FAM_ID; None in a version 2 report
+    cpuid_model: int | None  # CPUID_MOD_ID; None in a version 2 report
     chip_id: bytes
     signed: bytes
     signature_r: int
@@ -152,11 +187,14 @@ def parse_snp_report(report: bytes) -> SnpReport:
             f"the SEV-SNP report's bytes after its signature ({SIGNATURE_END:#x} to {REPORT_SIZE - 1:#x}) are "
             "reserved and must be zero")
     _check_policy(policy)
+    has_cpuid = version >= CPUID_VERSION
     return SnpReport(
         version=version, policy=policy, vmpl=vmpl, signing_key=(key_info >> 2) & 0x7,
         report_data=report[0x50:0x90], measurement=report[0x90:0xC0], host_data=report[0xC0:0xE0],
         id_key_digest=report[0xE0:0x110], author_key_digest=report[0x110:0x140], reported_tcb=report[0x180:0x188],
-        chip_id=report[0x1A0:0x1E0], signed=report[:SIGNED_SIZE],
+        cpuid_family=report[CPUID_FAMILY_OFFSET] if has_cpuid else None,
+        cpuid_model=report[CPUID_MODEL_OFFSET] if has_cpuid else None, chip_id=report[0x1A0:0x1E0],
+        signed=report[:SIGNED_SIZE],
         signature_r=int.from_bytes(report[SIGNED_SIZE:0x2E8], "little"),
         signature_s=int.from_bytes(report[0x2E8:SIGNATURE_END], "little"),
     )
@@ -218,7 +256,9 @@ def tcb_levels(tcb_version: bytes, product: str) -> dict[str, int]:
 
 
 def check_vcek_certifies(report: SnpReport, vcek: x509.Certificate, product: str) -> dict[str, int]:
-    """The VCEK must certify the report's REPORTED_TCB and CHIP_ID; returns the certified patch levels."""
+    """The report must be of the VCEK's product and the VCEK must certify its REPORTED_TCB and CHIP_ID; returns
+    the certified patch levels."""
+    check_report_product(report, product)
     levels = tcb_levels(report.reported_tcb, product)
     for component, level in levels.items():
         if _extension_small_int(vcek, TCB_EXTENSION_OIDS[component]) != level:
@@ -228,6 +268,30 @@ def check_vcek_certifies(report: SnpReport, vcek: x509.Certificate, product: str
             )
     check_chip_id(report.chip_id, _extension_raw(vcek, HWID_OID), product)
     return levels
+
+
+def check_report_product(report: SnpReport, product: str) -> None:
+    """The report's version must be one Veil accepts from `product`'s chips and, from version 3 on, its CPUID
+    family and model must be a `product` chip's: the product whose TCB layout and floor are applied to it."""
+    minimum = _product_format(product).min_report_version
+    if report.version < minimum:
+        raise SnpProductError(
+            f"the SEV-SNP report is version {report.version}, but its VCEK is for {product}, whose reports must be "
+            f"version {minimum} or later (they carry CPUID_FAM_ID and CPUID_MOD_ID); update the host's SEV firmware")
+    if report.cpuid_family is None or report.cpuid_model is None:
+        return  # a version 2 report of Milan or Genoa: no CPUID to compare
+    named = cpuid_product(report.cpuid_family, report.cpuid_model)
+    if named is None:
+        raise SnpProductError("the SEV-SNP report's CPUID_FAM_ID and CPUID_MOD_ID name no processor whose VCEK "
+                              f"Veil reads ({', '.join(PRODUCT_FORMATS)})")
+    if named != product:
+        raise SnpProductError(f"the SEV-SNP report's CPUID_FAM_ID and CPUID_MOD_ID name a {named} chip, but its "
+                              f"VCEK is for {product}")
+
+
+def cpuid_product(family: int, model: int) -> str | None:
+    """The product line of a chip of CPUID `family` and `model`, or None for one Veil does not know."""
+    return next((name for known, models, name in CPUID_PRODUCTS if family == known and model in models), None)
 
 
 def check_chip_id(chip_id: bytes, hwid: bytes, product: str) -> None:

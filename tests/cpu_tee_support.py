@@ -117,6 +117,7 @@ class AmdHierarchy:
     vcek: x509.Certificate
     chip_id: bytes
     tcb: bytes  # REPORTED_TCB bytes the VCEK certifies
+    product: str
 
     @property
     def chain(self) -> tuple[bytes, bytes, bytes]:
@@ -148,6 +149,12 @@ def vcek_extensions(product: str, tcb: bytes, chip_id: bytes,
 # FMC 1, in Turin's byte order) and its CHIP_ID (a Turin CHIP_ID is its 8-byte silicon id, then zeros).
 _SYNTHETIC_TCBS = {"Turin": bytes([1, 3, 0, 8, 0, 0, 0, 115])}
 _SYNTHETIC_CHIP_ID = hashlib.sha512(b"veil test chip").digest()
+# The synthetic chip's CPUID_FAM_ID, CPUID_MOD_ID and CPUID_STEP, in a report of version 3 or later: each
+# line's first model, as its CPUID(1).EAX names it (go-sev-guest kds.ProductLineCpuid, stepping 0:
+# 0x00A00F10 Milan, 0x00A10F10 Genoa, 0x00B00F20 Turin), here stepping 1. A Turin report is version 3 or
+# later; Milan's and Genoa's may be version 2, which their firmware wrote before ABI 1.55.
+SYNTHETIC_CPUIDS = {"Milan": (0x19, 0x01, 1), "Genoa": (0x19, 0x11, 1), "Turin": (0x1A, 0x02, 1)}
+_LOWEST_REPORT_VERSIONS = {"Turin": 3}
 
 
 def synthetic_chip(product: str) -> tuple[bytes, bytes]:
@@ -171,7 +178,7 @@ def _amd_hierarchy(product: str) -> AmdHierarchy:
     chip_id, tcb = synthetic_chip(product)
     vcek = issue_certificate("SEV-VCEK", vcek_key.public_key(), f"SEV-{product}", ask_key, ca=False, serial=3,
                              extensions=vcek_extensions(f"{product}-B0", tcb, chip_id))
-    return AmdHierarchy(ark_key, ark, ask_key, ask, vcek_key, vcek, chip_id, tcb)
+    return AmdHierarchy(ark_key, ark, ask_key, ask, vcek_key, vcek, chip_id, tcb, product)
 
 
 @dataclass
@@ -179,7 +186,8 @@ class SnpFields:
     """What a synthetic SEV-SNP report says; defaults are a well-behaved production guest."""
 
     report_data: bytes = bytes(64)
-    version: int = 2
+    version: int | None = None  # None: the oldest the product's firmware writes (Turin 3, Milan and Genoa 2)
+    cpuid: tuple[int, int, int] | None = None  # written from version 3 on; None: the synthetic chip's
     policy: int = (1 << 17) | (1 << 16)  # reserved bit 17 set, SMT allowed; no debug, no migration agent
     vmpl: int = 0
     measurement: bytes = SNP_MEASUREMENT
@@ -194,7 +202,8 @@ class SnpFields:
 def snp_report(hierarchy: AmdHierarchy, fields: SnpFields) -> bytes:
     """A report with `fields`, signed by the hierarchy's VCEK as the firmware signs it."""
     report = bytearray(0x4A0)
-    struct.pack_into("<IIQ", report, 0, fields.version, 0, fields.policy)
+    version = _LOWEST_REPORT_VERSIONS.get(hierarchy.product, 2) if fields.version is None else fields.version
+    struct.pack_into("<IIQ", report, 0, version, 0, fields.policy)
     struct.pack_into("<II", report, 0x30, fields.vmpl, 1)
     struct.pack_into("<I", report, 0x48, fields.key_info)
     report[0x50:0x90] = fields.report_data
@@ -203,6 +212,8 @@ def snp_report(hierarchy: AmdHierarchy, fields: SnpFields) -> bytes:
     report[0xE0:0x110] = fields.id_key_digest
     report[0x110:0x140] = fields.author_key_digest
     report[0x180:0x188] = hierarchy.tcb if fields.reported_tcb is None else fields.reported_tcb
+    if version >= 3:
+        report[0x188:0x18B] = bytes(fields.cpuid or SYNTHETIC_CPUIDS.get(hierarchy.product, (0, 0, 0)))
     report[0x1A0:0x1E0] = hierarchy.chip_id if fields.chip_id is None else fields.chip_id
     r, s = utils.decode_dss_signature(hierarchy.vcek_key.sign(bytes(report[:0x2A0]), ec.ECDSA(hashes.SHA384())))
     report[0x2A0:0x2E8] = r.to_bytes(72, "little")

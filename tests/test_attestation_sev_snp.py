@@ -31,6 +31,7 @@ from tests.cpu_tee_support import (
     issue_certificate,
     make_crl,
     snp_evidence,
+    snp_report,
     vcek_extensions,
 )
 from tests.policy_support import filled_strict
@@ -393,3 +394,64 @@ def test_strict_refuses_turin_evidence_by_name_for_want_of_a_published_turin_flo
     policy = cpu_policy(roots=(fingerprint(amd_hierarchy("Turin").ark),), snp_min_tcb=STRICT_SNP_MINIMUMS)
     error = refusal(snp_evidence(policy, product="Turin"), policy)
     assert isinstance(error, errors.TcbMinimumMissingError) and "for Turin, for which the policy sets no minimum" in str(error)
+
+
+# ----- the report's version and CPUID against its VCEK's product -------------------------------------------
+
+def test_the_genuine_report_is_version_2_without_a_cpuid_and_verifies_as_milan():
+    report, chain = genuine_snp()
+    parsed = sev_snp.parse_snp_report(report)
+    assert parsed.version == 2 and parsed.cpuid_family is None and not any(report[0x188:0x1A0])
+    fields = verify_genuine(report, chain)
+    assert fields.snp is not None and fields.snp.product == "Milan"
+
+
+def product_report(product: str, fields: SnpFields) -> tuple[bytes, tuple[bytes, ...], list[str]]:
+    """A synthetic report of `product`'s test chip, its chain, and that chain's ARK to pin."""
+    hierarchy = amd_hierarchy(product)
+    return snp_report(hierarchy, fields), hierarchy.chain, [fingerprint(hierarchy.ark)]
+
+
+@pytest.mark.parametrize("product,version,cpuid", [
+    ("Milan", 2, None), ("Milan", 3, (0x19, 0x01, 1)), ("Milan", 5, (0x19, 0x0F, 0)),
+    ("Genoa", 2, None), ("Genoa", 3, (0x19, 0x11, 1)), ("Genoa", 4, (0x19, 0xA0, 2)),
+    ("Turin", 3, (0x1A, 0x02, 1)), ("Turin", 5, (0x1A, 0x11, 0)),
+])
+def test_a_report_of_its_vceks_product_is_accepted(product, version, cpuid):
+    report, chain, pins = product_report(product, SnpFields(version=version, cpuid=cpuid))
+    fields = verify_genuine(report, chain, pins)
+    assert fields.snp is not None and fields.snp.product == product
+
+
+@pytest.mark.parametrize("product,cpuid,named", [
+    ("Milan", (0x19, 0x11, 1), "Genoa"), ("Milan", (0x1A, 0x02, 1), "Turin"),
+    ("Genoa", (0x19, 0x01, 1), "Milan"), ("Genoa", (0x1A, 0x11, 0), "Turin"),
+    ("Turin", (0x19, 0x11, 1), "Genoa"), ("Turin", (0x19, 0x01, 0), "Milan"),
+])
+def test_a_report_whose_cpuid_names_another_product_than_its_vceks_is_refused(product, cpuid, named):
+    report, chain, pins = product_report(product, SnpFields(version=3, cpuid=cpuid))
+    with pytest.raises(errors.SnpProductError, match=f"name a {named} chip, but its VCEK is for {product}"):
+        verify_genuine(report, chain, pins)
+
+
+@pytest.mark.parametrize("product,cpuid", [
+    ("Milan", (0x17, 0x31, 0)),  # family 17h (Rome): no SEV-SNP
+    ("Genoa", (0x19, 0x21, 0)),  # family 19h, model 21h: a client Zen 3
+    ("Turin", (0x1A, 0x12, 0)),  # just past Turin's models
+    ("Turin", (0x1A, 0x50, 0)),  # Venice, whose VCEK layout Veil does not know
+    ("Milan", (0, 0, 0)),  # a version 3 report with its CPUID left zero
+])
+def test_a_report_whose_cpuid_names_no_known_product_is_refused_by_name(product, cpuid):
+    report, chain, pins = product_report(product, SnpFields(version=3, cpuid=cpuid))
+    with pytest.raises(errors.SnpProductError, match="CPUID_FAM_ID and CPUID_MOD_ID name no processor whose VCEK"):
+        verify_genuine(report, chain, pins)
+
+
+def test_a_turin_report_below_version_3_is_refused_by_name():
+    report, chain, pins = product_report("Turin", SnpFields(version=2))
+    with pytest.raises(errors.SnpProductError, match="version 2, but its VCEK is for Turin, whose reports must be "
+                                                     "version 3 or later"):
+        verify_genuine(report, chain, pins)
+    policy = turin_policy()  # the whole verifier: refused once the signature verified, at its check
+    assert_refused_by(snp_evidence(policy, SnpFields(version=2), product="Turin"), policy, errors.SnpProductError,
+                      "signature")
