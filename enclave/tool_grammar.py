@@ -12,6 +12,9 @@ The calls grammars are Lark in llguidance's dialect, their JSON parts `%json{...
 is a special token of the vocabulary (Mistral's `[TOOL_CALLS]`, Llama's `<|python_tag|>`) is named by its
 id, `<[id]>`, since a grammar's text never reads as a special token; one that is not (Qwen's `<tool_call>`)
 is text, which the model may write as that one added token or in pieces.
+
+A call's JSON is spaced as the model's chat template replays calls (`CALL_JSON_OPTIONS`): a model writes
+best what it was trained on, and compact JSON would push it off that at every separator.
 """
 
 from __future__ import annotations
@@ -27,12 +30,17 @@ MAX_CALLS = 16  # in one answer: bounded, so a bounded schema's answer always en
 _NEWLINE = json.dumps("\n")  # as Lark writes it: "\n"
 _ARGUMENTS_KEY = {HERMES: "arguments", LLAMA_JSON: "parameters", MISTRAL_JSON: "arguments"}
 GRAMMAR_FORMATS = (*_ARGUMENTS_KEY, MISTRAL_ARGS)  # the call formats `calls_in_format` writes
+# Every real template renders a replayed call with Jinja's `tojson` (json.dumps' separators): Qwen2.5's and
+# Qwen3's Hermes blocks, Llama 3.1-3.3's JSON, Mistral v0.3's and Nemo's `[TOOL_CALLS]` list, Mistral Small
+# 3.2's `[ARGS]` all write `{"name": "f", "arguments": {"a": 1, "b": [1, 2]}}`. Still no free whitespace.
+CALL_JSON_OPTIONS = {**JSON_OPTIONS, "item_separator": ", ", "key_separator": ": "}
 
 
 def forced_calls(functions: list[dict], one: bool) -> StructuredOutput:
     """A JSON list of calls to `functions`, each {"name", "parameters"} (one call where `one`)."""
     calls = {"type": "array", "minItems": 1, "maxItems": 1 if one else MAX_CALLS,
-             "items": {"anyOf": [call_schema(function, "parameters") for function in functions]}}
+             "items": {"anyOf": [call_schema(function, "parameters") for function in functions]},
+             JSON_OPTIONS_KEY: CALL_JSON_OPTIONS}
     return StructuredOutput("json_schema", json.dumps(calls), field="tool_choice")
 
 
@@ -78,8 +86,8 @@ def _repeated(item: str, separator: str, most: int) -> str:
 
 
 def _json(schema: dict) -> str:
-    """A JSON part of a Lark grammar, with the node's JSON options (no free whitespace)."""
-    return "%json" + json.dumps({**schema, JSON_OPTIONS_KEY: JSON_OPTIONS})
+    """A JSON part of a Lark grammar, spaced as templates write calls (no free whitespace)."""
+    return "%json" + json.dumps({**schema, JSON_OPTIONS_KEY: CALL_JSON_OPTIONS})
 
 
 def _lark(grammar: str) -> StructuredOutput:

@@ -65,7 +65,12 @@ from engine.tokenizer import _turn_off_word_cache as turn_off_word_cache
 _LIMITS = dict(initial_lexer_fuel=1_000_000, max_grammar_size=200_000, max_lexer_states=50_000,
                step_lexer_fuel=200_000, step_max_items=50_000, verbose_errors=False)
 # JSON with no free whitespace: a model cannot stall a structured answer with endless blank space. A Lark
-# grammar's `%json{...}` parts take them as the schema's "x-guidance" (`JSON_OPTIONS_KEY`).
+# grammar's `%json{...}` parts take them as the schema's "x-guidance" (`JSON_OPTIONS_KEY`), which a JSON
+# schema's own "x-guidance" sets over these defaults. A response format's JSON is compact, as OpenAI's
+# structured outputs write it: no chat template renders an answer's JSON, so no one spacing is the model's
+# own there (models write both compact and spaced JSON), and compact is the shortest. Tool calls are
+# different: every template replays them with `tojson`'s spacing, which their grammars keep
+# (`enclave.tool_grammar.CALL_JSON_OPTIONS`).
 JSON_OPTIONS = {"whitespace_flexible": False}
 JSON_OPTIONS_KEY = "x-guidance"
 _ANY_OBJECT = '{"type": "object"}'

@@ -13,19 +13,23 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from enclave.tool_calls import HERMES, LLAMA_JSON, MISTRAL_ARGS, MISTRAL_JSON, markers, parse_whole
-from enclave.tool_grammar import calls_in_format
+from enclave.tool_calls import FORCED_JSON, HERMES, LLAMA_JSON, MISTRAL_ARGS, MISTRAL_JSON, markers, parse_whole
+from enclave.tool_grammar import calls_in_format, forced_calls
 from engine import RequestRejected, StructuredOutput
+from engine.chat_template import ChatMessage, ChatTemplates, ToolCall
 from engine.structured import GrammarCompiler
-from tests.family_support import family_folder
+from engine.tokenizer import Tokenizer as EngineTokenizer
+from tests.family_support import MODELS, family_folder
 
-WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer"}},
+           "required": ["city"]}
 FUNCTIONS = [{"name": "get_weather", "parameters": WEATHER},
              {"name": "get_time", "parameters": {"type": "object", "properties": {"utc": {"type": "boolean"}}}}]
 ANSWER = StructuredOutput("json_schema", json.dumps({
     "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False}))
-# Text that is neither a call nor an answer in the format, in every family.
-NEITHER = ['Sure! {"answer":"hi"}', '{"answer":1}', '{"reply":"hi"}', "plain words"]
+# Text that is neither a call nor an answer in the format, in every family. The answer is compact JSON, as
+# OpenAI writes it (`engine.structured.JSON_OPTIONS`), where calls are spaced as the templates write them.
+NEITHER = ['Sure! {"answer":"hi"}', '{"answer":1}', '{"reply":"hi"}', "plain words", '{"answer": "hi"}']
 
 
 class Family:
@@ -51,11 +55,18 @@ class Family:
     def admits(self, guide, text: str) -> bool:
         """Whether the grammar takes the whole `text`, as the tokenizer encodes it, and may end there."""
         matcher = guide.fork().matcher
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self.written(text)
         if matcher.validate_tokens(ids) != len(ids):
             return False
         assert matcher.consume_tokens(ids)
         return matcher.is_accepting()
+
+    def written(self, text: str) -> list[int]:
+        """`text` as the model writes it after a prompt: without the word-start space SentencePiece (Mistral's)
+        puts before a text's first word, encoded after a newline as the engine encodes a chat's pieces."""
+        newline = self.tokenizer.encode("\n", add_special_tokens=False).ids
+        ids = self.tokenizer.encode("\n" + text, add_special_tokens=False).ids
+        return ids[len(newline):] if ids[:len(newline)] == newline else self.tokenizer.encode(text, False).ids
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +79,21 @@ def llama() -> Family:
     return Family("llama-3.1-8b-instruct", eos=128009)
 
 
+@pytest.fixture(scope="module")
+def mistral() -> Family:
+    return Family("mistral-7b-instruct-v0.3", eos=2)
+
+
 def test_hermes_admits_calls_or_an_answer_and_nothing_else(qwen: Family) -> None:
     guide = qwen.guide(HERMES)
-    one = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'
-    two = one + '\n<tool_call>\n{"name":"get_time","arguments":{"utc":true}}\n</tool_call>'
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    two = one + '\n<tool_call>\n{"name": "get_time", "arguments": {"utc": true}}\n</tool_call>'
     assert qwen.tokenizer.encode(one, add_special_tokens=False).ids[0] == 151657  # `<tool_call>`: one added token
     for text in (one, two, '{"answer":"hi"}'):
         assert qwen.admits(guide, text), text
-    wrong_calls = ['<tool_call>\n{"name":"get_weather","arguments":{"city":"Rome"}}\n</tool_call>',
-                   '<tool_call>\n{"name":"get_news","arguments":{}}\n</tool_call>',
-                   '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris","extra":1}}\n</tool_call>',
+    wrong_calls = ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+                   '<tool_call>\n{"name": "get_news", "arguments": {}}\n</tool_call>',
+                   '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "extra": 1}}\n</tool_call>',
                    one + ' {"answer":"hi"}', 'Let me check. ' + one]
     for text in NEITHER + wrong_calls:
         assert not qwen.admits(guide, text), text
@@ -86,13 +102,13 @@ def test_hermes_admits_calls_or_an_answer_and_nothing_else(qwen: Family) -> None
 
 def test_llama_json_admits_calls_or_an_answer_and_nothing_else(llama: Family) -> None:
     guide = llama.guide(LLAMA_JSON)
-    call = '{"name":"get_weather","parameters":{"city":"Oslo"}}'
-    tagged = '<|python_tag|>' + call + '; {"name":"get_time","parameters":{}}'
+    call = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'
+    tagged = '<|python_tag|>' + call + '; {"name": "get_time", "parameters": {}}'
     assert 128010 in llama.tokenizer.encode(tagged, add_special_tokens=False).ids  # the special token itself
     for text in (call, tagged, '{"answer":"hi"}'):
         assert llama.admits(guide, text), text
-    wrong_calls = ['{"name":"get_weather","parameters":{"city":"Rome"}}', '{"name":"get_news","parameters":{}}',
-                   '{"name":"get_weather","arguments":{"city":"Oslo"}}', call + "; plain words"]
+    wrong_calls = ['{"name": "get_weather", "parameters": {"city": "Rome"}}', '{"name": "get_news", "parameters": {}}',
+                   '{"name": "get_weather", "arguments": {"city": "Oslo"}}', call + "; plain words"]
     for text in NEITHER + wrong_calls:
         assert not llama.admits(guide, text), text
     parsed = parse_whole(LLAMA_JSON, tagged)
@@ -100,11 +116,11 @@ def test_llama_json_admits_calls_or_an_answer_and_nothing_else(llama: Family) ->
 
 
 @pytest.mark.parametrize(("format", "call"), [
-    (MISTRAL_JSON, '[TOOL_CALLS] [{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_time","arguments":{}}]'),
-    (MISTRAL_ARGS, '[TOOL_CALLS]get_weather[ARGS]{"city":"Paris"}[TOOL_CALLS]get_time[ARGS]{"utc":false}'),
+    (MISTRAL_JSON,
+     '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]'),
+    (MISTRAL_ARGS, '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"utc": false}'),
 ])
-def test_mistral_formats_admit_their_calls_and_refuse_other_text(format: str, call: str) -> None:
-    mistral = Family("mistral-7b-instruct-v0.3", eos=2)
+def test_mistral_formats_admit_their_calls_and_refuse_other_text(mistral: Family, format: str, call: str) -> None:
     guide = mistral.guide(format)
     assert mistral.special(format)["[TOOL_CALLS]"] == 5  # a control token: named by its id in the grammar
     assert mistral.admits(guide, call)
@@ -117,7 +133,7 @@ def test_a_reasoning_model_thinks_first_then_calls_or_answers() -> None:
     """Qwen3's `<think>` block comes before the union as before any constraint (`engine.reasoning_grammar`)."""
     qwen3 = Family("qwen3-0.6b", eos=151645)
     guide = qwen3.guide(HERMES, reasoning="block")
-    call = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     for text in ("<think>\nThe user asks.\n</think>\n\n" + call, '<think>\nok\n</think>\n\n{"answer":"hi"}'):
         assert qwen3.admits(guide, text), text
     for text in ("<think>\nok\n</think>\n\nplain words", call):  # a block first, then one of the two
@@ -134,3 +150,82 @@ def test_a_tool_schema_the_node_cannot_compile_is_refused_naming_tools(qwen: Fam
     with pytest.raises(RequestRejected) as refusal:
         qwen.compiler.compile(bad_answer)
     assert str(refusal.value).startswith("response_format ")
+
+
+# ----- calls spaced as the model's template writes them ---------------------------------------------------------
+
+MORE = json.loads((MODELS / "more-chat-templates" / "templates.json").read_text())
+REPLAYED = ToolCall("call00001", "get_weather", {"city": "Paris", "days": 3})
+# Each format's real template (a family folder, or a template of more-chat-templates with the Mistral v0.3
+# vocabulary), where its assistant turn starts and ends in a rendered chat, and the replayed call's id as the
+# template writes it in history: the node gives calls their ids, the model writes none.
+TEMPLATES = {
+    HERMES: ("qwen2.5-3b-instruct", "<|im_start|>assistant\n", "<|im_end|>", ""),
+    LLAMA_JSON: ("llama-3.1-8b-instruct", "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>", ""),
+    MISTRAL_JSON: ("mistral-7b-instruct-v0.3", "[/INST]", "</s>", ', "id": "call00001"'),
+    MISTRAL_ARGS: ("mistral-small-3.2-24b-instruct-2506", "[/INST]", "</s>", "[CALL_ID]call00001"),
+}
+
+
+def replayed_call(format: str) -> str:
+    """`REPLAYED` as the format's real template renders it in an assistant turn, through the node's own
+    template code: the text the model was trained to write for that call (its id left out)."""
+    name, opening, closing, written_id = TEMPLATES[format]
+    messages = [ChatMessage("user", "Weather in Paris?"), ChatMessage("assistant", None, (REPLAYED,)),
+                ChatMessage("tool", "Sunny.", tool_call_id=REPLAYED.id)]
+    tools = [{"type": "function", "function": function} for function in FUNCTIONS]
+    if name in MORE:
+        entry = MORE[name]
+        templates = ChatTemplates({"default": entry["template"]},
+                                  {"bos_token": entry["bos_token"], "eos_token": entry["eos_token"]})
+        rendered = templates.render(messages, tools, add_generation_prompt=False)
+    else:
+        rendered = EngineTokenizer(family_folder(name)).apply_chat_template(messages, False, tools)
+    turn = rendered[rendered.index(opening) + len(opening):]
+    call = turn[:turn.index(closing)]
+    assert written_id in call
+    return call.replace(written_id, "", 1)
+
+
+FORMAT_FAMILIES = {HERMES: "qwen", LLAMA_JSON: "llama", MISTRAL_JSON: "mistral", MISTRAL_ARGS: "mistral"}
+
+
+@pytest.mark.parametrize("format", list(TEMPLATES))
+def test_each_format_admits_a_call_spaced_as_its_real_template_writes_it(request, format: str) -> None:
+    family: Family = request.getfixturevalue(FORMAT_FAMILIES[format])
+    call = replayed_call(format)
+    assert '{"city": "Paris", "days": 3}' in call  # json.dumps' separators: every real template's `tojson`
+    assert family.admits(family.guide(format), call), call
+    [parsed] = parse_whole(format, call).calls
+    assert (parsed.name, json.loads(parsed.arguments)) == ("get_weather", REPLAYED.arguments)
+
+
+@pytest.mark.parametrize("format", list(TEMPLATES))
+def test_each_format_refuses_calls_spaced_otherwise(request, format: str) -> None:
+    """The spacing is the template's and no other: no free whitespace a model could stall in, nor compact JSON."""
+    family: Family = request.getfixturevalue(FORMAT_FAMILIES[format])
+    guide = family.guide(format)
+    call = replayed_call(format)
+    compact = call.replace(", ", ",").replace(": ", ":")
+    otherwise = [compact, call.replace(": ", ":"), call.replace(", ", ","), call.replace(": ", ":  "),
+                 call.replace(", ", ",  "), call.replace(": ", ":\n"), call.replace(", ", ",\n"),
+                 call.replace('{"city"', '{ "city"'), call.replace("3}", "3\n}")]
+    for text in otherwise:
+        assert text != call and parse_whole(format, text).calls  # the parser reads any spacing
+        assert not family.admits(guide, text), text
+
+
+FORCED_CALLS = ('[{"name": "get_weather", "parameters": {"city": "Oslo"}}, '
+                '{"name": "get_time", "parameters": {"utc": true}}]')
+
+
+@pytest.mark.parametrize("name", ["qwen", "llama", "mistral"])
+def test_forced_calls_are_spaced_as_the_templates_write_calls(request, name: str) -> None:
+    family: Family = request.getfixturevalue(name)
+    guide = family.compiler.compile(forced_calls(FUNCTIONS, one=False))
+    assert family.admits(guide, FORCED_CALLS)
+    assert [c.name for c in parse_whole(FORCED_JSON, FORCED_CALLS).calls] == ["get_weather", "get_time"]
+    for text in (FORCED_CALLS.replace(", ", ",").replace(": ", ":"), FORCED_CALLS.replace(", ", ",\n"),
+                 FORCED_CALLS.replace(": ", ":  "), FORCED_CALLS.replace("[{", "[ {")):
+        assert [c.name for c in parse_whole(FORCED_JSON, text).calls] == ["get_weather", "get_time"]
+        assert not family.admits(guide, text), text
