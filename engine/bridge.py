@@ -282,6 +282,11 @@ class Download:
     def is_read(self) -> bool:
         return self._values is not None
 
+    @property
+    def drains_inline(self) -> bool:
+        """Not read yet, and drained by the reader's own thread (no worker holds it)."""
+        return self._future is None and self._drain is not None
+
 
 @dataclass(slots=True)
 class _Slot:
@@ -378,12 +383,15 @@ class Bridge:
 
     def scrub(self) -> None:
         """Zeroes what the latest crossings left in the bridge and lets go of the downloads read already:
-        the engine calls this whenever it has nothing to run. A download not read yet (a step still in
-        flight) zeroes its slot as it is read; its bytes on the device are zeroed already."""
+        the engine calls this whenever it has nothing to run. A download drained inline and never read (its
+        step raised) is read now, which zeroes its slot. One the worker drains may belong to a step still in
+        flight, which is not waited for: it zeroes its slot as it is read. Device bytes are zeroed already."""
         self._upload = None  # one packed and not sent would cross zeroed bytes: sending it fails instead
         self._scrub_landed(range(len(self._uploads.staging)), wait=True)
         self._device_in.scrub()  # on CUDA queued after every step already launched, which reads it
         for slot in self._slots:
+            if slot.reader is not None and slot.reader.drains_inline:
+                slot.reader.values()
             if slot.reader is not None and slot.reader.is_read:
                 slot.reader = None
 

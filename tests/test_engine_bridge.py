@@ -170,6 +170,19 @@ def test_a_downloads_bytes_are_zeroed_on_the_device_side_once_copied_and_in_the_
     assert all(slot.reader is None for slot in bridge._slots)
 
 
+def test_a_download_dropped_unread_is_zeroed_in_its_slot_when_the_bridge_is_scrubbed() -> None:
+    # A step that raises after its fetch leaves its download unread: its picks must not wait in the pinned
+    # slot for a later step to reuse it.
+    bridge = Bridge(CPU)
+    plan = DownloadPlan()
+    plan.add("tokens", torch.tensor([5, 9], dtype=torch.int64))
+    bridge.fetch(plan)
+    assert not all(zero(slot.staging.tensor) for slot in bridge._slots)
+    bridge.scrub()
+    assert all(zero(slot.staging.tensor) for slot in bridge._slots)
+    assert all(slot.reader is None for slot in bridge._slots)
+
+
 def test_a_buffer_starts_zeroed_and_zeroes_the_buffer_it_outgrows() -> None:
     stale = torch.full((64 << 10,), 0xAB, dtype=torch.uint8)  # what the allocator hands out again once freed
     del stale
