@@ -143,8 +143,7 @@ def _plan(num_tokens: int, cache_shape: torch.Size, itemsize: int, block_tables:
     block_size = cache_shape[1]
     kv_row_bytes = 2 * cache_shape[2] * cache_shape[3] * itemsize  # one token's K and V, as gathered
     groups: list[_Group] = []
-    for selected, is_member, group_q_len in ((lens_q == 1, lambda n: n == 1, 1),
-                                             (lens_q > 1, lambda n: n > 1, max(query_lens))):
+    for selected, is_member in ((lens_q == 1, lambda n: n == 1), (lens_q > 1, lambda n: n > 1)):
         members = sorted((context, seq) for seq, (context, n) in enumerate(zip(contexts, query_lens)) if is_member(n))
         if not members:
             continue
@@ -152,8 +151,11 @@ def _plan(num_tokens: int, cache_shape: torch.Size, itemsize: int, block_tables:
         rows = rows.index_select(0, context_lens.index_select(0, rows).argsort(stable=True))  # by context length
         sorted_contexts = [context for context, _ in members]
         for start, end in _groups(sorted_contexts, block_size, kv_row_bytes, GATHER_BUDGET_BYTES):
+            # Each group's queries are padded to its own longest chunk, not the step's: rows past a chunk's end
+            # are computed and dropped, and a group of short prompts beside a long one would pay for its length.
+            q_len = max(query_lens[seq] for _, seq in members[start:end])
             groups.append(_group(num_tokens, block_size, block_tables, context_lens, cu_seqlens_q, rows[start:end],
-                                 sorted_contexts[end - 1], group_q_len))
+                                 sorted_contexts[end - 1], q_len))
     return groups
 
 

@@ -116,6 +116,19 @@ def test_sequences_share_a_call_while_their_padded_k_v_fits_the_budget() -> None
     assert reference._groups([3, 4, 9, 30], 4, 10, budget=1) == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
+def test_each_prefill_call_pads_its_chunks_to_its_own_longest_not_the_steps(monkeypatch) -> None:
+    # A short prompt and a long one in separate calls (a 1-byte budget): the short one's call computes its
+    # 3 query rows, not the 40 of the step's longest chunk, and both still equal the oracle.
+    monkeypatch.setattr(reference, "GATHER_BUDGET_BYTES", 1)
+    batch = build_paged_batch([3, 40], [3, 40], num_heads=4, num_kv_heads=2, head_dim=8, block_size=4,
+                              generator=torch.Generator().manual_seed(7))
+    plan = reference._plan(batch.query.shape[0], batch.k_cache.shape, 4, batch.block_tables, batch.context_lens,
+                           batch.cu_seqlens_q)
+    assert [group.q_len for group in plan] == [3, 40]
+    torch.testing.assert_close(kernels.paged_attention(*batch.args()),
+                               reference.paged_attention_per_sequence(*batch.args()), atol=1e-5, rtol=1e-5)
+
+
 def _store_sequence(keys: torch.Tensor, values: torch.Tensor, block_size: int) -> tuple[torch.Tensor, ...]:
     """One sequence's K/V stored with store_kv into a fresh cache with pages in reverse order."""
     num_tokens, num_kv_heads, head_dim = keys.shape
