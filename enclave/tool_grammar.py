@@ -23,8 +23,7 @@ import json
 from collections.abc import Mapping
 
 from enclave.tool_calls import HERMES, LLAMA_JSON, MISTRAL_ARGS, MISTRAL_JSON, markers
-from engine import StructuredOutput
-from engine.structured import JSON_OPTIONS, JSON_OPTIONS_KEY
+from engine import JSON_OPTIONS, JSON_OPTIONS_KEY, StructuredOutput
 
 MAX_CALLS = 16  # in one answer: bounded, so a bounded schema's answer always ends
 _NEWLINE = json.dumps("\n")  # as Lark writes it: "\n"

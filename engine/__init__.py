@@ -23,6 +23,8 @@ _EXPORTS = {
     "EngineCoreClient": "engine.core_client",
     "EngineError": "engine.errors",
     "FinishReason": "engine.sequence",
+    "JSON_OPTIONS": "engine.structured",  # the JSON options every constraint compiles with (llguidance's)
+    "JSON_OPTIONS_KEY": "engine.structured",  # where a schema carries options of its own
     "LLMEngine": "engine.llm_engine",
     "ModelConfig": "engine.config",
     "ModelLoadError": "engine.errors",
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from engine.reasoning_grammar import THINK_CLOSE, THINK_OPEN
     from engine.sampling_params import SamplingParams, StructuredOutput
     from engine.sequence import FinishReason, TokenLogprob
+    from engine.structured import JSON_OPTIONS, JSON_OPTIONS_KEY
     from engine.chat_template import ToolCall
     from engine.tokenizer import ChatMessage, Tokenizer
 
