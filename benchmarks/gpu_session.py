@@ -4,7 +4,8 @@ A lent GPU comes for minutes, so what needs one is set out here as stages, run i
 under its own time limit, its whole output saved to OUT/<stage>.log and its result lines (targets and
 verdicts, the tests' summary) printed when it ends, then a table of every stage's status and time:
 
-  tests      the GPU tests: `pytest -m gpu` over the test files that hold them
+  tests      the GPU tests: `pytest -m gpu` over the test files that hold them, dealt out to several
+             pytest processes at once on the one GPU (gpu_tests.py), killed at its own deadline
   parity     gpu_parity.py --preset-1b: greedy tokens on CUDA against `transformers` on CUDA (fp32, bf16)
              and stories260K on CUDA against the CPU
   engine-1b  engine_gpu.py --preset 1b --bridge-toll-us 300: decode step times, the crossings under the
@@ -24,8 +25,9 @@ The device image has torch, triton and transformers but not the project's web an
 project itself is not installed there (its torch pin is this machine's CPU build): the stages import it
 from the checkout. A call's start costs about 40 s of device time and an idle machine 30 s more (give it
 back), so two calls fit the device time of a session (timings of benchmarks/results/gpu-2026-11-27.md: the
-first 50 GPU tests (the engine ones, each building an engine and capturing graphs) took 150 s, the 1b engine
-stage took 135 s, the decode-only ones 17-60 s):
+first 50 GPU tests (the engine ones, each building an engine and capturing graphs) took 150 s run one after
+another, which is why the tests stage now runs them over several processes; the 1b engine stage took 135 s,
+the decode-only ones 17-60 s):
 
     python3 benchmarks/gpu_session.py --out $OUT --budget 335 tests parity kernels
     python3 benchmarks/gpu_session.py --out $OUT --budget 495 engine-1b sync-1b eager-1b e2e engine-8b
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,8 +51,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WHEELS = REPO_ROOT / ".whl"
 SITE = Path("/tmp/veil-gpu-site")  # the carried wheels, installed outside the checkout
-GPU_MARK = "pytest.mark.gpu"
+# A decorator or a module's `pytestmark` naming the mark, at the start of a line (not a string that quotes it).
+GPU_MARK = re.compile(r"^(@pytest\.mark\.gpu\b|pytestmark = .*\bpytest\.mark\.gpu\b)", re.MULTILINE)
+TESTS_LIMIT_S = 170
 RETEST_LIMIT_S = 60  # the tests stage narrowed by --tests-k
+TESTS_MARGIN_S = 10  # the workers are killed this long before the tests stage's limit
+OUT_FIELD = "{out}"  # in a stage's arguments: the call's output folder
 # Lines of a stage's output worth printing as it ends: the benchmarks' figures and the tests' summary.
 RESULT_WORDS = ("target", "ms/step", "tok/s", "crossings", "copies seen", "load:", "device:", "model:", "memory:",
                 "ratio", "passed", "failed", "error", "Error", "GB/s", "bandwidth", "TTFT", "parity:")
@@ -65,14 +72,20 @@ class Stage:
 def gpu_test_files(tests: Path = REPO_ROOT / "tests") -> list[str]:
     """The test files with GPU tests: collecting only those keeps the CPU-only suites' imports out of it."""
     return sorted(path.relative_to(REPO_ROOT).as_posix() for path in tests.glob("test_*.py")
-                  if GPU_MARK in path.read_text())
+                  if GPU_MARK.search(path.read_text()))
+
+
+def tests_stage(limit_s: int, keyword: str | None = None) -> Stage:
+    """The GPU tests over several processes at once (`gpu_tests.py`), whose own deadline comes first so that
+    it kills its workers and prints its summary before this stage's limit would cut it off."""
+    return Stage("tests", ("benchmarks/gpu_tests.py", "--deadline-s", str(limit_s - TESTS_MARGIN_S), "--out", OUT_FIELD,
+                           *(["-k", keyword] if keyword else [])), limit_s)
 
 
 def stages() -> dict[str, Stage]:
     gpu = ("benchmarks/engine_gpu.py",)
     listed = [
-        Stage("tests", ("-m", "pytest", "-v", "--tb=short", "-rfE", "-m", "gpu", "-p", "no:cacheprovider",
-                        *gpu_test_files()), 170),
+        tests_stage(TESTS_LIMIT_S),
         Stage("parity", ("benchmarks/gpu_parity.py", "--preset-1b"), 100),
         Stage("engine-1b", (*gpu, "--preset", "1b", "--bridge-toll-us", "300"), 200),
         Stage("sync-1b", (*gpu, "--preset", "1b", "--sync-scheduling", "--decode-only"), 40),
@@ -107,7 +120,8 @@ def run_stage(stage: Stage, out: Path, env: dict[str, str]) -> tuple[str, float]
     started = time.monotonic()
     with log.open("w") as sink:
         try:
-            code = subprocess.run([sys.executable, *stage.argv], cwd=REPO_ROOT, env=env, stdout=sink,
+            argv = [part.replace(OUT_FIELD, str(out)) for part in stage.argv]
+            code = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, env=env, stdout=sink,
                                   stderr=subprocess.STDOUT, timeout=stage.limit_s).returncode
             status = "ok" if code == 0 else f"exit {code}"
         except subprocess.TimeoutExpired:
@@ -140,9 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     known = stages()
     if args.tests_k:
-        tests = known["tests"]
         # A re-run of a few failures: a limit of its own, so the stages after it still fit a budget.
-        known["tests"] = Stage(tests.name, (*tests.argv, "-k", args.tests_k), RETEST_LIMIT_S)
+        known["tests"] = tests_stage(RETEST_LIMIT_S, args.tests_k)
     unknown = [name for name in args.stages if name not in known]
     if unknown:
         print(f"unknown stage(s): {', '.join(unknown)}; the stages are {', '.join(known)}", file=sys.stderr)

@@ -243,3 +243,53 @@ def test_the_embeddings_benchmark_compares_both_batch_sizes_with_transformers() 
             rate = re.search(rf"batch\s+{batch} {side}:\s+({NUMBER}) inputs/s\s+({NUMBER}) tokens/s", out)
             assert rate and float(rate.group(1)) > 0 and float(rate.group(2)) > float(rate.group(1)), (batch, side)
         assert re.search(rf"batch\s+{batch} ratio veil / transformers: {NUMBER}x\s+\(best of each", out)
+
+
+def gpu_tests(folder: Path, *arguments: str) -> subprocess.CompletedProcess:
+    (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA device\n")
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_tests.py"), "--out", str(folder / "out"),
+                           *arguments], cwd=folder, capture_output=True, text=True, timeout=600)
+
+
+def test_the_gpu_tests_are_dealt_out_to_workers_and_summed_up_with_every_test_that_did_not_pass(tmp_path) -> None:
+    (tmp_path / "test_dealt.py").write_text(
+        "import pytest\n"
+        "pytestmark = pytest.mark.gpu\n"
+        "def test_one(): pass\n"
+        "def test_two(): pass\n"
+        "def test_three(): pass\n"
+        "def test_fails(): assert False\n"
+        "def test_skips(): pytest.skip('no device')\n"
+        "@pytest.mark.parametrize('width', [1, 2])\n"
+        "def test_shapes(width): pass\n")
+    (tmp_path / "test_not_gpu.py").write_text("def test_left_out(): pass\n")
+    # The deadline only bounds a hang: the tests themselves take no time.
+    result = gpu_tests(tmp_path, "--workers", "3", "--deadline-s", "500", "test_dealt.py", "test_not_gpu.py")
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "gpu tests: 5 passed, 1 failed, 0 errors, 1 skipped, 0 not run, of 7 collected" in result.stdout
+    assert "  failed: test_dealt.py::test_fails\n" in result.stdout
+    assert "deadline reached" not in result.stdout and "test_left_out" not in result.stdout
+    logs = sorted((tmp_path / "out").glob("tests-*.log"))
+    assert [log.name for log in logs] == ["tests-0.log", "tests-1.log", "tests-2.log"]
+    ran = [line.split()[0] for log in logs for line in log.read_text().splitlines()
+           if re.match(r"\S+::\S+ (PASSED|FAILED|SKIPPED)", line)]
+    assert sorted(ran) == sorted(f"test_dealt.py::test_{name}" for name in
+                                 ("one", "two", "three", "fails", "skips", "shapes[1]", "shapes[2]"))
+
+
+def test_gpu_test_workers_still_running_at_the_deadline_are_killed_and_their_tests_reported_not_run(tmp_path) -> None:
+    (tmp_path / "test_hangs.py").write_text(
+        "import os, time, pytest\n"
+        "pytestmark = pytest.mark.gpu\n"
+        "@pytest.mark.parametrize('index', range(4))\n"
+        "def test_hangs(index, tmp_path_factory):\n"
+        f"    open({str(tmp_path)!r} + f'/pid-{{os.getpid()}}', 'w').close()\n"
+        "    time.sleep(3600)\n")
+    result = gpu_tests(tmp_path, "--workers", "2", "--deadline-s", "3", "test_hangs.py")
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "gpu tests: 0 passed, 0 failed, 0 errors, 0 skipped, 4 not run, of 4 collected" in result.stdout
+    assert "deadline reached: worker(s) 0, 1 killed" in result.stdout
+    assert result.stdout.count("  not run: test_hangs.py::test_hangs[") == 4
+    for marker in tmp_path.glob("pid-*"):  # whichever worker reached its test before the deadline is gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(marker.name.removeprefix("pid-")), 0)
