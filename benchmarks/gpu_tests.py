@@ -8,7 +8,8 @@ in collection order, so that each file's slow tests spread over all of them), ru
 one's output in OUT/tests-<n>.log, and kills every worker still running at the deadline (with its own
 children: a stage's time limit alone would leave them holding the GPU). Then one summary: passed, failed,
 errors, skipped, not run, and the node id of every test that did not pass. Exit status 0 only when every
-test collected passed or was skipped.
+test collected passed or was skipped. Tests marked `gpu_alone` (they read the device's free memory, which
+another process would move) run first, in one worker with nothing beside it.
 
     python3 benchmarks/gpu_tests.py [--workers 8] [--deadline-s 160] [--out DIR] [-m gpu] [-k EXPR] [FILE ...]
 """
@@ -30,6 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 COLLECT_LIMIT_S = 120  # collecting imports torch and the project once
 OUTCOME = re.compile(r"^(?P<node>\S+::.+?) (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 NOT_PASSING = ("FAILED", "ERROR", "XPASS")
+ALONE = "gpu_alone"  # the mark of a test that must have the device to itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,12 @@ def start(index: int, nodes: list[str], out: Path) -> Worker:
     with log.open("w") as sink:  # the child keeps its own handle
         process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     return Worker(index, nodes, log, process)
+
+
+def run_phase(shards: list[list[str]], first_index: int, out: Path, deadline: float) -> tuple[list[Worker], list[Worker]]:
+    """Runs one worker per shard at once until the deadline: (every worker, those killed at the deadline)."""
+    workers = [start(first_index + index, shard, out) for index, shard in enumerate(shards)]
+    return workers, wait_all(workers, deadline)
 
 
 def wait_all(workers: list[Worker], deadline: float) -> list[Worker]:
@@ -133,17 +141,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args.files:
         from benchmarks.gpu_session import gpu_test_files
         args.files = gpu_test_files()
-    nodes = collect(args.files, args.marker, args.keyword)
+    alone = collect(args.files, f"({args.marker}) and {ALONE}", args.keyword)
+    shared = collect(args.files, f"({args.marker}) and not {ALONE}", args.keyword)
+    nodes = alone + shared
     if not nodes:
         print("gpu tests: none collected", flush=True)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    shards = deal(nodes, args.workers)
-    print(f"{len(nodes)} tests over {len(shards)} workers, logs in {args.out}/tests-<n>.log", flush=True)
-    workers = [start(index, shard, args.out) for index, shard in enumerate(shards)]
-    late = wait_all(workers, started + args.deadline_s)
-    found = outcomes(workers)
-    lines = summarize(nodes, found, late, time.monotonic() - started, len(shards))
+    deadline, shards = started + args.deadline_s, deal(shared, args.workers)
+    print(f"{len(alone)} tests alone, then {len(shared)} over {len(shards)} workers; logs in "
+          f"{args.out}/tests-<n>.log", flush=True)
+    first, late = run_phase([alone] if alone else [], 0, args.out, deadline)
+    rest, late_too = run_phase(shards, len(first), args.out, deadline)
+    found = outcomes(first + rest)
+    lines = summarize(nodes, found, late + late_too, time.monotonic() - started, len(shards))
     print("\n".join(lines), flush=True)
     return 0 if all(found.get(node) in ("PASSED", "SKIPPED", "XFAIL") for node in nodes) else 1
 

@@ -246,7 +246,7 @@ def test_the_embeddings_benchmark_compares_both_batch_sizes_with_transformers() 
 
 
 def gpu_tests(folder: Path, *arguments: str) -> subprocess.CompletedProcess:
-    (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA device\n")
+    (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA device\n    gpu_alone: alone\n")
     return subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_tests.py"), "--out", str(folder / "out"),
                            *arguments], cwd=folder, capture_output=True, text=True, timeout=600)
 
@@ -261,20 +261,23 @@ def test_the_gpu_tests_are_dealt_out_to_workers_and_summed_up_with_every_test_th
         "def test_fails(): assert False\n"
         "def test_skips(): pytest.skip('no device')\n"
         "@pytest.mark.parametrize('width', [1, 2])\n"
-        "def test_shapes(width): pass\n")
+        "def test_shapes(width): pass\n"
+        "@pytest.mark.gpu_alone\n"
+        "def test_alone(): pass\n")
     (tmp_path / "test_not_gpu.py").write_text("def test_left_out(): pass\n")
     # The deadline only bounds a hang: the tests themselves take no time.
     result = gpu_tests(tmp_path, "--workers", "3", "--deadline-s", "500", "test_dealt.py", "test_not_gpu.py")
     assert result.returncode == 1, result.stdout + result.stderr[-2000:]
-    assert "gpu tests: 5 passed, 1 failed, 0 errors, 1 skipped, 0 not run, of 7 collected" in result.stdout
+    assert "gpu tests: 6 passed, 1 failed, 0 errors, 1 skipped, 0 not run, of 8 collected" in result.stdout
     assert "  failed: test_dealt.py::test_fails\n" in result.stdout
     assert "deadline reached" not in result.stdout and "test_left_out" not in result.stdout
     logs = sorted((tmp_path / "out").glob("tests-*.log"))
-    assert [log.name for log in logs] == ["tests-0.log", "tests-1.log", "tests-2.log"]
-    ran = [line.split()[0] for log in logs for line in log.read_text().splitlines()
-           if re.match(r"\S+::\S+ (PASSED|FAILED|SKIPPED)", line)]
-    assert sorted(ran) == sorted(f"test_dealt.py::test_{name}" for name in
-                                 ("one", "two", "three", "fails", "skips", "shapes[1]", "shapes[2]"))
+    assert [log.name for log in logs] == ["tests-0.log", "tests-1.log", "tests-2.log", "tests-3.log"]
+    ran = [[line.split()[0] for line in log.read_text().splitlines() if re.match(r"\S+::\S+ (PASSED|FAILED|SKIPPED)", line)]
+           for log in logs]
+    assert ran[0] == ["test_dealt.py::test_alone"]  # first, in a worker of its own
+    assert sorted(sum(ran[1:], [])) == sorted(f"test_dealt.py::test_{name}" for name in
+                                              ("one", "two", "three", "fails", "skips", "shapes[1]", "shapes[2]"))
 
 
 def test_gpu_test_workers_still_running_at_the_deadline_are_killed_and_their_tests_reported_not_run(tmp_path) -> None:

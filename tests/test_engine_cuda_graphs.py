@@ -212,6 +212,7 @@ def test_graphs_cover_every_batch_size_up_to_max_num_seqs(reference_models):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone  # sizes itself from, and checks, the device's free memory: another process would move it
 @NEEDS_CUDA
 def test_the_kv_pool_and_the_graphs_stay_within_gpu_memory_utilization(reference_models):
     engine = gpu_engine(reference_models["llama"].folder, None, max_num_seqs=256, gpu_memory_utilization=0.05)
