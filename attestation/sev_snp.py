@@ -8,8 +8,9 @@ Report layout (0x4A0 bytes, integers little-endian):
     0x050 REPORT_DATA (64)   0x090 MEASUREMENT (48)   0x0C0 HOST_DATA (32)
     0x0E0 ID_KEY_DIGEST (48) 0x110 AUTHOR_KEY_DIGEST (48) 0x180 REPORTED_TCB (8)
     0x188 CPUID_FAM_ID, 0x189 CPUID_MOD_ID, 0x18A CPUID_STEP (version 3 on; reserved in version 2)
-    0x1A0 CHIP_ID (64)       0x2A0 signature r ‖ s, 72 bytes each, little-endian,
-                             over bytes 0x000-0x29F; 0x330-0x49F reserved, zero
+    0x1A0 CHIP_ID (64)       0x1F8 LAUNCH_MIT_VECTOR, 0x200 CURRENT_MIT_VECTOR (version 5; reserved before)
+    0x2A0 signature r ‖ s, 72 bytes each, little-endian, over bytes 0x000-0x29F
+    Reserved bytes, which must be zero in the versions that reserve them: see RESERVED_BYTES.
 
 The VCEK (chip key, one per chip and TCB) is certified by the ASK, the ASK by
 the ARK of its product line (RSA-PSS, SHA-384). The VCEK's extensions name
@@ -72,6 +73,44 @@ CHIP_ID_SIZE = 64
 CPUID_VERSION = 3
 CPUID_FAMILY_OFFSET = 0x188
 CPUID_MODEL_OFFSET = 0x189
+# KEY_INFO (0x48): 0 AUTHOR_KEY_EN, 1 MASK_CHIP_KEY, 4:2 SIGNING_KEY; 31:5 reserved, must be zero (AMD 56860,
+# ATTESTATION_REPORT; go-sev-guest's abi.ParseSignerInfo refuses them so).
+KEY_INFO_DEFINED = (1 << 5) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ReservedBytes:
+    """A range of ATTESTATION_REPORT bytes that AMD's ABI reserves (must be zero) in some report versions."""
+
+    start: int
+    end: int  # exclusive
+    versions: range  # the report versions whose layout reserves them
+    where: str  # the fields around them, for the refusal
+
+
+_EVERY_VERSION = range(MIN_VERSION, MAX_VERSION + 1)
+# The reserved ranges of each ATTESTATION_REPORT layout: AMD 56860 (rev. 1.55 for version 3, 1.58 for version 5),
+# "ATTESTATION_REPORT Structure", as go-sev-guest's abi.ReportToProto checks them with its mbz helper and
+# virtee/sev's AttestationReport decoder skips them (ReportVariant V2, V3 for versions 3 and 4, V5).
+# Version 3 made 0x188-0x18A the CPUID; version 5 made 0x1F8-0x207 LAUNCH_MIT_VECTOR and CURRENT_MIT_VECTOR.
+# Version 4, written by SEV firmware 1.55.31 on (go-sev-guest b8d75ce; virtee/sev PR 307, a Google Cloud
+# Milan host), is under AMD embargo (virtee/sev PR 312): virtee/sev reads it as version 3, go-sev-guest reads
+# the mitigation vectors in every version. So 0x1F8-0x207 is checked only where a published layout reserves
+# it (versions 2 and 3); every other range is reserved in all of them. Unchecked: PLATFORM_INFO's reserved
+# bits (each ABI revision defines more; go-sev-guest refuses them only against a policy) and the reserved
+# bytes inside a TCB_VERSION, whose layout is its product's (Turin's FMC sits in one of Milan's).
+RESERVED_BYTES: tuple[ReservedBytes, ...] = (
+    ReservedBytes(0x04C, 0x050, _EVERY_VERSION, "after KEY_INFO"),
+    ReservedBytes(0x188, 0x1A0, range(MIN_VERSION, CPUID_VERSION), "between REPORTED_TCB and CHIP_ID"),
+    ReservedBytes(0x18B, 0x1A0, range(CPUID_VERSION, MAX_VERSION + 1), "between CPUID_STEP and CHIP_ID"),
+    ReservedBytes(0x1EB, 0x1EC, _EVERY_VERSION, "after CURRENT_MAJOR"),
+    ReservedBytes(0x1EF, 0x1F0, _EVERY_VERSION, "after COMMITTED_MAJOR"),
+    ReservedBytes(0x1F8, 0x208, range(MIN_VERSION, 4), "after LAUNCH_TCB"),  # versions 2 and 3
+    ReservedBytes(0x208, SIGNED_SIZE, _EVERY_VERSION, "before the signature"),
+    # The signature covers none of these: set, they came from something other than the firmware, and would
+    # let identical evidence travel as different bytes.
+    ReservedBytes(SIGNATURE_END, REPORT_SIZE, _EVERY_VERSION, "after the signature"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +145,11 @@ PRODUCT_FORMATS: dict[str, SnpProductFormat] = {
 # family 19h models 00h-0Fh Milan, 10h-1Fh and A0h-AFh Genoa; family 1Ah models 00h-11h Turin (its models
 # 50h-57h, 90h-AFh and C0h-C7h are Venice, whose VCEK layout Veil does not know). go-sev-guest's
 # SevProductFromCpuid1Eax (abi/abi.go) names only each line's first model (19h/01h, 19h/11h, 1Ah/02h), which
-# these ranges hold.
+# these ranges hold. CPUID_STEP is not compared with the VCEK productName's stepping suffix ("Milan-B0"): AMD's
+# KDS specification maps the suffix to no CPUID stepping, and KDS has named stepping-1 Milan chips' VCEKs
+# "Milan-B0" (go-sev-guest issue 115; its verify compares the suffix only with a stepping its caller names,
+# behind a flag to skip even that, workaround_kds_productname) and Genoa VCEKs "Genoa" with no suffix
+# (go-sev-guest PR 152). The VCEK binds the report to one chip (CHIP_ID) already.
 CPUID_PRODUCTS: tuple[tuple[int, range, str], ...] = (
     (0x19, range(0x00, 0x10), "Milan"),
     (0x19, range(0x10, 0x20), "Genoa"),
@@ -180,12 +223,9 @@ def parse_snp_report(report: bytes) -> SnpReport:
     (key_info,) = struct.unpack_from("<I", report, 0x48)
     if algorithm != SIGNATURE_ALGO_ECDSA_P384:
         raise SnpReportFormatError("the SEV-SNP report is not signed with ECDSA P-384")
-    # The signature covers none of the report after it: reserved bytes there that are not zero came from
-    # something other than the firmware, and would let identical evidence travel as different bytes.
-    if any(report[SIGNATURE_END:]):
-        raise SnpReportFormatError(
-            f"the SEV-SNP report's bytes after its signature ({SIGNATURE_END:#x} to {REPORT_SIZE - 1:#x}) are "
-            "reserved and must be zero")
+    check_reserved_bytes(report, version)
+    if key_info & ~KEY_INFO_DEFINED:
+        raise SnpReportFormatError("the SEV-SNP report's KEY_INFO sets bits AMD's ABI reserves (5 to 31, must be 0)")
     _check_policy(policy)
     has_cpuid = version >= CPUID_VERSION
     return SnpReport(
@@ -198,6 +238,17 @@ def parse_snp_report(report: bytes) -> SnpReport:
         signature_r=int.from_bytes(report[SIGNED_SIZE:0x2E8], "little"),
         signature_s=int.from_bytes(report[0x2E8:SIGNATURE_END], "little"),
     )
+
+
+def check_reserved_bytes(report: bytes, version: int) -> None:
+    """Every range a version `version` report reserves must be zero: the firmware writes none of them, so a report
+    setting one is not a report AMD's ABI defines, whatever signs it."""
+    for reserved in RESERVED_BYTES:
+        if version in reserved.versions and any(report[reserved.start:reserved.end]):
+            last = reserved.end - 1
+            span = f"byte {last:#x}" if reserved.start == last else f"bytes {reserved.start:#x} to {last:#x}"
+            raise SnpReportFormatError(f"the SEV-SNP report sets reserved {span} ({reserved.where}), which AMD's "
+                                       f"ABI requires zero in a version {version} report")
 
 
 def _check_policy(policy: int) -> None:

@@ -197,6 +197,7 @@ class SnpFields:
     reported_tcb: bytes | None = None  # None: the TCB the VCEK certifies
     chip_id: bytes | None = None  # None: the VCEK's hwID
     key_info: int = 0
+    raw: dict[int, bytes] = field(default_factory=dict)  # offset -> bytes written last, before signing
 
 
 def snp_report(hierarchy: AmdHierarchy, fields: SnpFields) -> bytes:
@@ -215,6 +216,8 @@ def snp_report(hierarchy: AmdHierarchy, fields: SnpFields) -> bytes:
     if version >= 3:
         report[0x188:0x18B] = bytes(fields.cpuid or SYNTHETIC_CPUIDS.get(hierarchy.product, (0, 0, 0)))
     report[0x1A0:0x1E0] = hierarchy.chip_id if fields.chip_id is None else fields.chip_id
+    for offset, value in fields.raw.items():
+        report[offset:offset + len(value)] = value
     r, s = utils.decode_dss_signature(hierarchy.vcek_key.sign(bytes(report[:0x2A0]), ec.ECDSA(hashes.SHA384())))
     report[0x2A0:0x2E8] = r.to_bytes(72, "little")
     report[0x2E8:0x330] = s.to_bytes(72, "little")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 import struct
 
 import pytest
@@ -455,3 +456,61 @@ def test_a_turin_report_below_version_3_is_refused_by_name():
     policy = turin_policy()  # the whole verifier: refused once the signature verified, at its check
     assert_refused_by(snp_evidence(policy, SnpFields(version=2), product="Turin"), policy, errors.SnpProductError,
                       "signature")
+
+
+# ----- reserved bytes (AMD 56860, ATTESTATION_REPORT; go-sev-guest's abi.ReportToProto) ----------------------
+
+@pytest.mark.parametrize("version,offset,span", [
+    (2, 0x4C, "bytes 0x4c to 0x4f (after KEY_INFO)"), (5, 0x4F, "bytes 0x4c to 0x4f"),
+    (2, 0x188, "bytes 0x188 to 0x19f (between REPORTED_TCB and CHIP_ID)"),
+    (2, 0x18A, "bytes 0x188 to 0x19f"),  # CPUID_STEP from version 3 on; reserved in version 2
+    (3, 0x18B, "bytes 0x18b to 0x19f (between CPUID_STEP and CHIP_ID)"), (5, 0x19F, "bytes 0x18b to 0x19f"),
+    (2, 0x1EB, "byte 0x1eb (after CURRENT_MAJOR)"), (4, 0x1EF, "byte 0x1ef (after COMMITTED_MAJOR)"),
+    (2, 0x1F8, "bytes 0x1f8 to 0x207 (after LAUNCH_TCB)"), (3, 0x207, "bytes 0x1f8 to 0x207"),
+    (2, 0x208, "bytes 0x208 to 0x29f (before the signature)"), (4, 0x250, "bytes 0x208 to 0x29f"),
+    (5, 0x29F, "bytes 0x208 to 0x29f"),
+    (3, 0x330, "bytes 0x330 to 0x49f (after the signature)"),
+])
+def test_a_signed_report_with_a_reserved_byte_set_is_refused_by_name(version, offset, span):
+    report, chain, pins = product_report("Milan", SnpFields(version=version, raw={offset: b"\x01"}))
+    with pytest.raises(SnpReportFormatError, match=rf"reserved {re.escape(span)}.*zero in a version {version} report"):
+        verify_genuine(report, chain, pins)
+
+
+@pytest.mark.parametrize("version,raw", [
+    (3, {0x18A: b"\x0f"}),  # CPUID_STEP
+    (5, {0x1F8: b"\x01" * 8, 0x200: b"\x03" * 8}),  # LAUNCH_MIT_VECTOR, CURRENT_MIT_VECTOR
+    (4, {0x1F8: b"\x01", 0x207: b"\x01"}),  # version 4's layout is unpublished: those bytes are not judged
+])
+def test_bytes_a_later_report_version_defines_are_not_refused_as_reserved(version, raw):
+    report, chain, pins = product_report("Milan", SnpFields(version=version, raw=raw))
+    fields = verify_genuine(report, chain, pins)
+    assert fields.snp is not None and fields.snp.product == "Milan"
+
+
+@pytest.mark.parametrize("key_info", [1 << 5, 1 << 31])
+def test_reserved_key_info_bits_are_refused_by_name(key_info):
+    report, chain, pins = product_report("Milan", SnpFields(key_info=key_info))
+    with pytest.raises(SnpReportFormatError, match="KEY_INFO sets bits AMD's ABI reserves"):
+        verify_genuine(report, chain, pins)
+
+
+def test_key_info_bits_the_abi_defines_are_not_refused():
+    report, chain, pins = product_report("Milan", SnpFields(key_info=0b11))  # AUTHOR_KEY_EN, MASK_CHIP_KEY
+    assert sev_snp.parse_snp_report(report).signing_key == sev_snp.SIGNING_KEY_VCEK
+    verify_genuine(report, chain, pins)
+
+
+@pytest.mark.parametrize("offset", [0x4C, 0x190, 0x1EB, 0x1EF, 0x1F8, 0x208, 0x29F])
+def test_a_reserved_byte_set_in_the_genuine_report_is_refused_as_reserved_not_as_a_bad_signature(offset):
+    report, chain = genuine_snp()
+    with pytest.raises(SnpReportFormatError, match="reserved .* zero in a version 2 report"):
+        verify_genuine(flip(report, offset), chain)
+
+
+def test_a_reserved_byte_set_is_refused_by_the_whole_verifier_at_the_chain_check():
+    policy = cpu_policy()
+    bundle = snp_evidence(policy, SnpFields(raw={0x190: b"\x80"}))
+    # The chain check reads CHIP_ID (the node's hardware identity) from the report, so the parse refuses it there.
+    assert_refused_by(bundle, policy, SnpReportFormatError, "chain")
+    assert "reserved bytes 0x188 to 0x19f" in str(verify_with_report(bundle, policy).error)
