@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from enclave.api_types import ApiError
+from enclave.schema_options import OPTIONS_REFUSAL, schema_sets_options
 from enclave.tool_calls import FORCED_JSON, tool_format, valid_function_name
 from enclave.tool_grammar import GRAMMAR_FORMATS, calls_in_format, forced_calls
 from engine import StructuredOutput, ToolCall
@@ -59,7 +60,7 @@ class ToolRequest:
         each {"name", "parameters"} valid against the function's own schema (one call where only one may be)."""
         if not self.forced:
             return None
-        chosen = [t["function"] for t in self.tools if self.function in (None, t["function"]["name"])]
+        chosen = self._constrained(lambda function: self.function in (None, function["name"]))
         return _nested_safely(lambda: forced_calls(chosen, one=self.function is not None or not self.parallel))
 
     def beside(self, answer: StructuredOutput, format: str, special: Mapping[str, int]) -> StructuredOutput:
@@ -69,9 +70,19 @@ class ToolRequest:
             raise ApiError(400, "unsupported_parameter", "'tool_choice' \"auto\" beside a 'response_format' needs "
                            "a tool-call format this node can constrain; use \"required\", a named function or \"none\"",
                            param="tool_choice")
-        functions = [tool["function"] for tool in self.tools]
+        functions = self._constrained(lambda function: True)
         calls = _nested_safely(lambda: calls_in_format(functions, format, not self.parallel, special))
         return dataclasses.replace(answer, alternative=calls)
+
+    def _constrained(self, chosen: Callable[[dict], bool]) -> list[dict]:
+        """The `chosen` functions, whose parameters a grammar is built from: refused where they set llguidance's
+        options (`schema_options`). Parameters no grammar reads are only shown to the model, and left as given."""
+        indexed = [(index, tool["function"]) for index, tool in enumerate(self.tools) if chosen(tool["function"])]
+        for index, function in indexed:
+            if schema_sets_options(function.get("parameters")):
+                raise ApiError(400, "invalid_request", f"the parameters of 'tools[{index}]' {OPTIONS_REFUSAL}",
+                               param="tools")
+        return [function for _, function in indexed]
 
 
 def _nested_safely(build: Callable[[], StructuredOutput]) -> StructuredOutput:

@@ -11,7 +11,8 @@ tokenizer and never changed by a grammar.
 
 A constraint with an `alternative` (a tool-call answer beside OpenAI's `response_format` under
 `tool_choice: "auto"`) compiles to `start: alternative | constraint` (`either`), each part checked alone
-first so that a refusal names the part's own field.
+first so that a refusal names the part's own field; two parts that compile alone but not as one (over the
+limits together) are refused naming both, the alternative's field first (`tools together with response_format`).
 
 A reasoning model's constraint starts after its `<think>` block where its answer has one to write: the
 grammar compiled is then the free reasoning, `</think>`, and the request's grammar (`engine.reasoning_grammar`).
@@ -44,6 +45,7 @@ index. The second upload carries the row map and the masks: the settings live on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,8 +68,9 @@ _LIMITS = dict(initial_lexer_fuel=1_000_000, max_grammar_size=200_000, max_lexer
                step_lexer_fuel=200_000, step_max_items=50_000, verbose_errors=False)
 # JSON with no free whitespace: a model cannot stall a structured answer with endless blank space. A Lark
 # grammar's `%json{...}` parts take them as the schema's "x-guidance" (`JSON_OPTIONS_KEY`), which a JSON
-# schema's own "x-guidance" sets over these defaults. A response format's JSON is compact, as OpenAI's
-# structured outputs write it: no chat template renders an answer's JSON, so no one spacing is the model's
+# schema's own "x-guidance" sets over these defaults: only the node's own grammars carry one (a request's schema
+# or grammar that does is refused by name, `enclave.schema_options`). A response format's JSON is compact, as
+# OpenAI's structured outputs write it: no chat template renders an answer's JSON, so no one spacing is the model's
 # own there (models write both compact and spaced JSON), and compact is the shortest. Tool calls are
 # different: every template replays them with `tojson`'s spacing, which their grammars keep
 # (`enclave.tool_grammar.CALL_JSON_OPTIONS`).
@@ -131,15 +134,15 @@ class GrammarCompiler:
 
     def compile(self, structured: StructuredOutput) -> Guide:
         """A fresh matcher for one request; raises RequestRejected naming the field."""
-        grammar = _grammar(structured)
+        grammar, whole = _grammar(structured), structured
         if structured.alternative is not None:  # each part is checked alone first, so a refusal names its field
             self._matcher(grammar, structured)
             alternative = _grammar(structured.alternative)
             self._matcher(alternative, structured.alternative)
-            grammar = either(alternative, grammar)
-        matcher = self._matcher(grammar, structured)
+            grammar, whole = either(alternative, grammar), _together(structured)
+        matcher = self._matcher(grammar, whole)
         if structured.reasoning == "inside" or (structured.reasoning == "block" and not self._writes_block(matcher)):
-            matcher = self._matcher(reasoning_first(grammar, structured.reasoning, self._think), structured)
+            matcher = self._matcher(reasoning_first(grammar, structured.reasoning, self._think), whole)
         return Guide(matcher)
 
     def _matcher(self, grammar: str, structured: StructuredOutput) -> llguidance.LLMatcher:
@@ -241,6 +244,14 @@ def _grammar(structured: StructuredOutput) -> str:
         over = "recursion" in str(error).lower()
         raise RequestRejected("invalid_structured_output",
                               _refusal(structured, "limit") if over else f"{structured.field} is not valid JSON") from None
+
+
+def _together(structured: StructuredOutput) -> StructuredOutput:
+    """What a refusal of a constraint and its alternative compiled as one names: both, the alternative first,
+    so that its field is the refusal's `param`. Each compiled alone, so neither is the cause by itself; the
+    alternative (the tools' calls beside a response format) is the part a user can most often cut down."""
+    both = f"{structured.alternative.field} together with {structured.field}"
+    return dataclasses.replace(structured, kind="grammar", field=both, alternative=None)
 
 
 def either(first: str, second: str) -> str:

@@ -66,3 +66,14 @@ def test_a_schema_the_node_cannot_serve_is_a_400_naming_response_format(oa: open
                                    response_format=json_schema({"type": "string", "format": "no-such-format"}))
     assert refused.value.status_code == 400 and refused.value.param == "response_format"
     assert "no-such-format" not in str(refused.value)
+
+
+@pytest.mark.parametrize("options", [{"whitespace_flexible": True}, {"lenient": True}])
+def test_a_schema_setting_the_nodes_json_options_is_a_400_naming_response_format(oa: openai.OpenAI, options) -> None:
+    """llguidance's "x-guidance" would set free whitespace or ignore unimplemented keywords for this request."""
+    schema = {"type": "object", "properties": {"secret_name": {"type": "integer"}}, "x-guidance": options}
+    with pytest.raises(openai.BadRequestError) as refused:
+        oa.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=5, response_format=json_schema(schema))
+    assert refused.value.status_code == 400 and refused.value.param == "response_format"
+    assert '"x-guidance"' in str(refused.value) and "secret_name" not in str(refused.value)
+    assert not any(str(name) in str(refused.value) for name in options)

@@ -186,3 +186,13 @@ def test_each_alias_is_listed_and_served_and_answers_name_the_first(api) -> None
     status, answer = post(api, b"/v1/chat/completions", chat(model=ALIAS))
     assert status == 200 and answer["model"] == "tiny"
     assert post(api, RESPONSES, respond(model=ALIAS))[1]["model"] == "tiny"
+
+
+def test_a_text_format_or_tool_setting_the_nodes_json_options_is_refused_under_its_responses_name(api) -> None:
+    """llguidance's "x-guidance" would turn free whitespace back on or ignore keywords it does not implement."""
+    spaced = {**CITY_FORMAT, "schema": {**CITY_FORMAT["schema"], "x-guidance": {"whitespace_flexible": True}}}
+    error = refused(api, RESPONSES, respond(text={"format": spaced}), "text.format")
+    assert '"x-guidance"' in error["message"] and "whitespace" not in error["message"]
+    lenient = {**CITY_TOOL, "parameters": {**CITY_TOOL["parameters"], "x-guidance": {"lenient": True}}}
+    error = refused(api, RESPONSES, respond(tools=[lenient], tool_choice="required"), "tools")
+    assert '"x-guidance"' in error["message"] and "lenient" not in error["message"]

@@ -136,3 +136,65 @@ def test_what_cannot_be_served_is_refused_naming_the_field(api, fields, param):
 def test_the_node_keeps_serving_after_a_refused_constraint(api):
     refused(api, chat(guided_regex="(SECRET"), "guided_regex")
     assert answers(api, chat(guided_choice=["yes", "no"]))[0][0] in ("yes", "no")
+
+
+# ----- a request cannot set llguidance's compile options ("x-guidance") --------------------------------------
+
+# Each would weaken what the node promises of every constrained answer: free whitespace back on, or a keyword
+# llguidance does not implement (`uniqueItems`) silently ignored instead of refused by name.
+UNIQUE = {"type": "object", "properties": {"SECRET": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}}
+PLAIN = {"type": "object", "properties": {"SECRET": {"type": "integer"}}}
+# What each option would let through: a schema served before, now spaced freely, or one refused before.
+NODE_OPTIONS = [({"whitespace_flexible": True}, PLAIN), ({"lenient": True}, UNIQUE)]
+
+
+def schema_fields(schema: dict) -> dict[str, dict]:
+    """A request's field for each way it can give a JSON schema, and the `param` a refusal names."""
+    return {"response_format": {"response_format": json_schema_format(schema)}, "guided_json": {"guided_json": schema},
+            "guided_json_text": {"guided_json": json.dumps(schema)}, "structured_outputs": {"structured_outputs": {"json": schema}}}
+
+
+def refused_before_the_engine(api: InnerApi, monkeypatch, body: dict, param: str) -> str:
+    """The refusal's message; the engine is never asked to generate anything for the request."""
+    submitted = []
+    submit = api.engine.submit
+    monkeypatch.setattr(api.engine, "submit", lambda *args, **kwargs: submitted.append(1) or submit(*args, **kwargs))
+    message = refused(api, body, param)
+    assert submitted == []
+    return message
+
+
+@pytest.mark.parametrize(("options", "schema"), NODE_OPTIONS, ids=["whitespace_flexible", "lenient"])
+@pytest.mark.parametrize("way", ["response_format", "guided_json", "guided_json_text", "structured_outputs"])
+def test_a_schema_setting_the_nodes_json_options_is_refused_by_name(api, monkeypatch, options, schema, way):
+    fields = schema_fields({"x-guidance": options, **schema})[way]
+    message = refused_before_the_engine(api, monkeypatch, chat(**fields), way.removesuffix("_text"))
+    assert '"x-guidance"' in message
+    assert not any(name in message for name in ("whitespace_flexible", "lenient", "uniqueItems", "integer"))
+
+
+@pytest.mark.parametrize("grammar", [
+    "start: %json " + json.dumps({"x-guidance": {"lenient": True}, **UNIQUE}),
+    "start: \"SECRET\" | %json" + json.dumps({"type": "object", "x-guidance": {"whitespace_flexible": True}}),
+    json.dumps({"grammars": [{"json_schema": {"x-guidance": {"lenient": True}, **UNIQUE}}]}),
+    json.dumps({"grammars": [{"lark_grammar": "start: %json {\"x-guidance\": {\"lenient\": true}}"}]}),
+], ids=["lark", "lark-alternative", "json-form", "json-form-lark"])
+def test_a_grammar_whose_json_part_sets_the_nodes_json_options_is_refused_by_name(api, monkeypatch, grammar):
+    for fields, param in (({"guided_grammar": grammar}, "guided_grammar"),
+                          ({"structured_outputs": {"grammar": grammar}}, "structured_outputs")):
+        message = refused_before_the_engine(api, monkeypatch, chat(**fields), param)
+        assert '"x-guidance"' in message and "lenient" not in message and "whitespace" not in message
+
+
+def test_options_in_a_subschema_are_not_read_so_the_nodes_still_hold(api):
+    """llguidance reads "x-guidance" only at a schema's top level: deeper, it is an annotation like any `x-` key,
+    and the keyword it does not implement is still refused by name."""
+    nested = {"type": "object", "properties": {"a": {"x-guidance": {"lenient": True}, "type": "array", "uniqueItems": True}}}
+    in_defs = {"$defs": {"u": {"x-guidance": {"lenient": True}, "type": "array", "uniqueItems": True}}, "$ref": "#/$defs/u"}
+    for schema in (nested, in_defs):
+        assert "does not implement" in refused(api, chat(response_format=json_schema_format(schema)), "response_format")
+    spaced = {"type": "object", "properties": {"a": {"x-guidance": {"whitespace_flexible": True}, "type": "array",
+                                                     "items": {"type": "integer"}, "maxItems": 3}},
+              "required": ["a"], "additionalProperties": False}
+    for content, reason in answers(api, chat(guided_json=spaced, n=3, temperature=1.0)):
+        assert reason == "stop" and not re.search(r"\s", content)  # compact: the node's option

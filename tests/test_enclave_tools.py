@@ -23,6 +23,7 @@ from engine.core_client import EngineCoreClient
 from ohttp.bhttp import Request
 from tests.engine_models import tiny_model_dir
 from tests.test_enclave_fields import post as post_to
+from tests.test_tool_grammar import wide_ranges
 
 CANARY = "CANARY-tools-77b1-AMBER-HERON"
 MODEL = "tiny-qwen"
@@ -398,6 +399,61 @@ def test_auto_beside_a_response_format_refuses_a_tool_schema_it_cannot_constrain
     refused(api, chat(**AUTO_FORMAT, tools=[broken]), "tools", "tools")
     status, _ = post(api, chat(tools=[broken], tool_choice="auto"))  # without a format nothing constrains the calls
     assert status == 200
+
+
+def test_a_format_and_tools_over_the_limits_only_together_are_refused_naming_tools(folders, tmp_path) -> None:
+    """Each part compiles alone (tests/test_tool_grammar.py); "auto" beside the format compiles both as one
+    grammar, over the node's limits, and the refusal names 'tools' and the format. The tools' 36 kB schema is
+    in the prompt: a copy of the model with a longer context holds it (nothing is computed: the grammar is
+    refused when the request is admitted)."""
+    folder = tmp_path / "tiny-qwen-long"
+    shutil.copytree(folders[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 65536}))
+    core = EngineCoreClient(folder, EngineConfig(kv_cache_gib=0.1, device="cpu"))
+    core.start()
+    try:
+        tools = [{"type": "function", "function": {"name": "measure", "parameters": wide_ranges(10**6)}}]
+        response_format = {"type": "json_schema", "json_schema": {"name": "ranges", "schema": wide_ranges(0)}}
+        body = chat(tools=tools, tool_choice="auto", response_format=response_format)
+        status, answer = post(InnerApi(core, Tokenizer(folder), MODEL), body)
+    finally:
+        core.stop()
+    assert status == 400 and answer["error"]["param"] == "tools", answer
+    message = answer["error"]["message"]
+    assert message.startswith("tools together with response_format") and "limits" in message, message
+
+
+# llguidance reads "x-guidance" at a schema's top level as options over the node's: free whitespace, or
+# keywords it does not implement ignored (`lenient`). Parameters set it where a user would: at their own top.
+OPTIONS_TOOL = {"type": "function", "function": {"name": "get_news", "parameters": {
+    "type": "object", "properties": {CANARY: {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+    "x-guidance": {"lenient": True, "whitespace_flexible": True}}}}
+
+
+@pytest.mark.parametrize("fields", [
+    {"tool_choice": "required"},
+    {"tool_choice": {"type": "function", "function": {"name": "get_news"}}},
+    AUTO_FORMAT,
+], ids=["required", "named", "auto-beside-format"])
+def test_a_tool_schema_setting_the_nodes_json_options_is_refused_by_name(api, monkeypatch, fields: dict) -> None:
+    submitted = []
+    submit = api.engine.submit
+    monkeypatch.setattr(api.engine, "submit", lambda *args, **kwargs: submitted.append(1) or submit(*args, **kwargs))
+    status, answer = post(api, chat(**fields, tools=[*TOOLS, OPTIONS_TOOL]))
+    assert status == 400 and answer["error"]["param"] == "tools", answer
+    message = answer["error"]["message"]
+    assert "tools[2]" in message and '"x-guidance"' in message and submitted == []
+    assert not any(word in message for word in (CANARY, "lenient", "whitespace_flexible", "uniqueItems", "get_news"))
+
+
+def test_a_tool_schema_with_options_no_grammar_is_built_from_is_only_shown_to_the_model(api) -> None:
+    """Only the prompt holds these parameters (a call to another function is forced, or nothing constrains
+    "auto"): llguidance never reads them, so there is nothing to refuse."""
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for fields in ({"tool_choice": named}, {"tool_choice": "auto"}, {"tool_choice": "none"}):
+        status, answer = post(api, chat(**fields, tools=[*TOOLS, OPTIONS_TOOL]))
+        assert status == 200, answer
 
 
 @pytest.mark.parametrize(("bias", "expected"), [(100, "calls"), (-100, "answer")])

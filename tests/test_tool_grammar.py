@@ -152,6 +152,27 @@ def test_a_tool_schema_the_node_cannot_compile_is_refused_naming_tools(qwen: Fam
     assert str(refusal.value).startswith("response_format ")
 
 
+def wide_ranges(offset: int) -> dict:
+    """An object of 400 numbers, each between bounds of 15 digits written for it alone: the lexer llguidance
+    builds for it takes about 60% of the node's fuel (`engine.structured._LIMITS`), so one compiles and two
+    together cannot. `offset` makes the bounds of two such schemas differ (the same regex is built once)."""
+    def bounds(i: int) -> dict:
+        return {"type": "number", "minimum": -428571428571428 - (i + offset) * 7919 + 0.125,
+                "maximum": 666666666666666 + (i + offset) * 104729 + 0.375}
+    return {"type": "object", "properties": {f"p{i}": bounds(i) for i in range(400)}}
+
+
+def test_parts_over_the_limits_only_together_are_refused_naming_tools_and_the_format(qwen: Family) -> None:
+    answer = StructuredOutput("json_schema", json.dumps(wide_ranges(0)), "response_format.json_schema.schema")
+    calls = calls_in_format([{"name": "measure", "parameters": wide_ranges(10**6)}], HERMES, one=False, special={})
+    for part in (answer, calls):
+        qwen.compiler.compile(part)  # each alone is within the limits
+    with pytest.raises(RequestRejected) as refusal:
+        qwen.compiler.compile(StructuredOutput(answer.kind, answer.spec, answer.field, alternative=calls))
+    assert str(refusal.value) == ("tools together with response_format.json_schema.schema is over this node's limits "
+                                  "for compiling a grammar")
+
+
 # ----- calls spaced as the model's template writes them ---------------------------------------------------------
 
 MORE = json.loads((MODELS / "more-chat-templates" / "templates.json").read_text())
