@@ -26,7 +26,9 @@ byte of a crossing once it has been consumed. An upload: in its pinned buffer on
 (checked at each send; waited for when the buffer is reused or the engine goes idle), in the device
 buffer at the next send (past what that send overwrites) or when the engine goes idle (`Bridge.scrub`),
 queued after every step that reads it. A download: in the device buffer by a memset queued after its copy,
-in its pinned slot once its values are listed. Buffers start zeroed and zero the buffer they outgrow.
+in its pinned slot once its values are listed (one its step dropped unread is listed by `Bridge.scrub`: at
+once if drained inline, once no step is in flight if the worker drains it). Buffers start zeroed and zero
+the buffer they outgrow.
 A reader that keeps nothing of a segment takes its values out of the download (`Download.take`). Only
 weights (`Bridge.load`), no request's data, skip all this and pay nothing for it.
 
@@ -381,16 +383,19 @@ class Bridge:
                 self._uploads.done[turn] = None
             self._uploads.staging[turn].scrub()
 
-    def scrub(self) -> None:
+    def scrub(self, settled: bool = False) -> None:
         """Zeroes what the latest crossings left in the bridge and lets go of the downloads read already:
         the engine calls this whenever it has nothing to run. A download drained inline and never read (its
         step raised) is read now, which zeroes its slot. One the worker drains may belong to a step still in
-        flight, which is not waited for: it zeroes its slot as it is read. Device bytes are zeroed already."""
+        flight, which is not waited for, unless the caller says none is (`settled`: it holds no download it
+        has yet to read): then every download not read was dropped, and is waited for and read now. Its
+        drain zeroes its slot once its copy has landed (on CUDA, after the copy's event), never during the
+        copy. Device bytes are zeroed already."""
         self._upload = None  # one packed and not sent would cross zeroed bytes: sending it fails instead
         self._scrub_landed(range(len(self._uploads.staging)), wait=True)
         self._device_in.scrub()  # on CUDA queued after every step already launched, which reads it
         for slot in self._slots:
-            if slot.reader is not None and slot.reader.drains_inline:
+            if slot.reader is not None and (settled or slot.reader.drains_inline):
                 slot.reader.values()
             if slot.reader is not None and slot.reader.is_read:
                 slot.reader = None

@@ -256,10 +256,11 @@ class LLMEngine:
     def _clear_if_idle(self) -> None:
         # With nothing left to run, no token of a finished request may stay in the decode graphs' buffers
         # or the bridge's. A step still in flight needs them no more: the clear is queued after it on the
-        # same stream. Block ops still queued cross first: no step is coming to carry them.
+        # same stream. Block ops still queued cross first: no step is coming to carry them. With none in
+        # flight, a download not read was dropped by a step that raised: the bridge waits for it and zeroes it.
         if not self.scheduler.has_work():
             self.runner.flush()
-            self.runner.clear_step_buffers()
+            self.runner.clear_step_buffers(settled=self._in_flight is None)
 
     # ----- stepping -------------------------------------------------------------------------
 

@@ -242,12 +242,13 @@ class ModelRunner:
             self.residue_read = max(self.residue_read, found[0])
 
     @torch.inference_mode()
-    def clear_step_buffers(self) -> None:
+    def clear_step_buffers(self, settled: bool = False) -> None:
         """Resets the graphs' step buffers to padding and zeroes what the last crossings left in the bridge
-        (`Bridge.scrub`); the engine calls this whenever it has nothing to run, after its last crossing."""
+        (`Bridge.scrub`); the engine calls this whenever it has nothing to run, after its last crossing.
+        `settled`: no step is in flight either, so a download not read yet was dropped (its step raised)."""
         if self.graphs is not None:
             self.graphs.clear()
-        self.bridge.scrub()
+        self.bridge.scrub(settled)
 
     def prepare(self, chunks: list[ScheduledChunk]) -> StepInputs:
         """A step's flat inputs on the device in one upload, the queued block ops run first (tests and tools)."""

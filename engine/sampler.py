@@ -202,6 +202,7 @@ class Sampler:
             raise EngineError(f"a sampler draws by one of {', '.join(DRAWS)}")
         self.processors = processors  # bias, penalties and grammar masks (`engine.logits_processors`)
         self._bridge = bridge  # the engine's; a sampler used alone makes its own for the logits' device
+        self._owns_bridge = False  # whether `_bridge` is that own one, which `scrub` zeroes
         self.draw_kind = draw_kind  # `engine.sampling_draw`'s kind: the engine's, for its verification too
         self._noise = NoiseBuffers()  # the race's noise block, reused from step to step (empty until it races)
         self._tables: SamplingTables | None = None  # each sample's settings on the device, made at the first pack
@@ -220,10 +221,21 @@ class Sampler:
         return self._tables
 
     def __call__(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[tuple[int, TokenLogprob | None]]:
-        """The token (and logprob, if asked) of each request, in request order."""
+        """The token (and logprob, if asked) of each request, in request order; nothing of them stays in the
+        sampler's own bridge, if it made one (`scrub`)."""
         if not requests:
             return []
-        return self.launch(logits, requests).results()
+        try:
+            return self.launch(logits, requests).results()
+        finally:
+            self.scrub()
+
+    def scrub(self) -> None:
+        """Zeroes what the latest picks left in the sampler's own bridge (`Bridge.scrub`), once they are read
+        or dropped: `__call__` does so before it returns; a tool that calls `launch` alone calls this once it
+        has read the results. The engine's bridge is the engine's to scrub: this leaves it alone."""
+        if self._owns_bridge:
+            self._bridge.scrub()
 
     def launch(self, logits: torch.Tensor, requests: list[SampleRequest], masks: torch.Tensor | None = None,
                download: DownloadPlan | None = None) -> PickedTokens:
@@ -233,7 +245,7 @@ class Sampler:
         `download`: segments others added already, to cross with the picks.
         """
         if self._bridge is None:
-            self._bridge = Bridge(logits.device)
+            self._bridge, self._owns_bridge = Bridge(logits.device), True
         upload = self._bridge.upload()
         plan = self.pack(upload, requests, logits.shape[-1], masks)
         download = DownloadPlan() if download is None else download

@@ -183,6 +183,25 @@ def test_a_download_dropped_unread_is_zeroed_in_its_slot_when_the_bridge_is_scru
     assert all(slot.reader is None for slot in bridge._slots)
 
 
+def test_a_download_the_worker_drains_and_no_one_reads_is_waited_for_once_no_step_is_in_flight() -> None:
+    # With async scheduling a step that raises drops its download unread while the worker drains it. An idle
+    # scrub may run while another step is in flight and does not wait; once the engine says none is, it waits
+    # for the drain, which zeroes the slot after the copy has landed, and lets go of the values.
+    bridge = Bridge(CPU, drain_on_worker=True)
+    gate = threading.Event()
+    bridge._start(lambda: gate.wait(timeout=600))  # holds the worker: the drain below queues behind it
+    plan = DownloadPlan()
+    plan.add("tokens", torch.tensor([5, 9], dtype=torch.int64))
+    bridge.fetch(plan)
+    bridge.scrub()
+    assert not all(zero(slot.staging.tensor) for slot in bridge._slots)
+    assert any(slot.reader is not None for slot in bridge._slots)
+    gate.set()
+    bridge.scrub(settled=True)
+    assert all(zero(slot.staging.tensor) for slot in bridge._slots)
+    assert all(slot.reader is None for slot in bridge._slots)
+
+
 def test_a_buffer_starts_zeroed_and_zeroes_the_buffer_it_outgrows() -> None:
     stale = torch.full((64 << 10,), 0xAB, dtype=torch.uint8)  # what the allocator hands out again once freed
     del stale

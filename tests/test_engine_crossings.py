@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, PoolingKind, PoolingParams, SamplingParams
+import engine.sampler as sampler_module
 from engine.bridge import CrossingCount
 from engine.bridge_profile import profile_copies, tally
 from engine.cuda_graphs import DecodeGraphs
@@ -319,12 +320,17 @@ def step_tokens(llm: LLMEngine, tokens: dict[str, list[int]]) -> None:
         tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
 
 
-@pytest.mark.parametrize("ending", ["finished", "aborted"])
+# How the canary's request ends: it runs out, it is aborted, or a step raises and the request is aborted.
+ENDINGS = ["finished", "aborted", "failed"]
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
 @pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
 def test_nothing_of_a_request_stays_in_the_bridge_once_the_engine_is_idle(overlapped, graphs, ending):
     """Its prompt's ids went up in an upload, its picks and logprobs came down in downloads: once the engine
-    has nothing to run, every byte of every buffer of the bridge is zero again, host and device side."""
+    has nothing to run, every byte of every buffer of the bridge is zero again, host and device side, and
+    the bridge holds no download's values, even those of steps that raised before they were read."""
     assert_the_bridge_forgets_the_canary(engine(overlapped, graphs), ending)
 
 
@@ -333,16 +339,32 @@ def assert_the_bridge_forgets_the_canary(llm: LLMEngine, ending: str) -> None:
     tokens: dict[str, list[int]] = {}
     for _ in range(3):  # the prefill and two decode steps
         step_tokens(llm, tokens)
-    if ending == "aborted":
-        llm.abort(request_id)
+    if ending == "failed":
+        fail_a_step(llm)
+    if ending in ("aborted", "failed"):
+        llm.abort(request_id)  # after a failed step, what the engine core does (`EngineCore._fail_all`)
     while llm.has_unfinished():
         step_tokens(llm, tokens)
     assert tokens[request_id] and not llm.scheduler.has_work()
     if llm.runner.device.type == "cuda":
         torch.cuda.synchronize()  # the scrub's memsets are queued on the stream; the check reads after them
-    for name, tensor in bridge_buffers(llm.runner.bridge).items():
+    bridge = llm.runner.bridge
+    for name, tensor in bridge_buffers(bridge).items():
         assert not holds_canary(tensor), f"the prompt's ids stay in the bridge's {name}"
         assert int(tensor.count_nonzero()) == 0, f"the bridge's {name} keeps bytes of a finished request"
+    assert all(slot.reader is None for slot in bridge._slots), "the bridge keeps a download's picks and logprobs"
+
+
+def fail_a_step(llm: LLMEngine) -> None:
+    """Makes the next step raise after its picks are fetched, where it reads picks (a device lost): with async
+    scheduling it drops, unread, both its own download and that of the step in flight, which the worker drains."""
+    def failing_read(copy):
+        raise RuntimeError("device lost")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sampler_module, "_to_host", failing_read)
+        with pytest.raises(RuntimeError, match="device lost"):
+            llm.step()
 
 
 @pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
@@ -615,7 +637,7 @@ def test_on_cuda_an_embedding_run_copies_only_what_the_bridge_counted(overlapped
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("ending", ["finished", "aborted"])
+@pytest.mark.parametrize("ending", ENDINGS)
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("overlapped", [False, True], ids=["synchronous", "async"])
 def test_on_cuda_nothing_of_a_request_stays_in_the_bridge_once_the_engine_is_idle(overlapped, graphs, ending):

@@ -26,6 +26,7 @@ from engine.sampling_noise import (
 )
 from engine.sampling_params import MIN_TEMPERATURE
 from tests.engine_models import (  # noqa: F401 (fixtures)
+    bridge_buffers,
     greedy,
     one_torch_thread,
     only_the_read_may_wait,
@@ -731,6 +732,44 @@ def test_a_step_crosses_the_bridge_once_each_way_and_reads_back_once(monkeypatch
             sampler(logits, batch)
         assert len(copies) == 1
         assert (counted.h2d, counted.d2h) == (1, 1)
+
+
+@pytest.mark.parametrize("ending", ["read", "failed"])
+def test_a_sampler_used_alone_keeps_nothing_of_a_call_in_its_own_bridge(monkeypatch, ending):
+    """Without an engine's bridge a sampler makes its own, which no engine scrubs: once a call has returned
+    (or raised after its picks were fetched), no byte of it holds the call's settings, prompt marks, picks
+    or logprobs, host side or device side; later calls, which may cross fewer bytes, would leave them."""
+    vocab = 300
+    logits = mixed_logits(6, vocab=vocab, seed=5)
+    processors = LogitsProcessors(vocab, logits.device)
+    params = [SamplingParams(temperature=0.8, repetition_penalty=1.5, logit_bias=((7, 2.0),), logprobs=3),
+              SamplingParams(temperature=0.0, logprobs=5), SamplingParams(temperature=1.1, top_k=9)]
+    batch = [SampleRequest(row, params[row % 3], noise_seed(row), row,
+                           slot=processors.slots.take([11, 12, 13]) if params[row % 3].penalized else None)
+             for row in range(6)]
+    sampler = Sampler(processors)
+    if ending == "failed":  # the picks were fetched; reading them fails
+        def failing_read(copy):
+            raise RuntimeError("device lost")
+
+        monkeypatch.setattr(sampler_module, "_to_host", failing_read)
+        with pytest.raises(RuntimeError, match="device lost"):
+            sampler(logits, batch)
+    else:
+        assert len(sampler(logits, batch)) == len(batch)
+    assert sampler._bridge.total.h2d_bytes and sampler._bridge.total.d2h_bytes
+    for name, tensor in bridge_buffers(sampler._bridge).items():
+        assert int(tensor.count_nonzero()) == 0, f"the sampler's own bridge keeps bytes of a call in its {name}"
+    assert all(slot.reader is None for slot in sampler._bridge._slots)  # nor a download's values
+
+
+def test_a_sampler_leaves_the_engines_bridge_to_the_engine():
+    bridge = Bridge(torch.device("cpu"))
+    sampler = Sampler(bridge=bridge)
+    sampler(mixed_logits(8), every_kind(4))
+    assert bridge._device_in.held  # the engine's to scrub when it goes idle, queued after its steps
+    sampler.scrub()
+    assert bridge._device_in.held
 
 
 @pytest.mark.parametrize(
