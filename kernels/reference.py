@@ -308,7 +308,27 @@ def rotary_embedding(
     """
     key_rows = ("rotary rows", id(positions), id(cos_cache), id(sin_cache), query.dtype)
     cos, sin = per_forward.once(key_rows, lambda: _rotary_rows(positions, cos_cache, sin_cache, query.dtype))
-    return _rotate(query, cos, sin, inplace), _rotate(key, cos, sin, inplace)
+    both = _side_by_side(query, key)
+    if both is None:
+        return _rotate(query, cos, sin, inplace), _rotate(key, cos, sin, inplace)
+    # The decoder's query and key are neighbouring views of its one projection: rotated as one tensor, half
+    # the launches (each head's values are computed exactly as apart).
+    rotated = _rotate(both, cos, sin, inplace)
+    if inplace:
+        return query, key
+    return rotated[:, : query.shape[1]], rotated[:, query.shape[1] :]
+
+
+def _side_by_side(query: Tensor, key: Tensor) -> Tensor | None:
+    """query and key as one [tokens, heads + kv_heads, dim] view where key's heads follow query's in memory,
+    row by row, without overlapping the next row (the merged projection's q and k); None otherwise."""
+    heads, head_dim = query.shape[1], query.shape[2]
+    stride = query.stride()
+    if (key.stride() != stride or stride[1] != head_dim or stride[0] < (heads + key.shape[1]) * head_dim
+            or key.data_ptr() != query.data_ptr() + heads * head_dim * query.element_size()
+            or key.untyped_storage().data_ptr() != query.untyped_storage().data_ptr()):
+        return None
+    return query.as_strided((query.shape[0], heads + key.shape[1], head_dim), stride)
 
 
 def _rotary_rows(positions: Tensor, cos_cache: Tensor, sin_cache: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -321,11 +341,7 @@ def _rotary_rows(positions: Tensor, cos_cache: Tensor, sin_cache: Tensor, dtype:
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, inplace: bool) -> Tensor:
     """x * cos + rotate_half(x) * sin as Hugging Face computes it, rounding alike, in four ops and no copy of x:
-    rotate_half(x) * sin is (-x2 * s, x1 * s), which is exactly the halves of x * (s, -s) = (x1 * s, -x2 * s)
-    swapped, each added to its half of x * cos (`sin` holds (s, -s))."""
-    half = x.shape[-1] // 2
-    swapped = x * sin
-    rotated = x.mul_(cos) if inplace else x * cos
-    rotated[..., :half].add_(swapped[..., half:])
-    rotated[..., half:].add_(swapped[..., :half])
-    return rotated
+    rotate_half(x) * sin is (-x2 * s, x1 * s), which is exactly x * (s, -s) = (x1 * s, -x2 * s) with its halves
+    swapped (rolled by half the width), added to x * cos (`sin` holds (s, -s))."""
+    swapped = (x * sin).roll(x.shape[-1] // 2, -1)
+    return (x.mul_(cos) if inplace else x * cos).add_(swapped)
