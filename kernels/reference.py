@@ -126,6 +126,7 @@ class _Group:
     num_seqs: int
     length: int  # the context every sequence of the group is gathered to: width * block_size, or a lone one's own
     visible: Tensor | None  # the attention mask, broadcast over heads; None where every gathered slot is visible
+    padding: Tensor | None  # [num_seqs, width * block_size, 1]: gathered slots past a context, zeroed; None if none
     read_rows: Tensor  # query rows gathered (padding rows repeat the last real one)
     write_rows: Tensor  # output rows written: the real ones
     real: Tensor | None  # prefill: which of the [num_seqs, q_len] gathered rows are real; decode: None
@@ -189,9 +190,10 @@ def _group(num_tokens: int, block_size: int, block_tables: Tensor, context_lens:
     if q_len == 1:
         in_order = num_seqs == num_tokens and bool((starts == torch.arange(num_seqs, device=device)).all())
         if bool((lens == longest).all()):  # one context length (batch 1): gather exactly it, seen whole, no mask
-            return _Group(block_ids, num_seqs, longest, None, starts, starts, None, 1, in_order)
+            return _Group(block_ids, num_seqs, longest, None, None, starts, starts, None, 1, in_order)
         visible = (columns[None, :] < lens[:, None])[:, None, None, :]
-        return _Group(block_ids, num_seqs, width * block_size, visible, starts, starts, None, 1, in_order)
+        return _Group(block_ids, num_seqs, width * block_size, visible, _padding(columns, lens), starts, starts, None,
+                      1, in_order)
     ends = pick(cu_seqlens_q[1:]).to(torch.int64)
     steps = torch.arange(q_len, device=device)
     tokens = starts[:, None] + steps[None, :]  # [seqs, q_len]; past a sequence's end: padding rows
@@ -199,8 +201,15 @@ def _group(num_tokens: int, block_size: int, block_tables: Tensor, context_lens:
     positions = (lens - (ends - starts))[:, None] + steps[None, :]
     # A padding row sees what its position would (finite, never all-masked); its output is dropped.
     visible = (columns[None, None, :] <= positions[:, :, None])[:, None]
-    return _Group(block_ids, num_seqs, width * block_size, visible, tokens.clamp(max=num_tokens - 1).flatten(),
-                  tokens[real], real, q_len)
+    return _Group(block_ids, num_seqs, width * block_size, visible, _padding(columns, lens),
+                  tokens.clamp(max=num_tokens - 1).flatten(), tokens[real], real, q_len)
+
+
+def _padding(columns: Tensor, lens: Tensor) -> Tensor | None:
+    """Where the gathered slots lie past their sequence's context (stale or foreign data, block 0's for a short
+    table): masked out, yet a NaN there would pass through its zero weight (0 * NaN), so they are zeroed."""
+    past = columns[None, :] >= lens[:, None]
+    return past[:, :, None] if bool(past.any()) else None
 
 
 def _attend_group(query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group, scale: float,
@@ -208,8 +217,7 @@ def _attend_group(query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group
     """One attention call as `group` plans it, over K/V and queries in `dtype`: the rows `group.write_rows`
     of the output, [rows, num_heads, head_dim] in `dtype`."""
     num_heads, head_dim = query.shape[1], query.shape[2]
-    keys = _batched_pages(k_cache, group.block_ids, group.num_seqs, group.length).to(dtype)
-    values = _batched_pages(v_cache, group.block_ids, group.num_seqs, group.length).to(dtype)
+    keys, values = (pages.to(dtype) for pages in _batched_pages(k_cache, v_cache, group))
     gathered = (query if group.in_order else query.index_select(0, group.read_rows)).to(dtype)
     if group.real is None:
         # Query heads of one KV head are adjacent: view them as that head's rows (no copy of K/V per head).
@@ -222,13 +230,37 @@ def _attend_group(query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group
     return attended.transpose(1, 2)[group.real]
 
 
-def _batched_pages(cache: Tensor, block_ids: Tensor, num_seqs: int, length: int) -> Tensor:
-    """The listed blocks, the same number a sequence, as [num_seqs, num_kv_heads, length, head_dim] (their
-    first `length` slots), in the cache's dtype."""
-    # Rows of a 2-D view: index_select copies each whole block at once (several times faster than on 4-D).
-    pages = cache.view(cache.shape[0], -1).index_select(0, block_ids)
-    pages = pages.view(num_seqs, -1, cache.shape[2], cache.shape[3])
-    return pages[:, :length].transpose(1, 2)
+def _batched_pages(k_cache: Tensor, v_cache: Tensor, group: _Group) -> tuple[Tensor, Tensor]:
+    """The group's blocks of both caches, each [num_seqs, num_kv_heads, length, head_dim] (the first `length`
+    slots of a sequence's blocks), in the cache's dtype, the slots past a context zeroed."""
+    pair = _cache_pair(k_cache, v_cache)
+    if pair is None:
+        keys, values = (_gathered(cache[None], group) for cache in (k_cache, v_cache))
+        return keys[0], values[0]
+    pages = _gathered(pair, group)  # both caches in one gather: the engine's V follows its K in memory
+    return pages[0], pages[1]
+
+
+def _cache_pair(k_cache: Tensor, v_cache: Tensor) -> Tensor | None:
+    """k_cache and v_cache as one [2, ...] view where v_cache is the block of memory right after k_cache (a
+    layer's caches in the engine's KV tensor); None otherwise. Both are contiguous and alike (validated)."""
+    if (v_cache.data_ptr() != k_cache.data_ptr() + k_cache.numel() * k_cache.element_size()
+            or v_cache.untyped_storage().data_ptr() != k_cache.untyped_storage().data_ptr()):
+        return None
+    return k_cache.as_strided((2, *k_cache.shape), (k_cache.numel(), *k_cache.stride()))
+
+
+def _gathered(caches: Tensor, group: _Group) -> Tensor:
+    """The group's blocks of each of caches [n, num_blocks, block_size, num_kv_heads, head_dim], as
+    [n, num_seqs, num_kv_heads, length, head_dim]."""
+    count, num_blocks, _, num_kv_heads, head_dim = caches.shape
+    # Rows of a block-per-row view: index_select copies each whole block at once (several times faster than on
+    # the 5-D view).
+    pages = caches.reshape(count, num_blocks, -1).index_select(1, group.block_ids)
+    pages = pages.view(count, group.num_seqs, -1, num_kv_heads * head_dim)
+    if group.padding is not None:
+        pages.masked_fill_(group.padding, 0)
+    return pages[:, :, : group.length].view(count, group.num_seqs, group.length, num_kv_heads, head_dim).transpose(2, 3)
 
 
 def paged_attention_per_sequence(query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
