@@ -92,7 +92,6 @@ def paged_attention(
     """
     if query.shape[0] == 0:
         return torch.empty_like(query)
-    out = torch.empty_like(query)
     dtype = _attention_dtype(k_cache)
     key = ("attention plan", id(block_tables), id(context_lens), id(cu_seqlens_q), query.shape[0], tuple(k_cache.shape),
            dtype)
@@ -100,6 +99,7 @@ def paged_attention(
                                                context_lens, cu_seqlens_q))
     if len(plan) == 1 and plan[0].in_order:
         return _attend_group(query, k_cache, v_cache, plan[0], scale, dtype).to(query.dtype)
+    out = torch.empty_like(query)
     for group in plan:
         out.index_copy_(0, group.write_rows, _attend_group(query, k_cache, v_cache, group, scale, dtype).to(query.dtype))
     return out

@@ -63,10 +63,11 @@ class MergedLinear(Linear):
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool) -> None:
         super().__init__(in_features, sum(parts.values()), bias=bias)
         self.parts = dict(parts)  # checkpoint name of each part -> its output features, in stacking order
+        self.part_sizes = list(self.parts.values())
 
     def split_forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each part's output, as views of the one product."""
-        return self.forward(hidden).split(list(self.parts.values()), dim=-1)
+        return self.forward(hidden).split_with_sizes(self.part_sizes, dim=-1)  # (`Tensor.split` adds Python)
 
     def checkpoint_shapes(self, module_name: str, param_name: str) -> dict[str, tuple[int, ...]]:
         """The checkpoint's names and shapes for this module's `param_name` ("weight" or "bias"), in order."""
