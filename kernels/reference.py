@@ -24,15 +24,9 @@ def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
     Which tokens are kept, and where they go, is the same in every layer: inside
     `kernels.per_forward.one_forward()` the first layer works it out for all."""
     rows, slots = per_forward.once(("kv slots", id(slot_mapping)), lambda: _kept_slots(slot_mapping))
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    pair = _cache_pair(k_cache, v_cache) if rows is None else None
-    both = _side_by_side(key, value) if pair is not None else None
-    if both is not None:  # the projection's neighbouring k and v into a layer's neighbouring caches: one copy
-        source = both.view(key.shape[0], 2, num_kv_heads, head_dim).transpose(0, 1)
-        pair.view(2, -1, num_kv_heads, head_dim).index_copy_(1, slots, source)
-        return
     if rows is not None:
         key, value = key.index_select(0, rows), value.index_select(0, rows)
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value)
 

@@ -209,24 +209,6 @@ def test_store_kv_writes_each_kept_token_to_its_slot_and_nothing_else(data: st.D
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
 
 
-@pytest.mark.parametrize("slots", [[5, 0, 17], [5, -1, 17]], ids=["all kept", "one skipped"])
-def test_store_kv_of_a_projections_k_and_v_into_one_kv_tensor_writes_what_it_writes_apart(slots: list[int]) -> None:
-    # The engine's k and v are neighbouring views of one projection and a layer's caches neighbours in the
-    # KV tensor: stored in one copy, the caches hold what two copies into separate caches leave.
-    generator = torch.Generator().manual_seed(13)
-    qkv = torch.randn(3, 8, 4, generator=generator)
-    key, value = qkv[:, 4:6], qkv[:, 6:]
-    kv_tensor = torch.randn(3, 6, 4, 2, 4, generator=generator)
-    apart_k, apart_v = kv_tensor[0].clone(), kv_tensor[1].clone()
-    slot_mapping = torch.tensor(slots)
-    assert reference._side_by_side(key, value) is not None
-    kernels.store_kv(key, value, apart_k, apart_v, slot_mapping)
-    before_third = kv_tensor[2].clone()
-    kernels.store_kv(key, value, kv_tensor[0], kv_tensor[1], slot_mapping)
-    assert torch.equal(kv_tensor[0], apart_k) and torch.equal(kv_tensor[1], apart_v)
-    assert torch.equal(kv_tensor[2], before_third)
-
-
 def test_zero_blocks_clears_every_cache_of_the_listed_blocks_only() -> None:
     kv_cache = torch.randn(6, 9, 8, 2, 16, dtype=torch.bfloat16)
     before = kv_cache.clone()
