@@ -140,6 +140,10 @@ def _plan(num_tokens: int, cache_shape: torch.Size, itemsize: int, block_tables:
     offsets = cu_seqlens_q.tolist()
     contexts = context_lens.tolist()
     query_lens = [end - start for start, end in zip(offsets, offsets[1:])]
+    if query_lens == [1]:  # one sequence's decode token (batch 1): its blocks, its whole context, in order
+        block_ids = block_tables[0, : -(-contexts[0] // cache_shape[1])].to(torch.int64)
+        first = cu_seqlens_q[:1].to(torch.int64)
+        return [_Group(block_ids, 1, contexts[0], None, None, first, first, None, 1, True)]
     lens_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     block_size = cache_shape[1]
     kv_row_bytes = 2 * cache_shape[2] * cache_shape[3] * itemsize  # one token's K and V, as gathered
@@ -314,7 +318,8 @@ def rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
     # torch's rms_norm without a weight computes x * rsqrt(mean(x^2) + eps) in float32 and rounds it to x's
     # dtype, bit for bit the op-by-op formula (test_kernels_layers checks it against transformers' module),
     # in one call instead of seven; the weight multiplies after the rounding, as transformers does.
-    return weight * F.rms_norm(hidden, hidden.shape[-1:], eps=eps)
+    # (torch.rms_norm is what F.rms_norm calls, less its Python wrapper: 25 calls a decode step.)
+    return weight * torch.rms_norm(hidden, hidden.shape[-1:], eps=eps)
 
 
 def add_rms_norm(hidden: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:

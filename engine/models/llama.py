@@ -74,9 +74,10 @@ class LlamaFamilyForCausalLM(nn.Module):
         rotary = self.rotary
         with kernels.one_forward():  # the layers share their metadata's checks, attention plan and rotary rows
             # (`forward` called directly: see `engine.models.layers`)
+            caches = kv_cache.unbind(0)  # every layer's K and V views in one call
             for index, layer in enumerate(self.model.layers):
                 hidden, residual = layer.forward(
-                    positions, hidden, residual, rotary, kv_cache[2 * index], kv_cache[2 * index + 1], meta
+                    positions, hidden, residual, rotary, caches[2 * index], caches[2 * index + 1], meta
                 )
         if residual is None:  # a model without layers
             return self.model.norm(hidden)
