@@ -126,7 +126,7 @@ class _Group:
     num_seqs: int
     length: int  # the context every sequence of the group is gathered to: width * block_size, or a lone one's own
     visible: Tensor | None  # the attention mask, broadcast over heads; None where every gathered slot is visible
-    padding: Tensor | None  # [num_seqs, width * block_size, 1]: gathered slots past a context, zeroed; None if none
+    padding: Tensor | None  # [num_seqs, width * block_size, 1, 1]: gathered slots past a context (zeroed); or None
     read_rows: Tensor  # query rows gathered (padding rows repeat the last real one)
     write_rows: Tensor  # output rows written: the real ones
     real: Tensor | None  # prefill: which of the [num_seqs, q_len] gathered rows are real; decode: None
@@ -213,7 +213,7 @@ def _padding(columns: Tensor, lens: Tensor) -> Tensor | None:
     """Where the gathered slots lie past their sequence's context (stale or foreign data, block 0's for a short
     table): masked out, yet a NaN there would pass through its zero weight (0 * NaN), so they are zeroed."""
     past = columns[None, :] >= lens[:, None]
-    return past[:, :, None] if bool(past.any()) else None
+    return past[:, :, None, None] if bool(past.any()) else None
 
 
 def _attend_group(query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group, scale: float,
@@ -221,8 +221,12 @@ def _attend_group(query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group
     """One attention call as `group` plans it, over K/V and queries in `dtype`: the rows `group.write_rows`
     of the output, [rows, num_heads, head_dim] in `dtype`."""
     num_heads, head_dim = query.shape[1], query.shape[2]
-    keys, values = (pages.to(dtype) for pages in _batched_pages(k_cache, v_cache, group))
-    gathered = (query if group.in_order else query.index_select(0, group.read_rows)).to(dtype)
+    keys, values = _batched_pages(k_cache, v_cache, group)
+    if keys.dtype != dtype:
+        keys, values = keys.to(dtype), values.to(dtype)
+    gathered = query if group.in_order else query.index_select(0, group.read_rows)
+    if gathered.dtype != dtype:
+        gathered = gathered.to(dtype)
     if group.real is None:
         # Query heads of one KV head are adjacent: view them as that head's rows (no copy of K/V per head).
         grouped = gathered.view(group.num_seqs, k_cache.shape[2], -1, head_dim)
@@ -239,32 +243,36 @@ def _batched_pages(k_cache: Tensor, v_cache: Tensor, group: _Group) -> tuple[Ten
     slots of a sequence's blocks), in the cache's dtype, the slots past a context zeroed."""
     pair = _cache_pair(k_cache, v_cache)
     if pair is None:
-        keys, values = (_gathered(cache[None], group) for cache in (k_cache, v_cache))
-        return keys[0], values[0]
-    pages = _gathered(pair, group)  # both caches in one gather: the engine's V follows its K in memory
-    return pages[0], pages[1]
+        keys, values = (_gathered(cache.view(1, cache.shape[0], -1), k_cache.shape, group)[0]
+                        for cache in (k_cache, v_cache))
+        return keys, values
+    keys, values = _gathered(pair, k_cache.shape, group).unbind(0)  # the engine's V follows its K: one gather
+    return keys, values
 
 
 def _cache_pair(k_cache: Tensor, v_cache: Tensor) -> Tensor | None:
-    """k_cache and v_cache as one [2, ...] view where v_cache is the block of memory right after k_cache (a
-    layer's caches in the engine's KV tensor); None otherwise. Both are contiguous and alike (validated)."""
-    if (v_cache.data_ptr() != k_cache.data_ptr() + k_cache.numel() * k_cache.element_size()
+    """k_cache and v_cache as one [2, num_blocks, block elements] view where v_cache is the block of memory right
+    after k_cache (a layer's caches in the engine's KV tensor); None otherwise. Both are contiguous and alike
+    (validated)."""
+    size = k_cache.numel()
+    if (v_cache.data_ptr() != k_cache.data_ptr() + size * k_cache.element_size()
             or v_cache.untyped_storage().data_ptr() != k_cache.untyped_storage().data_ptr()):
         return None
-    return k_cache.as_strided((2, *k_cache.shape), (k_cache.numel(), *k_cache.stride()))
+    block = k_cache.stride(0)
+    return k_cache.as_strided((2, k_cache.shape[0], block), (size, block, 1))
 
 
-def _gathered(caches: Tensor, group: _Group) -> Tensor:
-    """The group's blocks of each of caches [n, num_blocks, block_size, num_kv_heads, head_dim], as
+def _gathered(caches: Tensor, cache_shape: torch.Size, group: _Group) -> Tensor:
+    """The group's blocks of each of caches [n, num_blocks, block elements] (caches of `cache_shape`), as
     [n, num_seqs, num_kv_heads, length, head_dim]."""
-    count, num_blocks, _, num_kv_heads, head_dim = caches.shape
     # Rows of a block-per-row view: index_select copies each whole block at once (several times faster than on
     # the 5-D view).
-    pages = caches.reshape(count, num_blocks, -1).index_select(1, group.block_ids)
-    pages = pages.view(count, group.num_seqs, -1, num_kv_heads * head_dim)
+    pages = caches.index_select(1, group.block_ids).view(caches.shape[0], group.num_seqs, -1, *cache_shape[2:])
     if group.padding is not None:
         pages.masked_fill_(group.padding, 0)
-    return pages[:, :, : group.length].view(count, group.num_seqs, group.length, num_kv_heads, head_dim).transpose(2, 3)
+    if pages.shape[2] != group.length:
+        pages = pages[:, :, : group.length]
+    return pages.transpose(2, 3)
 
 
 def paged_attention_per_sequence(query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
