@@ -92,7 +92,7 @@ def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
     head_dim], one layer's views of the engine's KV tensor; slot_mapping: int32 or int64 [num_tokens] with
     slot = block_id * block_size + offset, and -1 to skip the token (padding).
     """
-    per_forward.check_once(("store_kv", id(slot_mapping), _layout(key, value, k_cache, v_cache, slot_mapping)),
+    per_forward.check_once(("store_kv", id(slot_mapping), _layout(key, value, k_cache, v_cache)),
                            validation.check_store_kv, key, value, k_cache, v_cache, slot_mapping)
     if key.shape[0] == 0:
         return
@@ -123,7 +123,7 @@ def paged_attention(
     num_kv_heads). Returns [num_q_tokens, num_heads, head_dim] in query's dtype, accumulated in float32.
     """
     per_forward.check_once(("paged_attention", id(block_tables), id(context_lens), id(cu_seqlens_q), max_seqlen_q,
-                            _layout(query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q)),
+                            _layout(query, k_cache, v_cache)),
                            validation.check_paged_attention, query, k_cache, v_cache, block_tables, context_lens,
                            cu_seqlens_q, max_seqlen_q)
     args = (query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, max_seqlen_q, float(scale))
@@ -133,9 +133,9 @@ def paged_attention(
 
 
 # The KV path's and rotary's checks run once per forward inside `kernels.one_forward()` (`per_forward.check_once`):
-# the layers after the first pass the same step metadata (the same tensors: the key holds their ids) and
-# tensors laid out alike (`_layout`), so the first layer's checks, which read the metadata's values, hold for
-# them too.
+# the layers after the first pass the same step metadata and caches of positions (the same tensors, unchanged
+# for the forward: the key holds their ids) and their own tensors laid out alike (`_layout`), so the first
+# layer's checks, which read the metadata's values, hold for them too.
 
 
 def _layout(*tensors: Tensor) -> tuple:
@@ -260,7 +260,7 @@ def rotary_embedding(
     (unit stride in dim). `inplace` overwrites and returns them; otherwise new tensors come back.
     """
     per_forward.check_once(("rotary_embedding", id(positions), id(cos_cache), id(sin_cache),
-                            _layout(positions, query, key, cos_cache, sin_cache)),
+                            _layout(query, key)),
                            validation.check_rotary_embedding, positions, query, key, cos_cache, sin_cache)
     if query.shape[0] == 0:
         return (query, key) if inplace else (torch.empty_like(query), torch.empty_like(key))
