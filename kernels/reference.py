@@ -122,11 +122,10 @@ GATHER_BUDGET_BYTES = 2 << 20
 class _Group:
     """One masked attention call: which blocks it gathers, which query rows it reads and writes, its mask."""
 
-    block_ids: Tensor  # [num_seqs * width] int64: each sequence's blocks, padded with block 0 (masked out)
+    block_ids: Tensor  # [num_seqs * width] int64: each sequence's blocks, padded with its first (masked out)
     num_seqs: int
     length: int  # the context every sequence of the group is gathered to: width * block_size, or a lone one's own
     visible: Tensor | None  # the attention mask, broadcast over heads; None where every gathered slot is visible
-    padding: Tensor | None  # [num_seqs, width * block_size, 1, 1]: gathered slots past a context (zeroed); or None
     read_rows: Tensor  # query rows gathered (padding rows repeat the last real one)
     write_rows: Tensor  # output rows written: the real ones
     real: Tensor | None  # prefill: which of the [num_seqs, q_len] gathered rows are real; decode: None
@@ -143,7 +142,7 @@ def _plan(num_tokens: int, cache_shape: torch.Size, itemsize: int, block_tables:
     if query_lens == [1]:  # one sequence's decode token (batch 1): its blocks, its whole context, in order
         block_ids = block_tables[0, : -(-contexts[0] // cache_shape[1])].to(torch.int64)
         first = cu_seqlens_q[:1].to(torch.int64)
-        return [_Group(block_ids, 1, contexts[0], None, None, first, first, None, 1, True)]
+        return [_Group(block_ids, 1, contexts[0], None, first, first, None, 1, True)]
     lens_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     block_size = cache_shape[1]
     kv_row_bytes = 2 * cache_shape[2] * cache_shape[3] * itemsize  # one token's K and V, as gathered
@@ -186,18 +185,20 @@ def _group(num_tokens: int, block_size: int, block_tables: Tensor, context_lens:
     num_seqs = rows.shape[0]
     width = -(-longest // block_size)
     lens = pick(context_lens).to(torch.int64)
-    # Entries past a context may be -1 or stale, even out of range: read block 0 there instead, masked out below.
+    # Entries past a context may be -1 or stale, even out of range: read the sequence's own first block there
+    # instead, masked out below. Masked is not enough to keep another sequence's data out: a weight of 0 times a
+    # NaN is NaN. (Zeroing the padded slots after the gather cost about a sixth of a 16-sequence call.)
     in_context = torch.arange(width, device=device)[None, :] * block_size < lens[:, None]
-    block_ids = torch.where(in_context, pick(block_tables[:, :width]).to(torch.int64), 0).flatten()
+    tables = pick(block_tables[:, :width]).to(torch.int64)
+    block_ids = torch.where(in_context, tables, tables[:, :1]).flatten()
     starts = pick(cu_seqlens_q[:-1]).to(torch.int64)
     columns = torch.arange(width * block_size, device=device)
     if q_len == 1:
         in_order = num_seqs == num_tokens and bool((starts == torch.arange(num_seqs, device=device)).all())
         if bool((lens == longest).all()):  # one context length (batch 1): gather exactly it, seen whole, no mask
-            return _Group(block_ids, num_seqs, longest, None, None, starts, starts, None, 1, in_order)
+            return _Group(block_ids, num_seqs, longest, None, starts, starts, None, 1, in_order)
         visible = (columns[None, :] < lens[:, None])[:, None, None, :]
-        return _Group(block_ids, num_seqs, width * block_size, visible, _padding(columns, lens), starts, starts, None,
-                      1, in_order)
+        return _Group(block_ids, num_seqs, width * block_size, visible, starts, starts, None, 1, in_order)
     ends = pick(cu_seqlens_q[1:]).to(torch.int64)
     steps = torch.arange(q_len, device=device)
     tokens = starts[:, None] + steps[None, :]  # [seqs, q_len]; past a sequence's end: padding rows
@@ -205,15 +206,8 @@ def _group(num_tokens: int, block_size: int, block_tables: Tensor, context_lens:
     positions = (lens - (ends - starts))[:, None] + steps[None, :]
     # A padding row sees what its position would (finite, never all-masked); its output is dropped.
     visible = (columns[None, None, :] <= positions[:, :, None])[:, None]
-    return _Group(block_ids, num_seqs, width * block_size, visible, _padding(columns, lens),
-                  tokens.clamp(max=num_tokens - 1).flatten(), tokens[real], real, q_len)
-
-
-def _padding(columns: Tensor, lens: Tensor) -> Tensor | None:
-    """Where the gathered slots lie past their sequence's context (stale or foreign data, block 0's for a short
-    table): masked out, yet a NaN there would pass through its zero weight (0 * NaN), so they are zeroed."""
-    past = columns[None, :] >= lens[:, None]
-    return past[:, :, None, None] if bool(past.any()) else None
+    return _Group(block_ids, num_seqs, width * block_size, visible, tokens.clamp(max=num_tokens - 1).flatten(),
+                  tokens[real], real, q_len)
 
 
 def _attend_group(query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group, scale: float,
@@ -240,7 +234,7 @@ def _attend_group(query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group
 
 def _batched_pages(k_cache: Tensor, v_cache: Tensor, group: _Group) -> tuple[Tensor, Tensor]:
     """The group's blocks of both caches, each [num_seqs, num_kv_heads, length, head_dim] (the first `length`
-    slots of a sequence's blocks), in the cache's dtype, the slots past a context zeroed."""
+    slots of a sequence's blocks), in the cache's dtype."""
     pair = _cache_pair(k_cache, v_cache)
     if pair is None:
         keys, values = (_gathered(cache.view(1, cache.shape[0], -1), k_cache.shape, group)[0]
@@ -268,8 +262,6 @@ def _gathered(caches: Tensor, cache_shape: torch.Size, group: _Group) -> Tensor:
     # Rows of a block-per-row view: index_select copies each whole block at once (several times faster than on
     # the 5-D view).
     pages = caches.index_select(1, group.block_ids).view(caches.shape[0], group.num_seqs, -1, *cache_shape[2:])
-    if group.padding is not None:
-        pages.masked_fill_(group.padding, 0)
     if pages.shape[2] != group.length:
         pages = pages[:, :, : group.length]
     return pages.transpose(2, 3)

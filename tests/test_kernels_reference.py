@@ -110,19 +110,23 @@ def test_decode_reads_no_slot_past_a_context_with_or_without_a_mask(contexts: li
 
 
 @pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [1, 5, 1, 3]], ids=["decode", "decode and prefill"])
-def test_nan_in_slots_outside_every_context_leaves_the_batched_attention_equal_to_the_oracle(
-        query_lens: list[int]) -> None:
-    # Padding reads block 0 past a short table and the tails of last blocks; masked weights are 0, but 0 * NaN is
-    # NaN: the padded K/V must never reach the products. Every slot outside the contexts holds NaN here.
+def test_nan_in_blocks_no_sequence_holds_never_reaches_the_batched_attention(query_lens: list[int]) -> None:
+    # Sequences of a call are padded to its longest context with blocks that are masked out; masked weights are
+    # 0, but 0 * NaN is NaN, so the padding must read no block another sequence (or none) holds. Here the free
+    # blocks, block 0 among them, hold NaN.
     contexts = [13, 5, 21, 9]
     batch = build_paged_batch(contexts, query_lens, num_heads=4, num_kv_heads=2, head_dim=8, block_size=4,
-                              stale_id=10**6, generator=torch.Generator().manual_seed(11))
-    used = torch.zeros(batch.k_cache.shape[:2], dtype=torch.bool)
-    for seq, context in enumerate(contexts):
-        for position in range(context):
-            used[int(batch.block_tables[seq, position // 4]), position % 4] = True
-    for cache in (batch.k_cache, batch.v_cache):
-        cache[~used] = float("nan")
+                              spare_blocks=3, stale_id=10**6, generator=torch.Generator().manual_seed(11))
+    tables = batch.block_tables.clone()
+    held = {int(tables[seq, index]) for seq, context in enumerate(contexts) for index in range(-(-context // 4))}
+    if 0 in held:  # make block 0 a free one: swap it with a free block, contents and table entries
+        free = min(set(range(batch.k_cache.shape[0])) - held)
+        for cache in (batch.k_cache, batch.v_cache):
+            cache[[0, free]] = cache[[free, 0]]
+        batch.block_tables[tables == 0], batch.block_tables[tables == free] = free, 0
+        held = held - {0} | {free}
+    for block in set(range(batch.k_cache.shape[0])) - held:
+        batch.k_cache[block], batch.v_cache[block] = float("nan"), float("nan")
     with kernels.one_forward():
         batched = kernels.paged_attention(*batch.args())
     assert not batched.isnan().any()
