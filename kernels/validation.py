@@ -192,7 +192,8 @@ def _rms_norm_inputs_fit(hidden: Tensor, weight: Tensor, residual: Tensor | None
     shape, dtype, device = hidden.shape, hidden.dtype, hidden.device
     return (len(shape) >= 1 and 0 < shape[-1] <= MAX_NORM_WIDTH and dtype in CACHE_DTYPES
             and weight.shape == shape[-1:] and weight.dtype == dtype and weight.device == device
-            and (residual is None or (residual.shape == shape and residual.dtype == dtype and residual.device == device)))
+            and (residual is None
+                 or (residual.shape == shape and residual.dtype == dtype and residual.device == device)))
 
 
 def _explain_rms_norm(hidden: Tensor, weight: Tensor, residual: Tensor | None) -> None:
