@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import ModuleType
@@ -92,8 +92,8 @@ def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
     head_dim], one layer's views of the engine's KV tensor; slot_mapping: int32 or int64 [num_tokens] with
     slot = block_id * block_size + offset, and -1 to skip the token (padding).
     """
-    _check_once(("store_kv", id(slot_mapping), _layout(key, value, k_cache, v_cache, slot_mapping)),
-                validation.check_store_kv, key, value, k_cache, v_cache, slot_mapping)
+    per_forward.check_once(("store_kv", id(slot_mapping), _layout(key, value, k_cache, v_cache)),
+                           validation.check_store_kv, key, value, k_cache, v_cache, slot_mapping)
     if key.shape[0] == 0:
         return
     if selected_backend(k_cache.device) == "triton":
@@ -122,26 +122,25 @@ def paged_attention(
     attends to cache positions 0..that position inclusive. Query head h uses kv head h // (num_heads //
     num_kv_heads). Returns [num_q_tokens, num_heads, head_dim] in query's dtype, accumulated in float32.
     """
-    _check_once(("paged_attention", id(block_tables), id(context_lens), id(cu_seqlens_q), max_seqlen_q,
-                 _layout(query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q)),
-                validation.check_paged_attention, query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q,
-                max_seqlen_q)
+    per_forward.check_once(("paged_attention", id(block_tables), id(context_lens), id(cu_seqlens_q), max_seqlen_q,
+                            _layout(query, k_cache, v_cache)),
+                           validation.check_paged_attention, query, k_cache, v_cache, block_tables, context_lens,
+                           cu_seqlens_q, max_seqlen_q)
     args = (query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, max_seqlen_q, float(scale))
     if selected_backend(query.device) == "triton":
         return _triton_module("paged_attention", query.device).paged_attention(*args)
     return reference.paged_attention(*args)
 
 
-def _check_once(key: tuple, check: Callable[..., None], *arguments: Any) -> None:
-    """Runs `check`, once per forward inside `kernels.one_forward()`: the layers after the first pass the same
-    step metadata (the same tensors: `key` holds their ids) and tensors laid out alike (`_layout`), so the
-    first layer's checks, which read the metadata's values, hold for them too."""
-    per_forward.once(key, lambda: check(*arguments))
+# The KV path's and rotary's checks run once per forward inside `kernels.one_forward()` (`per_forward.check_once`):
+# the layers after the first pass the same step metadata and caches of positions (the same tensors, unchanged
+# for the forward: the key holds their ids) and their own tensors laid out alike (`_layout`), so the first
+# layer's checks, which read the metadata's values, hold for them too.
 
 
 def _layout(*tensors: Tensor) -> tuple:
     """What the checks read of a tensor besides the metadata's values: shape, strides, dtype, device."""
-    return tuple((tensor.shape, tensor.stride(), tensor.dtype, tensor.device) for tensor in tensors)
+    return tuple([(tensor.shape, tensor.stride(), tensor.dtype, tensor.device) for tensor in tensors])
 
 
 def zero_blocks(kv_cache: Tensor, block_ids: Tensor | Sequence[int], *, ids_in_range: bool = False) -> None:
@@ -260,9 +259,9 @@ def rotary_embedding(
     frequency scaling (llama3) and rounded to the query dtype before use. query and key may be strided views
     (unit stride in dim). `inplace` overwrites and returns them; otherwise new tensors come back.
     """
-    _check_once(("rotary_embedding", id(positions), id(cos_cache), id(sin_cache),
-                 _layout(positions, query, key, cos_cache, sin_cache)),
-                validation.check_rotary_embedding, positions, query, key, cos_cache, sin_cache)
+    per_forward.check_once(("rotary_embedding", id(positions), id(cos_cache), id(sin_cache),
+                            _layout(query, key)),
+                           validation.check_rotary_embedding, positions, query, key, cos_cache, sin_cache)
     if query.shape[0] == 0:
         return (query, key) if inplace else (torch.empty_like(query), torch.empty_like(key))
     rotate = _implementation("rotary_embedding", "rotary", query.device)

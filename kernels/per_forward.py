@@ -36,3 +36,13 @@ def once(key: Hashable, compute: Callable[[], _Value]) -> _Value:
     if key not in memo:
         memo[key] = compute()
     return memo[key]  # type: ignore[return-value]
+
+
+def check_once(key: Hashable, check: Callable[..., None], *arguments: object) -> None:
+    """`check(*arguments)`, but inside `one_forward()` only until it has passed once for `key`: `once` for a
+    check, without a closure to build on every call (it runs on every kernel call of every layer)."""
+    memo = _memo.get()
+    if memo is None or key not in memo:
+        check(*arguments)
+        if memo is not None:
+            memo[key] = None

@@ -92,7 +92,6 @@ def paged_attention(
     """
     if query.shape[0] == 0:
         return torch.empty_like(query)
-    out = torch.empty_like(query)
     dtype = _attention_dtype(k_cache)
     key = ("attention plan", id(block_tables), id(context_lens), id(cu_seqlens_q), query.shape[0], tuple(k_cache.shape),
            dtype)
@@ -100,6 +99,7 @@ def paged_attention(
                                                context_lens, cu_seqlens_q))
     if len(plan) == 1 and plan[0].in_order:
         return _attend_group(query, k_cache, v_cache, plan[0], scale, dtype).to(query.dtype)
+    out = torch.empty_like(query)
     for group in plan:
         out.index_copy_(0, group.write_rows, _attend_group(query, k_cache, v_cache, group, scale, dtype).to(query.dtype))
     return out
@@ -122,7 +122,7 @@ GATHER_BUDGET_BYTES = 2 << 20
 class _Group:
     """One masked attention call: which blocks it gathers, which query rows it reads and writes, its mask."""
 
-    block_ids: Tensor  # [num_seqs * width] int64: each sequence's blocks, padded with block 0 (masked out)
+    block_ids: Tensor  # [num_seqs * width] int64: each sequence's blocks, padded with its first (masked out)
     num_seqs: int
     length: int  # the context every sequence of the group is gathered to: width * block_size, or a lone one's own
     visible: Tensor | None  # the attention mask, broadcast over heads; None where every gathered slot is visible
@@ -139,6 +139,10 @@ def _plan(num_tokens: int, cache_shape: torch.Size, itemsize: int, block_tables:
     offsets = cu_seqlens_q.tolist()
     contexts = context_lens.tolist()
     query_lens = [end - start for start, end in zip(offsets, offsets[1:])]
+    if query_lens == [1]:  # one sequence's decode token (batch 1): its blocks, its whole context, in order
+        block_ids = block_tables[0, : -(-contexts[0] // cache_shape[1])].to(torch.int64)
+        first = cu_seqlens_q[:1].to(torch.int64)
+        return [_Group(block_ids, 1, contexts[0], None, first, first, None, 1, True)]
     lens_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     block_size = cache_shape[1]
     kv_row_bytes = 2 * cache_shape[2] * cache_shape[3] * itemsize  # one token's K and V, as gathered
@@ -181,9 +185,12 @@ def _group(num_tokens: int, block_size: int, block_tables: Tensor, context_lens:
     num_seqs = rows.shape[0]
     width = -(-longest // block_size)
     lens = pick(context_lens).to(torch.int64)
-    # Entries past a context may be -1 or stale, even out of range: read block 0 there instead, masked out below.
+    # Entries past a context may be -1 or stale, even out of range: read the sequence's own first block there
+    # instead, masked out below. Masked is not enough to keep another sequence's data out: a weight of 0 times a
+    # NaN is NaN. (Zeroing the padded slots after the gather cost about a sixth of a 16-sequence call.)
     in_context = torch.arange(width, device=device)[None, :] * block_size < lens[:, None]
-    block_ids = torch.where(in_context, pick(block_tables[:, :width]).to(torch.int64), 0).flatten()
+    tables = pick(block_tables[:, :width]).to(torch.int64)
+    block_ids = torch.where(in_context, tables, tables[:, :1]).flatten()
     starts = pick(cu_seqlens_q[:-1]).to(torch.int64)
     columns = torch.arange(width * block_size, device=device)
     if q_len == 1:
@@ -208,9 +215,12 @@ def _attend_group(query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group
     """One attention call as `group` plans it, over K/V and queries in `dtype`: the rows `group.write_rows`
     of the output, [rows, num_heads, head_dim] in `dtype`."""
     num_heads, head_dim = query.shape[1], query.shape[2]
-    keys = _batched_pages(k_cache, group.block_ids, group.num_seqs, group.length).to(dtype)
-    values = _batched_pages(v_cache, group.block_ids, group.num_seqs, group.length).to(dtype)
-    gathered = (query if group.in_order else query.index_select(0, group.read_rows)).to(dtype)
+    keys, values = _batched_pages(k_cache, v_cache, group)
+    if keys.dtype != dtype:
+        keys, values = keys.to(dtype), values.to(dtype)
+    gathered = query if group.in_order else query.index_select(0, group.read_rows)
+    if gathered.dtype != dtype:
+        gathered = gathered.to(dtype)
     if group.real is None:
         # Query heads of one KV head are adjacent: view them as that head's rows (no copy of K/V per head).
         grouped = gathered.view(group.num_seqs, k_cache.shape[2], -1, head_dim)
@@ -222,13 +232,39 @@ def _attend_group(query: Tensor, k_cache: Tensor, v_cache: Tensor, group: _Group
     return attended.transpose(1, 2)[group.real]
 
 
-def _batched_pages(cache: Tensor, block_ids: Tensor, num_seqs: int, length: int) -> Tensor:
-    """The listed blocks, the same number a sequence, as [num_seqs, num_kv_heads, length, head_dim] (their
-    first `length` slots), in the cache's dtype."""
-    # Rows of a 2-D view: index_select copies each whole block at once (several times faster than on 4-D).
-    pages = cache.view(cache.shape[0], -1).index_select(0, block_ids)
-    pages = pages.view(num_seqs, -1, cache.shape[2], cache.shape[3])
-    return pages[:, :length].transpose(1, 2)
+def _batched_pages(k_cache: Tensor, v_cache: Tensor, group: _Group) -> tuple[Tensor, Tensor]:
+    """The group's blocks of both caches, each [num_seqs, num_kv_heads, length, head_dim] (the first `length`
+    slots of a sequence's blocks), in the cache's dtype."""
+    pair = _cache_pair(k_cache, v_cache)
+    if pair is None:
+        keys, values = (_gathered(cache.view(1, cache.shape[0], -1), k_cache.shape, group)[0]
+                        for cache in (k_cache, v_cache))
+        return keys, values
+    keys, values = _gathered(pair, k_cache.shape, group).unbind(0)  # the engine's V follows its K: one gather
+    return keys, values
+
+
+def _cache_pair(k_cache: Tensor, v_cache: Tensor) -> Tensor | None:
+    """k_cache and v_cache as one [2, num_blocks, block elements] view where v_cache is the block of memory right
+    after k_cache (a layer's caches in the engine's KV tensor); None otherwise. Both are contiguous and alike
+    (validated)."""
+    size = k_cache.numel()
+    if (v_cache.data_ptr() != k_cache.data_ptr() + size * k_cache.element_size()
+            or v_cache.untyped_storage().data_ptr() != k_cache.untyped_storage().data_ptr()):
+        return None
+    block = k_cache.stride(0)
+    return k_cache.as_strided((2, k_cache.shape[0], block), (size, block, 1))
+
+
+def _gathered(caches: Tensor, cache_shape: torch.Size, group: _Group) -> Tensor:
+    """The group's blocks of each of caches [n, num_blocks, block elements] (caches of `cache_shape`), as
+    [n, num_seqs, num_kv_heads, length, head_dim]."""
+    # Rows of a block-per-row view: index_select copies each whole block at once (several times faster than on
+    # the 5-D view).
+    pages = caches.index_select(1, group.block_ids).view(caches.shape[0], group.num_seqs, -1, *cache_shape[2:])
+    if pages.shape[2] != group.length:
+        pages = pages[:, :, : group.length]
+    return pages.transpose(2, 3)
 
 
 def paged_attention_per_sequence(query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
@@ -282,7 +318,8 @@ def rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
     # torch's rms_norm without a weight computes x * rsqrt(mean(x^2) + eps) in float32 and rounds it to x's
     # dtype, bit for bit the op-by-op formula (test_kernels_layers checks it against transformers' module),
     # in one call instead of seven; the weight multiplies after the rounding, as transformers does.
-    return weight * F.rms_norm(hidden, hidden.shape[-1:], eps=eps)
+    # (torch.rms_norm is what F.rms_norm calls, less its Python wrapper: 25 calls a decode step.)
+    return weight * torch.rms_norm(hidden, hidden.shape[-1:], eps=eps)
 
 
 def add_rms_norm(hidden: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -308,7 +345,27 @@ def rotary_embedding(
     """
     key_rows = ("rotary rows", id(positions), id(cos_cache), id(sin_cache), query.dtype)
     cos, sin = per_forward.once(key_rows, lambda: _rotary_rows(positions, cos_cache, sin_cache, query.dtype))
-    return _rotate(query, cos, sin, inplace), _rotate(key, cos, sin, inplace)
+    both = _side_by_side(query, key)
+    if both is None:
+        return _rotate(query, cos, sin, inplace), _rotate(key, cos, sin, inplace)
+    # The decoder's query and key are neighbouring views of its one projection: rotated as one tensor, half
+    # the launches (each head's values are computed exactly as apart).
+    rotated = _rotate(both, cos, sin, inplace)
+    if inplace:
+        return query, key
+    return rotated[:, : query.shape[1]], rotated[:, query.shape[1] :]
+
+
+def _side_by_side(query: Tensor, key: Tensor) -> Tensor | None:
+    """query and key as one [tokens, heads + kv_heads, dim] view where key's heads follow query's in memory,
+    row by row, without overlapping the next row (the merged projection's q and k); None otherwise."""
+    heads, head_dim = query.shape[1], query.shape[2]
+    stride = query.stride()
+    if (key.stride() != stride or stride[1] != head_dim or stride[0] < (heads + key.shape[1]) * head_dim
+            or key.data_ptr() != query.data_ptr() + heads * head_dim * query.element_size()
+            or key.untyped_storage().data_ptr() != query.untyped_storage().data_ptr()):
+        return None
+    return query.as_strided((query.shape[0], heads + key.shape[1], head_dim), stride)
 
 
 def _rotary_rows(positions: Tensor, cos_cache: Tensor, sin_cache: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -321,11 +378,7 @@ def _rotary_rows(positions: Tensor, cos_cache: Tensor, sin_cache: Tensor, dtype:
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, inplace: bool) -> Tensor:
     """x * cos + rotate_half(x) * sin as Hugging Face computes it, rounding alike, in four ops and no copy of x:
-    rotate_half(x) * sin is (-x2 * s, x1 * s), which is exactly the halves of x * (s, -s) = (x1 * s, -x2 * s)
-    swapped, each added to its half of x * cos (`sin` holds (s, -s))."""
-    half = x.shape[-1] // 2
-    swapped = x * sin
-    rotated = x.mul_(cos) if inplace else x * cos
-    rotated[..., :half].add_(swapped[..., half:])
-    rotated[..., half:].add_(swapped[..., :half])
-    return rotated
+    rotate_half(x) * sin is (-x2 * s, x1 * s), which is exactly x * (s, -s) = (x1 * s, -x2 * s) with its halves
+    swapped (rolled by half the width), added to x * cos (`sin` holds (s, -s))."""
+    swapped = (x * sin).roll(x.shape[-1] // 2, -1)
+    return (x.mul_(cos) if inplace else x * cos).add_(swapped)

@@ -160,3 +160,28 @@ def test_empty_inputs_are_no_ops() -> None:
     k_cache = torch.ones(3, 8, 1, 16)
     kernels.store_kv(torch.zeros(0, 1, 16), torch.zeros(0, 1, 16), k_cache, k_cache.clone(), torch.zeros(0, dtype=torch.int64))
     assert torch.count_nonzero(k_cache) == k_cache.numel()
+
+
+def test_inside_one_forward_a_later_layers_own_tensors_are_still_checked() -> None:
+    # The step's metadata is checked by the first layer's calls only; a later layer's own tensors (queries,
+    # keys, caches) beside the same metadata are checked all the same, and bad ones refused before any write.
+    store = dict(key=torch.randn(3, 2, 16), value=torch.randn(3, 2, 16), k_cache=torch.zeros(4, 8, 2, 16),
+                 v_cache=torch.zeros(4, 8, 2, 16), slot_mapping=torch.tensor([0, 5, -1]))
+    batch = build_paged_batch([9, 20], [1, 4], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
+                              generator=torch.Generator().manual_seed(2))
+    positions, cos, sin = torch.tensor([0, 3, 7]), torch.randn(8, 8), torch.randn(8, 8)
+    with kernels.one_forward():
+        kernels.store_kv(**store)
+        kernels.paged_attention(*batch.args())
+        kernels.rotary_embedding(positions, store["key"], store["value"], cos, sin)
+        untouched = torch.zeros(8, 4, 2, 16).transpose(0, 1)
+        for bad in ({"key": store["key"].half()}, {"k_cache": untouched, "v_cache": untouched}):
+            with pytest.raises(kernels.KernelInputError):
+                kernels.store_kv(**{**store, **bad})
+        assert torch.count_nonzero(untouched) == 0
+        with pytest.raises(kernels.KernelInputError):
+            kernels.paged_attention(batch.query.half(), *batch.args()[1:])
+        with pytest.raises(kernels.KernelInputError):
+            kernels.paged_attention(batch.query[:, :3], *batch.args()[1:])
+        with pytest.raises(kernels.KernelInputError):
+            kernels.rotary_embedding(positions, store["key"], torch.randn(3, 2, 8), cos, sin)

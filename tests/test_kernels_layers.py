@@ -116,6 +116,21 @@ def test_reference_rotary_in_place_overwrites_strided_views_of_the_stacked_proje
     assert torch.equal(qkv[:, :4], want[0]) and torch.equal(qkv[:, 4:6], want[1]) and torch.equal(qkv[:, 6:], value)
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reference_rotary_of_neighbouring_query_and_key_equals_theirs_apart(dtype: torch.dtype, inplace: bool) -> None:
+    # The stacked projection's q and k are rotated as one tensor: bit for bit what copies of them give apart.
+    qkv = _random((3, 7, 16), dtype, 12) * 4
+    query, key, value = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:].clone()
+    assert reference._side_by_side(query, key) is not None and reference._side_by_side(key, query) is None
+    rope = RotaryEmbedding(16, 32, 10000.0, RopeScaling())
+    cos, sin = rope.cos_cache.to(DEVICE), rope.sin_cache.to(DEVICE)
+    positions = torch.tensor([9, 0, 31], device=DEVICE)
+    want_q, want_k = reference.rotary_embedding(positions, query.clone(), key.clone(), cos, sin, False)
+    got_q, got_k = reference.rotary_embedding(positions, query, key, cos, sin, inplace)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k) and torch.equal(qkv[:, 6:], value)
+
+
 # ----- Triton against the reference ---------------------------------------------------------------------
 
 

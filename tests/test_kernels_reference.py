@@ -109,6 +109,46 @@ def test_decode_reads_no_slot_past_a_context_with_or_without_a_mask(contexts: li
                                atol=OUTPUT_TOLERANCE[torch.bfloat16], rtol=OUTPUT_TOLERANCE[torch.bfloat16])
 
 
+@pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [1, 5, 1, 3]], ids=["decode", "decode and prefill"])
+def test_nan_in_blocks_no_sequence_holds_never_reaches_the_batched_attention(query_lens: list[int]) -> None:
+    # Sequences of a call are padded to its longest context with blocks that are masked out; masked weights are
+    # 0, but 0 * NaN is NaN, so the padding must read no block another sequence (or none) holds. Here the free
+    # blocks, block 0 among them, hold NaN.
+    contexts = [13, 5, 21, 9]
+    batch = build_paged_batch(contexts, query_lens, num_heads=4, num_kv_heads=2, head_dim=8, block_size=4,
+                              spare_blocks=3, stale_id=10**6, generator=torch.Generator().manual_seed(11))
+    tables = batch.block_tables.clone()
+    held = {int(tables[seq, index]) for seq, context in enumerate(contexts) for index in range(-(-context // 4))}
+    if 0 in held:  # make block 0 a free one: swap it with a free block, contents and table entries
+        free = min(set(range(batch.k_cache.shape[0])) - held)
+        for cache in (batch.k_cache, batch.v_cache):
+            cache[[0, free]] = cache[[free, 0]]
+        batch.block_tables[tables == 0], batch.block_tables[tables == free] = free, 0
+        held = held - {0} | {free}
+    for block in set(range(batch.k_cache.shape[0])) - held:
+        batch.k_cache[block], batch.v_cache[block] = float("nan"), float("nan")
+    with kernels.one_forward():
+        batched = kernels.paged_attention(*batch.args())
+    assert not batched.isnan().any()
+    torch.testing.assert_close(batched, reference.paged_attention_per_sequence(*batch.args()), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("query_lens", [[1], [1, 1, 1, 1], [1, 5, 1, 3]], ids=["batch 1", "decode", "mixed"])
+def test_a_layers_k_and_v_in_one_kv_tensor_are_gathered_together_with_the_same_results(
+        query_lens: list[int]) -> None:
+    # The engine's V cache follows its K cache in memory: both are gathered in one index, bit for bit as apart.
+    contexts = [13, 5, 21, 9][: len(query_lens)]
+    batch = build_paged_batch(contexts, query_lens, num_heads=4, num_kv_heads=2, head_dim=8, block_size=4,
+                              dtype=torch.bfloat16, generator=torch.Generator().manual_seed(12))
+    kv_tensor = torch.stack((batch.k_cache, batch.v_cache, torch.full_like(batch.k_cache, float("nan"))))
+    assert reference._cache_pair(kv_tensor[0], kv_tensor[1]) is not None
+    assert reference._cache_pair(kv_tensor[1], kv_tensor[0]) is None
+    assert reference._cache_pair(batch.k_cache, batch.v_cache) is None
+    apart = kernels.paged_attention(*batch.args())
+    together = kernels.paged_attention(batch.query, kv_tensor[0], kv_tensor[1], *batch.args()[3:])
+    assert torch.equal(apart, together)
+
+
 def test_sequences_share_a_call_while_their_padded_k_v_fits_the_budget() -> None:
     # Sorted contexts 3, 4, 9, 30 in blocks of 4, 10 bytes per token: padded 4, 4, 12, 32 tokens.
     assert reference._groups([3, 4, 9, 30], 4, 10, budget=400) == [(0, 3), (3, 4)]

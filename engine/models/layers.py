@@ -1,4 +1,9 @@
-"""Building blocks of a Llama-family decoder, numerically matched to Hugging Face's."""
+"""Building blocks of a Llama-family decoder, numerically matched to Hugging Face's.
+
+Inside a decoder layer the submodules' `forward` is called directly, not through `nn.Module.__call__`:
+nothing registers hooks on them, and on a CPU at batch 1 the calls' bookkeeping was a visible part of
+a decode step (`benchmarks/engine_host.py`); the model itself is still called as a module.
+"""
 
 from __future__ import annotations
 
@@ -58,10 +63,11 @@ class MergedLinear(Linear):
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool) -> None:
         super().__init__(in_features, sum(parts.values()), bias=bias)
         self.parts = dict(parts)  # checkpoint name of each part -> its output features, in stacking order
+        self.part_sizes = list(self.parts.values())
 
     def split_forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each part's output, as views of the one product."""
-        return self(hidden).split(list(self.parts.values()), dim=-1)
+        return self.forward(hidden).split_with_sizes(self.part_sizes, dim=-1)  # (`Tensor.split` adds Python)
 
     def checkpoint_shapes(self, module_name: str, param_name: str) -> dict[str, tuple[int, ...]]:
         """The checkpoint's names and shapes for this module's `param_name` ("weight" or "bias"), in order."""
@@ -165,7 +171,7 @@ class Attention(nn.Module):
         value = value.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             query, key = self.q_norm(query), self.k_norm(key)
-        query, key = rotary(positions, query, key)
+        query, key = rotary.forward(positions, query, key)
         kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         output = kernels.paged_attention(
             query,
@@ -177,7 +183,7 @@ class Attention(nn.Module):
             meta.max_seqlen_q,
             self.scale,
         )
-        return self.o_proj(output.reshape(tokens, self.num_heads * self.head_dim))
+        return self.o_proj.forward(output.reshape(tokens, self.num_heads * self.head_dim))
 
 
 class GatedMLP(nn.Module):
@@ -189,4 +195,4 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(hidden)))
+        return self.down_proj.forward(kernels.silu_and_mul(self.gate_up_proj.forward(hidden)))

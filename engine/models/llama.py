@@ -35,9 +35,9 @@ class DecoderLayer(nn.Module):
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, rotary, k_cache, v_cache, meta)
+        hidden = self.self_attn.forward(positions, hidden, rotary, k_cache, v_cache, meta)
         hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self.mlp.forward(hidden), residual
 
 
 class DecoderModel(nn.Module):
@@ -71,10 +71,13 @@ class LlamaFamilyForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Returns the final hidden states [num_tokens, hidden]; `compute_logits` projects the rows that sample."""
         hidden, residual = self.model.embed_tokens(input_ids), None
+        rotary = self.rotary
         with kernels.one_forward():  # the layers share their metadata's checks, attention plan and rotary rows
+            # (`forward` called directly: see `engine.models.layers`)
+            caches = kv_cache.unbind(0)  # every layer's K and V views in one call
             for index, layer in enumerate(self.model.layers):
-                hidden, residual = layer(
-                    positions, hidden, residual, self.rotary, kv_cache[2 * index], kv_cache[2 * index + 1], meta
+                hidden, residual = layer.forward(
+                    positions, hidden, residual, rotary, caches[2 * index], caches[2 * index + 1], meta
                 )
         if residual is None:  # a model without layers
             return self.model.norm(hidden)
