@@ -74,7 +74,7 @@ def test_the_engine_benchmark_compares_with_transformers_and_prices_zeroing() ->
     out = run_benchmark("engine_throughput.py", "--quick", "--requests", "6", "--repeats", "1", "--bridge-toll-us", "300")
     for line in ("transformers.generate (static batches of 16):", "veil, zero-on-free:", "veil, zeroing skipped:"):
         assert re.search(re.escape(line) + rf"\s+{NUMBER} output tokens/s", out), line
-    assert re.search(rf"ratio veil / transformers: {NUMBER}x\s+\(target >= 2x; best of each", out)
+    assert re.search(rf"ratio veil / transformers: {NUMBER}x\s+\(target >= 3x; best of each", out)
     assert re.search(rf"cost of zero-on-free: {NUMBER}% of throughput", out)
     zeroing = re.search(rf"time inside zeroing: ({NUMBER}) ms of the zero-on-free run, ({NUMBER})% of it", out)
     assert zeroing and float(zeroing.group(1)) > 0  # the quick workload frees blocks, so zeroing ran and was timed
