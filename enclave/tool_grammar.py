@@ -40,7 +40,7 @@ def forced_calls(functions: list[dict], one: bool) -> StructuredOutput:
     calls = {"type": "array", "minItems": 1, "maxItems": 1 if one else MAX_CALLS,
              "items": {"anyOf": [call_schema(function, "parameters") for function in functions]},
              JSON_OPTIONS_KEY: CALL_JSON_OPTIONS}
-    return StructuredOutput("json_schema", json.dumps(calls), field="tool_choice")
+    return StructuredOutput("json_schema", json.dumps(calls), field="tools")  # what a refusal faults
 
 
 def calls_in_format(functions: list[dict], format: str, one: bool, special: Mapping[str, int]) -> StructuredOutput:

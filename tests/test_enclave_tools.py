@@ -472,3 +472,19 @@ def test_auto_beside_a_text_format_on_the_responses_api_calls_or_answers(api, bi
     else:
         [message] = answer["output"]
         jsonschema.validate(json.loads(message["content"][0]["text"]), CITY_ANSWER)
+
+
+UNIQUE_TOOL = {"type": "function", "function": {"name": "get_news", "parameters": {
+    "type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}}}}
+
+
+@pytest.mark.parametrize("fields", [
+    {"tool_choice": "required"},
+    {"tool_choice": {"type": "function", "function": {"name": "get_news"}}},
+    AUTO_FORMAT,
+], ids=["required", "named", "auto-beside-format"])
+def test_a_keyword_the_grammar_cannot_enforce_in_a_tools_parameters_is_refused_naming_tools(api, fields: dict) -> None:
+    """The fault is in `tools`, whichever choice built the grammar from it: a forced call named `tool_choice`."""
+    status, answer = post(api, chat(**fields, tools=[*TOOLS, UNIQUE_TOOL]))
+    assert status == 400 and answer["error"]["param"] == "tools", answer
+    assert answer["error"]["message"].startswith("tools"), answer  # a keyword's name only, no schema contents
