@@ -29,6 +29,9 @@ MAX_CALLS = 16  # in one answer: bounded, so a bounded schema's answer always en
 _NEWLINE = json.dumps("\n")  # as Lark writes it: "\n"
 _ARGUMENTS_KEY = {HERMES: "arguments", LLAMA_JSON: "parameters", MISTRAL_JSON: "arguments"}
 GRAMMAR_FORMATS = (*_ARGUMENTS_KEY, MISTRAL_ARGS)  # the call formats `calls_in_format` writes
+# Mistral's templates refuse a replayed call id of any other form than 9 letters and digits, and write it in
+# every call they replay (`[CALL_ID]` before `[ARGS]`, or "id" after the arguments).
+MISTRAL_ID_PATTERN = "[A-Za-z0-9]{9}"
 # Every real template renders a replayed call with Jinja's `tojson` (json.dumps' separators): Qwen2.5's and
 # Qwen3's Hermes blocks, Llama 3.1-3.3's JSON, Mistral v0.3's and Nemo's `[TOOL_CALLS]` list, Mistral Small
 # 3.2's `[ARGS]` all write `{"name": "f", "arguments": {"a": 1, "b": [1, 2]}}`. Still no free whitespace.
@@ -52,11 +55,13 @@ def calls_in_format(functions: list[dict], format: str, one: bool, special: Mapp
         return f"<[{special[marker]}]>" if marker in special else json.dumps(marker)
 
     if format == MISTRAL_ARGS:
-        calls_marker, args_marker = markers(MISTRAL_ARGS)[:2]
-        shapes = [f"{term(calls_marker)} {json.dumps(function['name'])} {term(args_marker)} {_json(_parameters(function))}"
-                  for function in functions]
+        calls_marker, args_marker, id_marker = markers(MISTRAL_ARGS)
+        written_id = f"({term(id_marker)} /{MISTRAL_ID_PATTERN}/)?"
+        shapes = [f"{term(calls_marker)} {json.dumps(function['name'])} {written_id} {term(args_marker)} "
+                  f"{_json(_parameters(function))}" for function in functions]
         return _lark(f"start: {_repeated('call', '', most)}\ncall: {' | '.join(shapes)}\n")
-    call = {"anyOf": [call_schema(function, _ARGUMENTS_KEY[format]) for function in functions]}
+    call = {"anyOf": [call_schema(function, _ARGUMENTS_KEY[format], with_id=format == MISTRAL_JSON)
+                      for function in functions]}
     if format == HERMES:
         opening, closing = markers(HERMES)
         return _lark(f'start: {_repeated("call", _NEWLINE, most)}\n'
@@ -69,10 +74,14 @@ def calls_in_format(functions: list[dict], format: str, one: bool, special: Mapp
     return _lark(f'start: {term(calls_marker)} " "? {_json(listed)}\n')
 
 
-def call_schema(function: dict, arguments_key: str) -> dict:
-    return {"type": "object",
-            "properties": {"name": {"const": function["name"]}, arguments_key: _parameters(function)},
-            "required": ["name", arguments_key], "additionalProperties": False}
+def call_schema(function: dict, arguments_key: str, with_id: bool = False) -> dict:
+    """A call to `function`; `with_id`: an optional "id" after the arguments, where Mistral v0.3's template
+    replays it (the model was trained to write one; the node gives the client a fresh one all the same)."""
+    properties = {"name": {"const": function["name"]}, arguments_key: _parameters(function)}
+    if with_id:
+        properties["id"] = {"type": "string", "pattern": f"^{MISTRAL_ID_PATTERN}$"}
+    return {"type": "object", "properties": properties, "required": ["name", arguments_key],
+            "additionalProperties": False}
 
 
 def _parameters(function: dict) -> object:

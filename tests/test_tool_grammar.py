@@ -9,11 +9,13 @@ matcher (`GrammarCompiler`) as the family's tokenizer writes it, special markers
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from tokenizers import Tokenizer
 
-from enclave.tool_calls import FORCED_JSON, HERMES, LLAMA_JSON, MISTRAL_ARGS, MISTRAL_JSON, markers, parse_whole
+from enclave.tool_calls import (FORCED_JSON, HERMES, LLAMA_JSON, MISTRAL_ARGS, MISTRAL_JSON, ChoiceCalls, markers,
+                                parse_whole)
 from enclave.tool_grammar import calls_in_format, forced_calls
 from engine import RequestRejected, StructuredOutput
 from engine.chat_template import ChatMessage, ChatTemplates, ToolCall
@@ -188,9 +190,9 @@ TEMPLATES = {
 }
 
 
-def replayed_call(format: str) -> str:
+def replayed_call(format: str, with_id: bool = False) -> str:
     """`REPLAYED` as the format's real template renders it in an assistant turn, through the node's own
-    template code: the text the model was trained to write for that call (its id left out)."""
+    template code: the text the model was trained to write for that call (its id left out unless `with_id`)."""
     name, opening, closing, written_id = TEMPLATES[format]
     messages = [ChatMessage("user", "Weather in Paris?"), ChatMessage("assistant", None, (REPLAYED,)),
                 ChatMessage("tool", "Sunny.", tool_call_id=REPLAYED.id)]
@@ -205,7 +207,7 @@ def replayed_call(format: str) -> str:
     turn = rendered[rendered.index(opening) + len(opening):]
     call = turn[:turn.index(closing)]
     assert written_id in call
-    return call.replace(written_id, "", 1)
+    return call if with_id else call.replace(written_id, "", 1)
 
 
 FORMAT_FAMILIES = {HERMES: "qwen", LLAMA_JSON: "llama", MISTRAL_JSON: "mistral", MISTRAL_ARGS: "mistral"}
@@ -250,3 +252,19 @@ def test_forced_calls_are_spaced_as_the_templates_write_calls(request, name: str
                  FORCED_CALLS.replace(": ", ":  "), FORCED_CALLS.replace("[{", "[ {")):
         assert [c.name for c in parse_whole(FORCED_JSON, text).calls] == ["get_weather", "get_time"]
         assert not family.admits(guide, text), text
+
+
+@pytest.mark.parametrize("format", [MISTRAL_JSON, MISTRAL_ARGS])
+def test_a_mistral_call_may_carry_the_id_its_template_writes_and_the_node_still_gives_its_own(mistral: Family,
+                                                                                              format: str) -> None:
+    """Mistral's templates replay every call with its 9-character id, so the model was trained to write one: the
+    grammar admits it where the template puts it (and no other form of id), and the client gets a fresh id."""
+    guide = mistral.guide(format)
+    with_id = replayed_call(format, with_id=True)
+    assert "call00001" in with_id and mistral.admits(guide, with_id), with_id
+    assert mistral.admits(guide, replayed_call(format))  # or none
+    for wrong in ("call0001", "call000001", "call-0001"):  # 8 or 10 characters, or not letters and digits
+        assert not mistral.admits(guide, with_id.replace("call00001", wrong)), wrong
+    [parsed] = ChoiceCalls(format).read(with_id, last=True).calls  # as a node reads an answer
+    assert (parsed.name, json.loads(parsed.arguments)) == ("get_weather", REPLAYED.arguments)
+    assert parsed.id != "call00001" and re.fullmatch("[A-Za-z0-9]{9}", parsed.id)
