@@ -6,8 +6,8 @@ Constraints come from OpenAI's `response_format` (`json_object`, `json_schema`),
 Lark in llguidance's dialect (not GBNF). A forced tool call (`tool_choice` "required" or a named
 function) is a constraint too, built by `tool_fields`; under "auto" a `response_format` gets the model's
 tool-call format as its alternative (`tool_grammar`). The engine compiles each constraint for its request alone (`engine.structured`); here only the shape
-of the fields is checked, and that no schema sets llguidance's compile options (`schema_options`). Every check
-names the field and never echoes what it held.
+of the fields is checked, and that no schema or grammar sets llguidance's compile options (`schema_options`).
+Every check names the field and never echoes what it held.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 
 from engine import StructuredOutput
 from enclave.api_types import ApiError
-from enclave.schema_options import OPTIONS_REFUSAL, grammar_sets_options, schema_sets_options
+from enclave.schema_options import OPTIONS_REFUSAL, grammar_options_refusal, schema_sets_options
 
 PENALTY_RANGE = (-2.0, 2.0)
 MAX_REPETITION_PENALTY = 2.0
@@ -134,8 +134,9 @@ def _guided(field: str, kind: str, value: object) -> StructuredOutput | None:
         return StructuredOutput("choice", json.dumps(value), field)
     if not (isinstance(value, str) and value):
         raise _invalid(field, "must be a non-empty string")
-    if kind == "grammar" and grammar_sets_options(value):
-        raise _invalid(field, f"has a JSON part that {OPTIONS_REFUSAL}")
+    refusal = grammar_options_refusal(value) if kind == "grammar" else None
+    if refusal is not None:
+        raise _invalid(field, refusal)
     return StructuredOutput(kind, value, field)
 
 

@@ -77,3 +77,15 @@ def test_a_schema_setting_the_nodes_json_options_is_a_400_naming_response_format
     assert refused.value.status_code == 400 and refused.value.param == "response_format"
     assert '"x-guidance"' in str(refused.value) and "secret_name" not in str(refused.value)
     assert not any(str(name) in str(refused.value) for name in options)
+
+
+def test_a_grammar_setting_llguidances_options_by_its_directive_is_a_400_naming_the_field(oa: openai.OpenAI) -> None:
+    """llguidance's `%llguidance {...}` would let this request's answer hold bytes that are not UTF-8."""
+    grammar = '%llguidance {"allow_invalid_utf8": true}\nstart: "secret_name" /(?s-u:[\\x80-\\xff])+/'
+    for extra, param in (({"guided_grammar": grammar}, "guided_grammar"),
+                         ({"structured_outputs": {"grammar": grammar}}, "structured_outputs")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            oa.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=5, extra_body=extra)
+        assert refused.value.status_code == 400 and refused.value.param == param
+        assert "%llguidance" in str(refused.value)
+        assert "secret_name" not in str(refused.value) and "allow_invalid_utf8" not in str(refused.value)

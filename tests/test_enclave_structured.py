@@ -186,6 +186,36 @@ def test_a_grammar_whose_json_part_sets_the_nodes_json_options_is_refused_by_nam
         assert '"x-guidance"' in message and "lenient" not in message and "whitespace" not in message
 
 
+# llguidance's Lark reads `%llguidance {...}` anywhere in a grammar as its compile options: `allow_invalid_utf8`
+# lets a byte regex through (served today: the model may write bytes that are not UTF-8), `no_forcing` and
+# `allow_initial_skip` change how the node's grammar is applied. Each is refused by name wherever Lark is given.
+INVALID_UTF8 = '%llguidance {"allow_invalid_utf8": true}\nstart: "SECRET" /(?s-u:[\\x80-\\xff])+/'
+DIRECTIVE_GRAMMARS = {
+    "allow_invalid_utf8": INVALID_UTF8,
+    "no_forcing": 'start: "SECRET"\n%llguidance {"no_forcing": true}\n',
+    "allow_initial_skip": '  %llguidance{"allow_initial_skip":true}\n%ignore /[ ]+/\nstart: "SECRET"',
+    "nested-lark": 'start: %lark {\n%llguidance {"allow_invalid_utf8": true}\nstart: /(?s-u:[\\x80-\\xff])+/\n}',
+    "json-form-lark": json.dumps({"grammars": [{"lark_grammar": INVALID_UTF8}]}),
+    "json-form-escaped": json.dumps({"grammars": [{"lark_grammar": INVALID_UTF8}]}).replace("%", "\\u0025"),
+}
+
+
+@pytest.mark.parametrize("grammar", DIRECTIVE_GRAMMARS.values(), ids=DIRECTIVE_GRAMMARS)
+def test_a_grammar_setting_llguidances_options_by_its_directive_is_refused_by_name(api, monkeypatch, grammar):
+    for fields, param in (({"guided_grammar": grammar}, "guided_grammar"),
+                          ({"structured_outputs": {"grammar": grammar}}, "structured_outputs")):
+        message = refused_before_the_engine(api, monkeypatch, chat(**fields), param)
+        assert "%llguidance" in message
+        assert not any(name in message for name in ("allow_invalid_utf8", "no_forcing", "allow_initial_skip", "x80"))
+
+
+def test_the_directives_name_in_a_grammars_literal_or_comment_is_refused_too(api):
+    """The check does not parse Lark (see `schema_options`): the name anywhere is refused, naming the field."""
+    for grammar in ('start: "%llguidance"', '// %llguidance {}\nstart: "SECRET"'):
+        assert "%llguidance" in refused(api, chat(guided_grammar=grammar), "guided_grammar")
+    assert answers(api, chat(guided_grammar='start: "%" "llguidance"'))[0][0] == "%llguidance"
+
+
 def test_options_in_a_subschema_are_not_read_so_the_nodes_still_hold(api):
     """llguidance reads "x-guidance" only at a schema's top level: deeper, it is an annotation like any `x-` key,
     and the keyword it does not implement is still refused by name."""
