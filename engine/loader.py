@@ -18,6 +18,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+import kernels
 from engine.bridge import Bridge
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
@@ -66,6 +67,8 @@ def load_model(folder: str | Path, dtype: torch.dtype | None, device: torch.devi
     model.rotary = rotary
     model = model.to(dtype=dtype).eval()
     prepack_linears(model)  # bf16 on a CPU: its products over prepacked weights (`kernels.cpu_linear`)
+    if dtype == torch.bfloat16:
+        kernels.runs_native_decode(device)  # compiled now (about a second, once), not inside a first request
     return model
 
 

@@ -5,10 +5,13 @@ KV path: `store_kv`, `paged_attention`, `zero_blocks`, and the residue check (`f
 `silu_and_mul`, `rotary_embedding`.
 
 Backend choice, first match wins:
-1. `force("triton" | "reference")`, a context manager for tests and tools;
-2. the environment variable `VEIL_KERNELS=triton|reference` (read at each call; once per forward inside
+1. `force("triton" | "reference" | "native")`, a context manager for tests and tools;
+2. the environment variable `VEIL_KERNELS=triton|reference|native` (read at each call; once per forward inside
    `kernels.one_forward()`);
-3. the tensors' device: Triton on CUDA, the reference elsewhere.
+3. the tensors' device: Triton on CUDA; on a CPU with AVX-512 BF16 `native`, elsewhere the reference.
+
+`native` is the reference for every kernel here, plus the decoder's compiled batch-1 decode forward
+(`kernels.cpu_decode`), which the model runs in place of its eager layers where it covers the step.
 
 Triton on a CPU runs only in the Triton interpreter, so `TRITON_INTERPRET=1` must be set before the first
 Triton call; the Triton modules are imported lazily on that call, which is when Triton reads the variable.
@@ -29,10 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels import per_forward, reference, validation
+from kernels import cpu_decode, per_forward, reference, validation
 from kernels.errors import KernelBackendError
 
-BACKENDS = ("triton", "reference")
+BACKENDS = ("triton", "reference", "native")
 _forced_backend: ContextVar[str | None] = ContextVar("veil_kernels_forced_backend", default=None)
 
 
@@ -57,7 +60,23 @@ def selected_backend(device: torch.device) -> str:
     if from_env:
         _check_backend_name(from_env, "VEIL_KERNELS")
         return from_env
-    return "triton" if device.type == "cuda" else "reference"
+    if device.type == "cuda":
+        return "triton"
+    return "native" if cpu_decode.supported_cpu() else "reference"
+
+
+def runs_native_decode(device: torch.device) -> bool:
+    """Whether a batch-1 decode forward on `device` runs the compiled CPU forward (`kernels.cpu_decode`): the
+    backend is `native` and the library is built (compiled on the first call). Where it cannot be built, the
+    default falls back to the eager forward, and an explicitly chosen `native` is refused."""
+    if device.type != "cpu" or selected_backend(device) != "native":
+        return False
+    built = cpu_decode.build()
+    if built.library is not None:
+        return True
+    if _forced_backend.get() == "native" or _backend_from_env() == "native":
+        raise KernelBackendError(f"the native CPU decode is not available: {built.reason}")
+    return False
 
 
 def _backend_from_env() -> str:

@@ -13,14 +13,18 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 import kernels  # noqa: E402
+from kernels import cpu_decode  # noqa: E402
 from kernels.paged_batch import build_paged_batch  # noqa: E402
 
 BACKENDS = ["reference", "triton"]
 MARKER = 987654  # a distinctive index value that must never appear in an error message
 
 
-def test_cpu_tensors_use_the_reference_and_cuda_tensors_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_tensors_use_native_or_the_reference_and_cuda_tensors_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VEIL_KERNELS", raising=False)
+    # native: the reference's kernels plus the compiled batch-1 decode, on CPUs with AVX-512 BF16
+    assert kernels.selected_backend(torch.device("cpu")) == ("native" if cpu_decode.supported_cpu() else "reference")
+    monkeypatch.setattr(cpu_decode, "supported_cpu", lambda: False)
     assert kernels.selected_backend(torch.device("cpu")) == "reference"
     assert kernels.selected_backend(torch.device("cuda", 0)) == "triton"
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import kernels
+from kernels import cpu_decode
 
 from engine.config import ModelConfig
 from engine.models.layers import Attention, AttentionMetadata, GatedMLP, Linear, RMSNorm, RotaryEmbedding
@@ -61,6 +62,19 @@ class LlamaFamilyForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
+        self._decode_plan: cpu_decode.DecodePlan | None | bool = False  # False: not made yet (`_native_plan`)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 (nn.Module's own signature)
+        # `.to()`, `.bfloat16()` and the like replace the tensors the compiled decode's plan points into.
+        self._decode_plan = False
+        return super()._apply(fn, recurse)
+
+    def _native_plan(self) -> cpu_decode.DecodePlan | None:
+        """The compiled CPU decode's view of this model's weights, made on first use; None where it cannot
+        read them (then every decode runs eagerly)."""
+        if self._decode_plan is False:
+            self._decode_plan = cpu_decode.plan_for(self)
+        return self._decode_plan  # type: ignore[return-value]
 
     def forward(
         self,
@@ -70,6 +84,13 @@ class LlamaFamilyForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Returns the final hidden states [num_tokens, hidden]; `compute_logits` projects the rows that sample."""
+        if kernels.runs_native_decode(input_ids.device) and cpu_decode.covers(
+                input_ids, kv_cache, meta.block_tables, meta.context_lens, positions, meta.slot_mapping,
+                meta.cu_seqlens_q):
+            plan = self._native_plan()
+            if plan is not None:  # one sequence's one new token on a CPU: the compiled forward, all layers at once
+                return cpu_decode.forward(plan, self.model.embed_tokens(input_ids), kv_cache, meta.block_tables,
+                                          meta.context_lens, positions, meta.slot_mapping, meta.cu_seqlens_q)
         hidden, residual = self.model.embed_tokens(input_ids), None
         rotary = self.rotary
         with kernels.one_forward():  # the layers share their metadata's checks, attention plan and rotary rows

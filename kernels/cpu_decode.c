@@ -1,0 +1,302 @@
+/* The decoder's whole forward for one sequence's one new token (batch-1 decode) on a CPU, in bf16.
+
+   Why native: at batch 1 a CPU decode step is bound by reading the weights once. Through torch's eager ops the
+   matrix-vector products ran at about 31 GB/s (oneDNN, prepacked) and the ~10 small ops of every layer cost
+   about 1.9 ms a step on the 46M `bench` model, against a weights floor of about 2.3 ms
+   (`benchmarks/engine_host.py`). Here every layer is one pass: each product streams its weight rows once
+   (AVX-512 BF16 dot products, float32 sums), and norms, rotary, the K/V store and attention run between them
+   on data that is still in cache, inside one OpenMP region (torch's own OpenMP runtime, so its threads are
+   the ones torch uses, never a second pool beside them).
+
+   Rounding follows `kernels/reference.py` (and so Hugging Face's Llama) op for op: every op's result is
+   rounded to bf16 where the eager forward rounds it; what differs is only the order of float32 sums inside
+   a product, a norm and attention, as between any two BLAS libraries. A row of a product is summed by one
+   thread in a fixed order, so results do not depend on the thread count.
+
+   Privacy: the only state is the caller's KV cache, written at the one validated slot; the scratch
+   activations are zeroed before they are freed. Nothing is printed. Every index read from the step's inputs
+   (position, slot, context length, block ids) is range-checked before anything is written or read. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef uint16_t bf16;
+
+/* Per-layer weight pointers, in this order (NULL where the model has none). */
+enum {
+    W_INPUT_NORM, W_QKV, W_QKV_BIAS, W_Q_NORM, W_K_NORM, W_O, W_O_BIAS,
+    W_POST_NORM, W_GATE_UP, W_GATE_UP_BIAS, W_DOWN, W_DOWN_BIAS, W_PER_LAYER
+};
+
+/* Return codes: `kernels/cpu_decode.py` turns each into a KernelInputError naming the input. */
+enum {
+    OK, BAD_QUERY_OFFSETS, BAD_POSITION, BAD_SLOT, BAD_CONTEXT, BAD_BLOCK_ID, NO_MEMORY
+};
+
+typedef struct {
+    int64_t hidden, intermediate, layers, heads, kv_heads, head_dim;
+    int64_t num_blocks, block_size, table_width, max_positions, threads;
+    double eps, scale;
+} veil_dims;
+
+typedef struct {
+    const int64_t *position;   /* [1] */
+    const int64_t *slot;       /* [1] */
+    const int32_t *context;    /* [1]: tokens in the cache including the new one */
+    const int32_t *query_offsets; /* [2]: must be 0, 1 */
+    const int32_t *block_table;   /* [table_width] */
+} veil_step;
+
+static inline float from_bf16(bf16 value) {
+    uint32_t bits = (uint32_t)value << 16;
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* Round to nearest even, NaN to the quiet NaN: c10::BFloat16's conversion, bit for bit. */
+static inline bf16 to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (bf16)(bits >> 16);
+}
+
+static inline float round_bf16(float value) { return from_bf16(to_bf16(value)); }
+
+static inline __m512bh load_bh(const bf16 *from, int64_t count) {
+    if (count >= 32) return (__m512bh)_mm512_loadu_si512(from);
+    return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1ull << count) - 1), from);
+}
+
+static inline __m512 widen16(const bf16 *from) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)from)), 16));
+}
+
+static float dot(const bf16 *a, const bf16 *b, int64_t n) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n; k += 32) sum = _mm512_dpbf16_ps(sum, load_bh(a + k, n - k), load_bh(b + k, n - k));
+    return _mm512_reduce_add_ps(sum);
+}
+
+static inline bf16 with_bias(float sum, const bf16 *bias, int64_t row) {
+    return to_bf16(bias ? sum + from_bf16(bias[row]) : sum);
+}
+
+/* out[rows] = bf16(weight[rows, in] . x + bias): four rows at a time share each load of x; rows are dealt to
+   the team's threads in fixed chunks (an orphaned `omp for`: called inside the forward's parallel region). */
+static void product(const bf16 *weight, const bf16 *bias, const bf16 *x, bf16 *out, int64_t rows, int64_t in) {
+    const int64_t quads = rows / 4, whole = in / 32 * 32;
+    const __mmask32 tail = (__mmask32)((1ull << (in - whole)) - 1);
+#pragma omp for schedule(static) nowait
+    for (int64_t quad = 0; quad < quads; ++quad) {
+        const int64_t row = quad * 4;
+        const bf16 *w0 = weight + row * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
+        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (int64_t k = 0; k < whole; k += 32) {
+            const __m512bh xs = (__m512bh)_mm512_loadu_si512(x + k);
+            s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_loadu_si512(w0 + k), xs);
+            s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_loadu_si512(w1 + k), xs);
+            s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_loadu_si512(w2 + k), xs);
+            s3 = _mm512_dpbf16_ps(s3, (__m512bh)_mm512_loadu_si512(w3 + k), xs);
+        }
+        if (tail) {
+            const __m512bh xs = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + whole);
+            s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_maskz_loadu_epi16(tail, w0 + whole), xs);
+            s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_maskz_loadu_epi16(tail, w1 + whole), xs);
+            s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_maskz_loadu_epi16(tail, w2 + whole), xs);
+            s3 = _mm512_dpbf16_ps(s3, (__m512bh)_mm512_maskz_loadu_epi16(tail, w3 + whole), xs);
+        }
+        out[row] = with_bias(_mm512_reduce_add_ps(s0), bias, row);
+        out[row + 1] = with_bias(_mm512_reduce_add_ps(s1), bias, row + 1);
+        out[row + 2] = with_bias(_mm512_reduce_add_ps(s2), bias, row + 2);
+        out[row + 3] = with_bias(_mm512_reduce_add_ps(s3), bias, row + 3);
+    }
+#pragma omp for schedule(static)
+    for (int64_t row = quads * 4; row < rows; ++row)
+        out[row] = with_bias(dot(weight + row * in, x, in), bias, row);
+}
+
+/* out = bf16(weight * bf16(x * rsqrt(mean(x^2) + eps))): torch.rms_norm, then the weight, as reference.rms_norm. */
+static void rms_norm(const bf16 *x, const bf16 *weight, bf16 *out, int64_t n, float eps) {
+    __m512 squares = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = widen16(x + i);
+        squares = _mm512_fmadd_ps(v, v, squares);
+    }
+    float sum = _mm512_reduce_add_ps(squares);
+    for (; i < n; ++i) sum += from_bf16(x[i]) * from_bf16(x[i]);
+    const float inverse = 1.0f / sqrtf(sum / (float)n + eps);
+    for (i = 0; i < n; ++i) out[i] = to_bf16(from_bf16(weight[i]) * round_bf16(from_bf16(x[i]) * inverse));
+}
+
+/* residual = bf16(residual + x): the decoder's residual add, rounded as torch adds two bf16 tensors. */
+static void add_into(bf16 *residual, const bf16 *x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) residual[i] = to_bf16(from_bf16(residual[i]) + from_bf16(x[i]));
+}
+
+/* Rotate-half rotary embedding of one head, rounded as reference._rotate: x*cos + rotate_half(x)*sin. */
+static void rotate(bf16 *x, const bf16 *cos, const bf16 *sin, int64_t half) {
+    for (int64_t i = 0; i < half; ++i) {
+        const float x1 = from_bf16(x[i]), x2 = from_bf16(x[i + half]);
+        const float c = from_bf16(cos[i]), s = from_bf16(sin[i]);
+        x[i] = to_bf16(round_bf16(x1 * c) + round_bf16(-x2 * s));
+        x[i + half] = to_bf16(round_bf16(x2 * c) + round_bf16(x1 * s));
+    }
+}
+
+/* One query head group's attention over the sequence's pages, as SDPA's CPU kernel computes it in bf16:
+   scores in float32, softmax weights rounded to bf16 before they weight V, the sum of the unrounded weights
+   dividing at the end. */
+static void attend_group(const veil_dims *d, const bf16 *queries, const bf16 *k_layer, const bf16 *v_layer,
+                         const int32_t *table, int64_t context, int64_t kv_head, float *scores, bf16 *out) {
+    const int64_t dim = d->head_dim, group = d->heads / d->kv_heads;
+    const int64_t slot_stride = d->kv_heads * dim, block_stride = d->block_size * slot_stride;
+    for (int64_t t = 0; t < context; ++t) {
+        const int64_t at = table[t / d->block_size] * block_stride + (t % d->block_size) * slot_stride + kv_head * dim;
+        for (int64_t h = 0; h < group; ++h)
+            scores[h * context + t] = dot(queries + h * dim, k_layer + at, dim) * (float)d->scale;
+    }
+    float *sums = malloc(sizeof(float) * (size_t)dim);
+    for (int64_t h = 0; h < group; ++h) {
+        float *row = scores + h * context, largest = -INFINITY, total = 0.0f;
+        for (int64_t t = 0; t < context; ++t) largest = row[t] > largest ? row[t] : largest;
+        for (int64_t j = 0; j < dim; ++j) sums[j] = 0.0f;
+        for (int64_t t = 0; t < context; ++t) {
+            const float weight = expf(row[t] - largest);
+            total += weight;
+            const float rounded = round_bf16(weight);
+            const bf16 *v = v_layer + table[t / d->block_size] * block_stride + (t % d->block_size) * slot_stride
+                            + kv_head * dim;
+            for (int64_t j = 0; j < dim; ++j) sums[j] += rounded * from_bf16(v[j]);
+        }
+        const float inverse = 1.0f / total;
+        for (int64_t j = 0; j < dim; ++j) out[h * dim + j] = to_bf16(sums[j] * inverse);
+    }
+    free(sums);
+}
+
+typedef struct {
+    bf16 *residual, *normed, *qkv, *attended, *gate_up, *act, *hidden;
+    float *scores;
+    size_t bytes;
+    void *base;
+} scratch;
+
+static int scratch_alloc(scratch *s, const veil_dims *d, int64_t context) {
+    const int64_t q_width = d->heads * d->head_dim, kv_width = d->kv_heads * d->head_dim;
+    const int64_t halves[] = {d->hidden, d->hidden, q_width + 2 * kv_width, q_width, 2 * d->intermediate,
+                              d->intermediate, d->hidden};
+    size_t elements = 0;
+    for (size_t i = 0; i < sizeof halves / sizeof halves[0]; ++i) elements += (size_t)((halves[i] + 31) / 32 * 32);
+    s->bytes = elements * sizeof(bf16) + sizeof(float) * (size_t)(d->heads * context);
+    s->base = calloc(1, s->bytes);
+    if (!s->base) return NO_MEMORY;
+    bf16 *next = s->base;
+    bf16 **parts[] = {&s->residual, &s->normed, &s->qkv, &s->attended, &s->gate_up, &s->act, &s->hidden};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; ++i) {
+        *parts[i] = next;
+        next += (halves[i] + 31) / 32 * 32;
+    }
+    s->scores = (float *)next;
+    return OK;
+}
+
+static void scratch_free(scratch *s) {
+    /* Activations of this request: zeroed before the allocator can hand the memory to anyone else. */
+    volatile unsigned char *bytes = s->base;
+    for (size_t i = 0; i < s->bytes; ++i) bytes[i] = 0;
+    free(s->base);
+}
+
+static int check_step(const veil_dims *d, const veil_step *s) {
+    if (s->query_offsets[0] != 0 || s->query_offsets[1] != 1) return BAD_QUERY_OFFSETS;
+    const int64_t position = *s->position, slot = *s->slot, context = *s->context;
+    if (position < 0 || position >= d->max_positions) return BAD_POSITION;
+    if (slot < 0 || slot >= d->num_blocks * d->block_size) return BAD_SLOT;
+    if (context < 1 || context > d->table_width * d->block_size) return BAD_CONTEXT;
+    for (int64_t b = 0; b < (context + d->block_size - 1) / d->block_size; ++b)
+        if (s->block_table[b] < 0 || s->block_table[b] >= d->num_blocks) return BAD_BLOCK_ID;
+    return OK;
+}
+
+/* Everything between two products of one layer that reads the projection's q, k, v: the optional per-head
+   norms, rotary, and the K/V store (run by one thread). */
+static void place_keys(const veil_dims *d, const bf16 *const *w, const veil_step *s, const bf16 *cos_cache,
+                       const bf16 *sin_cache, bf16 *qkv, bf16 *k_layer, bf16 *v_layer) {
+    const int64_t dim = d->head_dim, half = dim / 2, heads = d->heads + d->kv_heads;
+    const bf16 *cos = cos_cache + *s->position * half, *sin = sin_cache + *s->position * half;
+    for (int64_t h = 0; h < heads; ++h) {
+        bf16 *head = qkv + h * dim;
+        const bf16 *norm = h < d->heads ? w[W_Q_NORM] : w[W_K_NORM];
+        if (norm) rms_norm(head, norm, head, dim, (float)d->eps);
+        rotate(head, cos, sin, half);
+    }
+    const int64_t slot_offset = *s->slot * d->kv_heads * dim, kv_width = d->kv_heads * dim;
+    memcpy(k_layer + slot_offset, qkv + d->heads * dim, sizeof(bf16) * (size_t)kv_width);
+    memcpy(v_layer + slot_offset, qkv + d->heads * dim + kv_width, sizeof(bf16) * (size_t)kv_width);
+}
+
+static void silu_and_mul(const bf16 *gate_up, bf16 *out, int64_t width) {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < width; ++i) {
+        const float gate = from_bf16(gate_up[i]);
+        out[i] = to_bf16(round_bf16(gate / (1.0f + expf(-gate))) * from_bf16(gate_up[width + i]));
+    }
+}
+
+static void layer(const veil_dims *d, const bf16 *const *w, const veil_step *s, const bf16 *cos_cache,
+                  const bf16 *sin_cache, bf16 *k_layer, bf16 *v_layer, scratch *m, int first) {
+    const int64_t context = *s->context, q_width = d->heads * d->head_dim, group = d->heads / d->kv_heads;
+#pragma omp single
+    {
+        if (first) memcpy(m->residual, m->hidden, sizeof(bf16) * (size_t)d->hidden);
+        else add_into(m->residual, m->hidden, d->hidden);
+        rms_norm(m->residual, w[W_INPUT_NORM], m->normed, d->hidden, (float)d->eps);
+    }
+    product(w[W_QKV], w[W_QKV_BIAS], m->normed, m->qkv, q_width + 2 * d->kv_heads * d->head_dim, d->hidden);
+#pragma omp single
+    place_keys(d, w, s, cos_cache, sin_cache, m->qkv, k_layer, v_layer);
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < d->kv_heads; ++g)
+        attend_group(d, m->qkv + g * group * d->head_dim, k_layer, v_layer, s->block_table, context, g,
+                     m->scores + g * group * context, m->attended + g * group * d->head_dim);
+    product(w[W_O], w[W_O_BIAS], m->attended, m->hidden, d->hidden, q_width);
+#pragma omp single
+    {
+        add_into(m->residual, m->hidden, d->hidden);
+        rms_norm(m->residual, w[W_POST_NORM], m->normed, d->hidden, (float)d->eps);
+    }
+    product(w[W_GATE_UP], w[W_GATE_UP_BIAS], m->normed, m->gate_up, 2 * d->intermediate, d->hidden);
+    silu_and_mul(m->gate_up, m->act, d->intermediate);
+    product(w[W_DOWN], w[W_DOWN_BIAS], m->act, m->hidden, d->hidden, d->intermediate);
+}
+
+/* The forward: `embedded` [hidden] is the token's embedding row; `out` [hidden] receives the final norm of
+   the residual stream (what `LlamaFamilyForCausalLM.forward` returns). The layer's K/V go into `kv`
+   [2 * layers, num_blocks, block_size, kv_heads, head_dim] at the step's slot. */
+int veil_decode_one(const veil_dims *d, const bf16 *const *weights, const bf16 *final_norm, bf16 *kv,
+                    const bf16 *cos_cache, const bf16 *sin_cache, const veil_step *s, const bf16 *embedded,
+                    bf16 *out) {
+    const int status = check_step(d, s);
+    if (status != OK) return status;
+    scratch m;
+    if (scratch_alloc(&m, d, *s->context) != OK) return NO_MEMORY;
+    memcpy(m.hidden, embedded, sizeof(bf16) * (size_t)d->hidden);
+    const int64_t cache_elements = d->num_blocks * d->block_size * d->kv_heads * d->head_dim;
+#pragma omp parallel num_threads((int)d->threads)
+    {
+        for (int64_t l = 0; l < d->layers; ++l)
+            layer(d, weights + l * W_PER_LAYER, s, cos_cache, sin_cache, kv + 2 * l * cache_elements,
+                  kv + (2 * l + 1) * cache_elements, &m, l == 0);
+    }
+    add_into(m.residual, m.hidden, d->hidden);
+    rms_norm(m.residual, final_norm, out, d->hidden, (float)d->eps);
+    scratch_free(&m);
+    return OK;
+}

@@ -1,0 +1,244 @@
+"""The decoder's batch-1 decode forward compiled for the CPU (`kernels/cpu_decode.c`): building it, running it.
+
+A CPU decode step of one sequence is bound by reading every weight once, and through torch's eager ops it
+ran at about 43% of that floor on the `bench` model (about 2.75 ms of oneDNN products plus 1.9 ms of small
+ops and their Python, per step): `benchmarks/engine_host.py`. The C forward streams each product's weights
+once with AVX-512 BF16 dot products and runs a layer's small ops between them on cached data, in one OpenMP
+region of torch's own runtime. It covers exactly one case, the commonest on a CPU node: one sequence's one
+new token, bf16 weights and KV cache, on a CPU with AVX-512 BF16. Every other forward (prefill, batches,
+speculative verification, float32) runs the eager model as before.
+
+It is the `native` kernel backend (`kernels.dispatch`): the default on such a CPU, `force("reference")` or
+`VEIL_KERNELS=reference` turns it off (the eager forward is its test oracle). It is compiled on first use,
+in about a second, with the machine's C compiler (`CC`, else `cc`), into a cache folder
+(`VEIL_KERNEL_CACHE`, else `~/.cache/veil/kernels`), keyed by the source, flags and compiler: like Triton's
+kernels on a GPU, the code that runs is this package's source, built where it runs. Where it cannot be
+built (no compiler, no OpenMP runtime in torch), the default falls back to the eager forward and
+`build().reason` says why; an explicit `VEIL_KERNELS=native` then refuses instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from kernels.errors import KernelBackendError, KernelInputError
+
+SOURCE = Path(__file__).with_name("cpu_decode.c")
+FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
+         "-mavx512bf16", "-mfma")
+COMPILE_TIMEOUT_S = 300  # a hang, not a speed: the build takes about a second
+WEIGHTS_PER_LAYER = 12  # the C source's W_PER_LAYER
+
+# Return codes of veil_decode_one, as the C source numbers them.
+_ERRORS = {
+    1: "cu_seqlens_q must be [0, 1] for one sequence's one new token",
+    2: "positions holds a position outside the rotary caches",
+    3: "slot_mapping holds a slot outside the cache",
+    4: "context_lens holds a context longer than block_tables can address, or empty",
+    5: "block_tables holds a block id outside the cache within the sequence's context",
+    6: "no memory for the forward's activations",
+}
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "num_blocks", "block_size",
+        "table_width", "max_positions", "threads")] + [("eps", ctypes.c_double), ("scale", ctypes.c_double)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in ("position", "slot", "context", "query_offsets", "block_table")]
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """The compiled library, or None and why not."""
+
+    library: ctypes.CDLL | None
+    reason: str
+
+
+def supported_cpu() -> bool:
+    """Whether this CPU runs the compiled forward: AVX-512 with BF16 dot products."""
+    return torch.cpu._is_avx512_bf16_supported()
+
+
+@functools.cache
+def build() -> Build:
+    """The library, compiled on the first call of the process (or found already built in the cache folder)."""
+    if not supported_cpu():
+        return Build(None, "this CPU has no AVX-512 BF16")
+    runtime = _openmp_runtime()
+    if runtime is None:
+        return Build(None, "torch has loaded no OpenMP runtime (libgomp) for the compiled forward to share")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return Build(None, "no C compiler (set CC, or install gcc)")
+    try:
+        path = _compiled(compiler, runtime)
+    except KernelBackendError as error:
+        return Build(None, str(error))
+    library = ctypes.CDLL(str(path))
+    library.veil_decode_one.restype = ctypes.c_int
+    library.veil_decode_one.argtypes = [ctypes.POINTER(_Dims)] + [ctypes.c_void_p] * 8
+    return Build(library, f"compiled at {path}")
+
+
+def _openmp_runtime() -> Path | None:
+    """The OpenMP runtime torch runs its threads on, as loaded in this process: the one to link against."""
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+            for line in maps:
+                name = line.rsplit(maxsplit=1)[-1]
+                if Path(name).name.startswith("libgomp"):
+                    return Path(name)
+    except OSError:
+        return None
+    return None
+
+
+def _cache_folder() -> Path:
+    configured = os.environ.get("VEIL_KERNEL_CACHE")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "veil" / "kernels"
+
+
+def _compiled(compiler: str, runtime: Path) -> Path:
+    """The shared library for this source, flags, compiler and runtime: built once, then found by its digest."""
+    key = hashlib.sha256(SOURCE.read_bytes())
+    for part in (*FLAGS, compiler, str(runtime)):
+        key.update(b"\0" + part.encode())
+    folder = _cache_folder()
+    target = folder / f"cpu_decode-{key.hexdigest()[:16]}.so"
+    if target.is_file():
+        return target
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=folder)
+        os.close(handle)
+    except OSError as error:
+        raise KernelBackendError(f"cannot write the kernel cache folder {folder}: {error.strerror}") from None
+    command = [compiler, *FLAGS, "-o", partial, str(SOURCE), str(runtime), f"-Wl,-rpath,{runtime.parent}", "-lm"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise KernelBackendError(f"compiling {SOURCE.name} with {compiler} failed: {last}")
+        os.replace(partial, target)  # atomic: a process beside this one finds the whole file or none
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise KernelBackendError(f"compiling {SOURCE.name} with {compiler} failed: {type(error).__name__}") from None
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return target
+
+
+def library() -> ctypes.CDLL:
+    """The compiled library, or KernelBackendError saying why there is none (for an explicit `native`)."""
+    built = build()
+    if built.library is None:
+        raise KernelBackendError(f"the native CPU decode is not available: {built.reason}")
+    return built.library
+
+
+@dataclass(slots=True)
+class DecodePlan:
+    """A model's weights as the C forward reads them: built once per model, dropped when its tensors move."""
+
+    dims: _Dims
+    weights: ctypes.Array
+    final_norm: Tensor
+    cos_cache: Tensor
+    sin_cache: Tensor
+    kept: tuple[Tensor, ...]  # every tensor a pointer in `weights` points into, alive as long as the plan
+
+
+def plan_for(model: torch.nn.Module) -> DecodePlan | None:
+    """The plan of a `LlamaFamilyForCausalLM` whose every weight the C forward can read (bf16, contiguous, on the
+    CPU), or None: then its decode runs eagerly."""
+    config = model.config
+    layers = list(model.model.layers)
+    rotary = model.rotary
+    if (not layers or config.head_dim % 2 or config.num_attention_heads % config.num_key_value_heads
+            or rotary.cos_cache.dtype != torch.bfloat16 or rotary.sin_cache.dtype != torch.bfloat16):
+        return None
+    pointers: list[int] = []
+    kept: list[Tensor] = []
+    for layer in layers:
+        for tensor in _layer_weights(layer):
+            if tensor is not None and not _readable(tensor):
+                return None
+            pointers.append(0 if tensor is None else tensor.data_ptr())
+            kept += [] if tensor is None else [tensor]
+    final_norm = model.model.norm.weight
+    if not all(_readable(t) for t in (final_norm, rotary.cos_cache, rotary.sin_cache)):
+        return None
+    dims = _Dims(hidden=config.hidden_size, intermediate=config.intermediate_size, layers=len(layers),
+                 heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                 max_positions=rotary.cos_cache.shape[0], eps=config.rms_norm_eps,
+                 scale=layers[0].self_attn.scale)
+    weights = (ctypes.c_void_p * len(pointers))(*pointers)
+    return DecodePlan(dims, weights, final_norm, rotary.cos_cache, rotary.sin_cache, tuple(kept))
+
+
+def _layer_weights(layer: torch.nn.Module) -> list[Tensor | None]:
+    """One decoder layer's tensors in the C source's W_* order."""
+    attention, mlp = layer.self_attn, layer.mlp
+    q_norm = attention.q_norm.weight if attention.q_norm is not None else None
+    k_norm = attention.k_norm.weight if attention.k_norm is not None else None
+    return [layer.input_layernorm.weight, attention.qkv_proj.weight, attention.qkv_proj.bias, q_norm, k_norm,
+            attention.o_proj.weight, attention.o_proj.bias, layer.post_attention_layernorm.weight,
+            mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias]
+
+
+def _readable(tensor: Tensor) -> bool:
+    return tensor.device.type == "cpu" and tensor.dtype == torch.bfloat16 and tensor.is_contiguous()
+
+
+def covers(input_ids: Tensor, kv_cache: Tensor, block_tables: Tensor, context_lens: Tensor, positions: Tensor,
+           slot_mapping: Tensor, cu_seqlens_q: Tensor) -> bool:
+    """Whether a forward over these step inputs is the one the C forward runs: one sequence's one new token,
+    kept in the cache (a slot of -1 skips it: the eager forward handles that), inputs laid out as the engine
+    builds them. Reads metadata only; the values are checked in C."""
+    return (input_ids.shape[0] == 1 and block_tables.dim() == 2 and block_tables.shape[0] == 1
+            and kv_cache.dtype == torch.bfloat16 and kv_cache.device.type == "cpu" and kv_cache.dim() == 5
+            and kv_cache.is_contiguous() and block_tables.dtype == torch.int32 and block_tables.stride(1) == 1
+            and context_lens.dtype == torch.int32 and context_lens.shape == (1,)
+            and cu_seqlens_q.dtype == torch.int32 and cu_seqlens_q.shape == (2,)
+            and positions.dtype == torch.int64 and positions.shape == (1,)
+            and slot_mapping.dtype == torch.int64 and slot_mapping.shape == (1,)
+            and int(slot_mapping[0]) >= 0)
+
+
+def forward(plan: DecodePlan, embedded: Tensor, kv_cache: Tensor, block_tables: Tensor, context_lens: Tensor,
+            positions: Tensor, slot_mapping: Tensor, cu_seqlens_q: Tensor) -> Tensor:
+    """The final hidden state [1, hidden] of the one new token whose embedding is `embedded` [1, hidden]; its
+    K and V are written into `kv_cache` at its slot in every layer (see `covers` for the inputs)."""
+    dims = plan.dims
+    expected = (2 * dims.layers, kv_cache.shape[1], kv_cache.shape[2], dims.kv_heads, dims.head_dim)
+    if tuple(kv_cache.shape) != expected or embedded.dtype != torch.bfloat16:
+        raise KernelInputError(f"the KV tensor [{', '.join(map(str, kv_cache.shape))}] does not fit the model: "
+                               f"expected [{', '.join(map(str, expected))}] in bfloat16")
+    dims.num_blocks, dims.block_size, dims.table_width = kv_cache.shape[1], kv_cache.shape[2], block_tables.shape[1]
+    dims.threads = torch.get_num_threads()
+    embedded = embedded.contiguous()
+    step = _Step(positions.data_ptr(), slot_mapping.data_ptr(), context_lens.data_ptr(), cu_seqlens_q.data_ptr(),
+                 block_tables.data_ptr())
+    out = torch.empty((1, dims.hidden), dtype=torch.bfloat16)
+    status = library().veil_decode_one(ctypes.byref(dims), ctypes.addressof(plan.weights), plan.final_norm.data_ptr(),
+                                       kv_cache.data_ptr(), plan.cos_cache.data_ptr(), plan.sin_cache.data_ptr(),
+                                       ctypes.addressof(step), embedded.data_ptr(), out.data_ptr())
+    if status != 0:
+        raise KernelInputError(_ERRORS.get(status, f"the native decode failed (code {status})"))
+    return out
