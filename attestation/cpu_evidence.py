@@ -10,8 +10,9 @@ directly on genuine reports, whose report_data is not a Veil binding):
 - :func:`check_cpu_revocation`: the stapled CRLs (:mod:`attestation.revocation`):
   the ARK's CRL for SEV-SNP; the PCK CA's and the root CA's CRLs for TDX.
 - :func:`verify_cpu_report`: the report's signature under the chain's leaf and
-  the fields the leaf certifies (SEV-SNP: REPORTED_TCB and CHIP_ID; TDX: the QE
-  report certifying the attestation key that signs the quote).
+  the fields the leaf certifies (SEV-SNP: REPORTED_TCB and CHIP_ID, after the
+  reserved bytes of its four TCB_VERSIONs, laid out as the VCEK's product lays
+  them out; TDX: the QE report certifying the attestation key that signs the quote).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def verify_cpu_report(cpu: CpuEvidence, chain: VerifiedCpuChain) -> CpuReport:
         tdx.verify_quote_signature(chain.tdx_quote)
         return dataclasses.replace(tdx_cpu_report(chain.tdx_quote), chip_id="tdx-pck:" + _key_digest(leaf))
     report = sev_snp.parse_snp_report(cpu.report)
+    sev_snp.check_tcb_reserved_bytes(report, chain.product)  # the verified VCEK's product lays the TCBs out
     sev_snp.verify_report_signature(report, leaf)
     levels = sev_snp.check_vcek_certifies(report, leaf, chain.product)
     platform = sev_snp.SnpPlatform(chain.product, tuple(levels.items()), report.host_data, report.id_key_digest,

@@ -4,13 +4,16 @@ Report layout (0x4A0 bytes, integers little-endian):
 
     0x000 VERSION u32        0x008 POLICY u64 (bit 17 must be one, 18 MIGRATE_MA, 19 DEBUG, 26-63 zero)
     0x030 VMPL u32           0x034 SIGNATURE_ALGO u32 (1: ECDSA P-384 with SHA-384)
+    0x038 CURRENT_TCB (8)    0x040 PLATFORM_INFO u64 (bits 8-63 zero)
     0x048 KEY_INFO u32 (bits 2-4 SIGNING_KEY: 0 VCEK)
     0x050 REPORT_DATA (64)   0x090 MEASUREMENT (48)   0x0C0 HOST_DATA (32)
     0x0E0 ID_KEY_DIGEST (48) 0x110 AUTHOR_KEY_DIGEST (48) 0x180 REPORTED_TCB (8)
     0x188 CPUID_FAM_ID, 0x189 CPUID_MOD_ID, 0x18A CPUID_STEP (version 3 on; reserved in version 2)
-    0x1A0 CHIP_ID (64)       0x1F8 LAUNCH_MIT_VECTOR, 0x200 CURRENT_MIT_VECTOR (version 5; reserved before)
+    0x1A0 CHIP_ID (64)       0x1E0 COMMITTED_TCB (8)  0x1F0 LAUNCH_TCB (8)
+    0x1F8 LAUNCH_MIT_VECTOR, 0x200 CURRENT_MIT_VECTOR (version 5; reserved before)
     0x2A0 signature r ‖ s, 72 bytes each, little-endian, over bytes 0x000-0x29F
-    Reserved bytes, which must be zero in the versions that reserve them: see RESERVED_BYTES.
+    Reserved bytes, which must be zero in the versions that reserve them: see RESERVED_BYTES; the
+    reserved bytes inside each TCB_VERSION, which depend on the product: see TCB_VERSION_FIELDS.
 
 The VCEK (chip key, one per chip and TCB) is certified by the ASK, the ASK by
 the ARK of its product line (RSA-PSS, SHA-384). The VCEK's extensions name
@@ -76,6 +79,14 @@ CPUID_MODEL_OFFSET = 0x189
 # KEY_INFO (0x48): 0 AUTHOR_KEY_EN, 1 MASK_CHIP_KEY, 4:2 SIGNING_KEY; 31:5 reserved, must be zero (AMD 56860,
 # ATTESTATION_REPORT; go-sev-guest's abi.ParseSignerInfo refuses them so).
 KEY_INFO_DEFINED = (1 << 5) - 1
+# PLATFORM_INFO (0x40): 0 SMT_EN, 1 TSME_EN, 2 ECC_EN, 3 RAPL_DIS, 4 CIPHERTEXT_HIDING_EN, 5 ALIAS_CHECK_COMPLETE,
+# 7 TIO_EN (AMD 56860 rev. 1.58, as virtee/sev dcaa068 and go-sev-guest f732359 transcribe it: go-sev-guest's
+# abi.ParseSnpPlatformInfo, maxPlatformInfoBit 7; virtee/sev's PlatformInfo, "Bits 8-63 are reserved").
+# Each ABI revision has defined more of them, but none has defined any of 8-63, so a report setting one is
+# not the firmware's. Bit 6 is not judged: the published ABI and upstream go-sev-guest call it reserved, but
+# Turin verifiers (tinfoilsh's go-sev-guest fork raised maxPlatformInfoBit to 6; tinfoil-go reads it as
+# IOMMU_WRITE_SAFE) accept it, so genuine reports may set it.
+PLATFORM_INFO_DEFINED = (1 << 8) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +107,9 @@ _EVERY_VERSION = range(MIN_VERSION, MAX_VERSION + 1)
 # Version 4, written by SEV firmware 1.55.31 on (go-sev-guest b8d75ce; virtee/sev PR 307, a Google Cloud
 # Milan host), is under AMD embargo (virtee/sev PR 312): virtee/sev reads it as version 3, go-sev-guest reads
 # the mitigation vectors in every version. So 0x1F8-0x207 is checked only where a published layout reserves
-# it (versions 2 and 3); every other range is reserved in all of them. Unchecked: PLATFORM_INFO's reserved
-# bits (each ABI revision defines more; go-sev-guest refuses them only against a policy) and the reserved
-# bytes inside a TCB_VERSION, whose layout is its product's (Turin's FMC sits in one of Milan's).
+# it (versions 2 and 3); every other range is reserved in all of them. PLATFORM_INFO's reserved bits are
+# judged by PLATFORM_INFO_DEFINED, the reserved bytes inside a TCB_VERSION by its product's layout
+# (check_tcb_reserved_bytes: Turin's FMC, TEE and SNP sit in bytes Milan reserves).
 RESERVED_BYTES: tuple[ReservedBytes, ...] = (
     ReservedBytes(0x04C, 0x050, _EVERY_VERSION, "after KEY_INFO"),
     ReservedBytes(0x188, 0x1A0, range(MIN_VERSION, CPUID_VERSION), "between REPORTED_TCB and CHIP_ID"),
@@ -156,6 +167,16 @@ CPUID_PRODUCTS: tuple[tuple[int, range, str], ...] = (
     (0x19, range(0xA0, 0xB0), "Genoa"),
     (0x1A, range(0x00, 0x12), "Turin"),
 )
+# The report's four TCB_VERSIONs (AMD 56860, ATTESTATION_REPORT): each is laid out as its product lays it out,
+# and each byte the layout gives no component is reserved: 2-5 on family 19h, 4-6 on Turin (56860 rev. 1.57+,
+# "TCB_VERSION Structure"; virtee/sev's to_legacy_bytes and to_turin_bytes write them zero, Microsoft CCF's
+# TcbVersionMilanGenoa and TcbVersionTurin name them reserved). go-sev-guest keeps them as the KDS
+# specification's spl4-spl7, which no KDS request can set (a VCEK URL names blSPL, teeSPL, snpSPL, ucodeSPL
+# and fmcSPL only), and they are no component a floor could judge: set, the report is refused by name.
+TCB_VERSION_FIELDS: tuple[tuple[str, int], ...] = (
+    ("CURRENT_TCB", 0x038), ("REPORTED_TCB", 0x180), ("COMMITTED_TCB", 0x1E0), ("LAUNCH_TCB", 0x1F0),
+)
+TCB_VERSION_SIZE = 8
 # Each component's VCEK extension (AMD KDS specification, 57230: blSPL, teeSPL, snpSPL, ucodeSPL, fmcSPL).
 TCB_EXTENSION_OIDS: dict[str, str] = {
     "boot_loader": _AMD_OID + "3.1", "tee": _AMD_OID + "3.2", "snp": _AMD_OID + "3.3",
@@ -220,10 +241,13 @@ def parse_snp_report(report: bytes) -> SnpReport:
         raise SnpReportFormatError(f"SEV-SNP report version {version} is not supported ({MIN_VERSION} to {MAX_VERSION})")
     (policy,) = struct.unpack_from("<Q", report, 0x08)
     vmpl, algorithm = struct.unpack_from("<II", report, 0x30)
-    (key_info,) = struct.unpack_from("<I", report, 0x48)
+    platform_info, key_info = struct.unpack_from("<QI", report, 0x40)
     if algorithm != SIGNATURE_ALGO_ECDSA_P384:
         raise SnpReportFormatError("the SEV-SNP report is not signed with ECDSA P-384")
     check_reserved_bytes(report, version)
+    if platform_info & ~PLATFORM_INFO_DEFINED:
+        raise SnpReportFormatError("the SEV-SNP report's PLATFORM_INFO sets bits AMD's ABI reserves (8 to 63, "
+                                   "must be zero)")
     if key_info & ~KEY_INFO_DEFINED:
         raise SnpReportFormatError("the SEV-SNP report's KEY_INFO sets bits AMD's ABI reserves (5 to 31, must be 0)")
     _check_policy(policy)
@@ -299,6 +323,18 @@ def verify_report_signature(report: SnpReport, vcek: x509.Certificate) -> None:
         key.verify(utils.encode_dss_signature(report.signature_r, report.signature_s), report.signed, ec.ECDSA(hashes.SHA384()))
     except InvalidSignature:
         raise SignatureError("the SEV-SNP report's signature does not verify under its VCEK") from None
+
+
+def check_tcb_reserved_bytes(report: SnpReport, product: str) -> None:
+    """Each of the report's TCB_VERSIONs must leave zero the bytes that `product`'s layout reserves."""
+    components = {offset for _, offset in _product_format(product).tcb}
+    reserved = [byte for byte in range(TCB_VERSION_SIZE) if byte not in components]
+    for field, start in TCB_VERSION_FIELDS:
+        byte = next((byte for byte in reserved if report.signed[start + byte]), None)
+        if byte is not None:
+            raise SnpReportFormatError(f"the SEV-SNP report's {field} sets byte {byte} of its TCB_VERSION, which "
+                                       f"{product}'s layout reserves (bytes {', '.join(map(str, reserved))}); "
+                                       "AMD's ABI requires them zero")
 
 
 def tcb_levels(tcb_version: bytes, product: str) -> dict[str, int]:

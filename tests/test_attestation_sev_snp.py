@@ -501,10 +501,19 @@ def test_key_info_bits_the_abi_defines_are_not_refused():
     verify_genuine(report, chain, pins)
 
 
-@pytest.mark.parametrize("offset", [0x4C, 0x190, 0x1EB, 0x1EF, 0x1F8, 0x208, 0x29F])
-def test_a_reserved_byte_set_in_the_genuine_report_is_refused_as_reserved_not_as_a_bad_signature(offset):
+VERSION_2_RESERVED = "reserved .* zero in a version 2 report"
+MILAN_TCB_RESERVED = "of its TCB_VERSION, which Milan's layout reserves"
+
+
+@pytest.mark.parametrize("offset,refusal", [
+    *((offset, VERSION_2_RESERVED) for offset in (0x4C, 0x190, 0x1EB, 0x1EF, 0x1F8, 0x208, 0x29F)),
+    (0x41, "PLATFORM_INFO sets bits AMD's ABI reserves"),  # bit 8; the firmware set SMT_EN (bit 0) only
+    # A reserved byte of CURRENT_TCB, REPORTED_TCB, COMMITTED_TCB and LAUNCH_TCB
+    *((offset, MILAN_TCB_RESERVED) for offset in (0x3A, 0x183, 0x1E4, 0x1F5)),
+])
+def test_a_reserved_byte_set_in_the_genuine_report_is_refused_as_reserved_not_as_a_bad_signature(offset, refusal):
     report, chain = genuine_snp()
-    with pytest.raises(SnpReportFormatError, match="reserved .* zero in a version 2 report"):
+    with pytest.raises(SnpReportFormatError, match=refusal):
         verify_genuine(flip(report, offset), chain)
 
 
@@ -514,3 +523,62 @@ def test_a_reserved_byte_set_is_refused_by_the_whole_verifier_at_the_chain_check
     # The chain check reads CHIP_ID (the node's hardware identity) from the report, so the parse refuses it there.
     assert_refused_by(bundle, policy, SnpReportFormatError, "chain")
     assert "reserved bytes 0x188 to 0x19f" in str(verify_with_report(bundle, policy).error)
+
+
+# ----- PLATFORM_INFO's reserved bits and each TCB_VERSION's reserved bytes ---------------------------------
+
+@pytest.mark.parametrize("platform_info", [1 << 8, 1 << 63])
+def test_platform_info_bits_no_abi_revision_defines_are_refused_by_name(platform_info):
+    report, chain, pins = product_report("Milan", SnpFields(raw={0x40: struct.pack("<Q", platform_info)}))
+    with pytest.raises(SnpReportFormatError, match="PLATFORM_INFO sets bits AMD's ABI reserves \\(8 to 63"):
+        verify_genuine(report, chain, pins)
+
+
+@pytest.mark.parametrize("product,version", [("Milan", 2), ("Genoa", 5), ("Turin", 5)])
+def test_every_platform_info_bit_an_abi_revision_defines_is_accepted(product, version):
+    # Bits 0-5 and 7 (SMT_EN ... ALIAS_CHECK_COMPLETE, TIO_EN), and bit 6, which AMD's published ABI reserves
+    # but Turin verifiers read as IOMMU_WRITE_SAFE: a genuine report may set it, so it is not judged.
+    report, chain, pins = product_report(product, SnpFields(version=version, raw={0x40: struct.pack("<Q", 0xFF)}))
+    verified = verify_genuine(report, chain, pins)
+    assert verified.snp is not None and verified.snp.product == product
+
+
+TCB_FIELDS = {"CURRENT_TCB": 0x38, "REPORTED_TCB": 0x180, "COMMITTED_TCB": 0x1E0, "LAUNCH_TCB": 0x1F0}
+
+
+def every_tcb(product: str, field: str = "", byte: int = 0) -> dict[int, bytes]:
+    """Raw writes giving all four TCB_VERSIONs the product's synthetic TCB, with `byte` of `field` set to 1."""
+    raw = {offset: amd_hierarchy(product).tcb for offset in TCB_FIELDS.values()}
+    return {**raw, TCB_FIELDS[field] + byte: b"\x01"} if field else raw
+
+
+@pytest.mark.parametrize("field", TCB_FIELDS)
+@pytest.mark.parametrize("product,byte", [
+    ("Milan", 2), ("Milan", 5), ("Genoa", 3), ("Genoa", 4),  # family 19h: bytes 2-5 reserved
+    ("Turin", 4), ("Turin", 6),  # family 1Ah: bytes 4-6 reserved (byte 6 holds the SNP level on Milan)
+])
+def test_a_reserved_tcb_version_byte_is_refused_by_name_in_its_products_layout(field, product, byte):
+    report, chain, pins = product_report(product, SnpFields(raw=every_tcb(product, field, byte)))
+    with pytest.raises(SnpReportFormatError, match=rf"{field} sets byte {byte} of its TCB_VERSION, which "
+                                                   rf"{product}'s layout reserves"):
+        verify_genuine(report, chain, pins)
+
+
+@pytest.mark.parametrize("field", TCB_FIELDS)
+def test_turins_tee_and_snp_bytes_reserved_in_milans_layout_are_read_not_refused(field):
+    tcb = bytes([1, 3, 2, 8, 0, 0, 0, 115])  # FMC 1, boot loader 3, TEE 2, SNP 8: Milan reserves bytes 2 and 3
+    raw = every_tcb("Turin") | ({} if field == "REPORTED_TCB" else {TCB_FIELDS[field]: tcb})
+    report, chain, pins = product_report("Turin", SnpFields(raw=raw))
+    fields = verify_genuine(report, chain, pins)
+    assert fields.snp is not None and dict(fields.snp.tcb)["snp"] == 8
+    milan_report, milan_chain, milan_pins = product_report("Milan", SnpFields(raw={TCB_FIELDS[field]: tcb}))
+    with pytest.raises(SnpReportFormatError, match=f"{field} sets byte 2 of its TCB_VERSION, which Milan's"):
+        verify_genuine(milan_report, milan_chain, milan_pins)
+
+
+def test_a_reserved_tcb_byte_is_refused_by_the_whole_verifier_before_the_signature_counts():
+    policy = cpu_policy()
+    bundle = snp_evidence(policy, SnpFields(raw={0x1F3: b"\x01"}))  # LAUNCH_TCB byte 3, reserved on Milan
+    # The layout is the verified VCEK's product's, so the check runs in the signature step, before the signature.
+    assert_refused_by(bundle, policy, SnpReportFormatError, "signature")
+    assert "LAUNCH_TCB sets byte 3 of its TCB_VERSION" in str(verify_with_report(bundle, policy).error)

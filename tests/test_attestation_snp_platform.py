@@ -175,8 +175,9 @@ def test_refusals_name_the_field_never_the_evidence():
 
 def resigned_genuine(vcek_tcb: bytes, reported_tcb: bytes, product: str = "Milan") -> CpuEvidence:
     """The genuine report's bytes with `reported_tcb` and the test chip's CHIP_ID of `product` (and for Turin,
-    whose reports are version 3 or later, version 3 and the test chip's CPUID), re-signed by a test VCEK that
-    certifies `vcek_tcb` laid out as `product` lays it out, under the test hierarchy of that product."""
+    whose reports are version 3 or later, version 3, the test chip's CPUID, and `reported_tcb` as its CURRENT,
+    COMMITTED and LAUNCH TCB too, whose Milan layout would set a byte Turin's reserves), re-signed by a test
+    VCEK that certifies `vcek_tcb` laid out as `product` lays it out, under the test hierarchy of that product."""
     report, _ = genuine_snp()
     hierarchy = amd_hierarchy(product)
     vcek = issue_certificate("SEV-VCEK", hierarchy.vcek_key.public_key(), f"SEV-{product}", hierarchy.ask_key,
@@ -188,6 +189,8 @@ def resigned_genuine(vcek_tcb: bytes, reported_tcb: bytes, product: str = "Milan
     if product == "Turin":
         body[0x00:0x04] = struct.pack("<I", 3)
         body[0x188:0x18B] = bytes(SYNTHETIC_CPUIDS["Turin"])
+        for offset in (0x38, 0x1E0, 0x1F0):
+            body[offset:offset + 8] = reported_tcb
     r, s = utils.decode_dss_signature(hierarchy.vcek_key.sign(bytes(body), ec.ECDSA(hashes.SHA384())))
     signed = bytes(body) + r.to_bytes(72, "little") + s.to_bytes(72, "little") + report[0x330:]
     return CpuEvidence("sev-snp", signed, (vcek.public_bytes(DER), *hierarchy.chain[1:]))
