@@ -19,6 +19,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,37 +88,34 @@ static inline bf16 with_bias(float sum, const bf16 *bias, int64_t row) {
     return to_bf16(bias ? sum + from_bf16(bias[row]) : sum);
 }
 
-/* out[rows] = bf16(weight[rows, in] . x + bias): four rows at a time share each load of x; rows are dealt to
-   the team's threads in fixed chunks (an orphaned `omp for`: called inside the forward's parallel region). */
+/* out[rows] = bf16(weight[rows, in] . x + bias): BLOCK rows at a time share each load of x and keep as many
+   weight streams in flight (8 streamed fastest on the bench model's shapes, against 4 and 16:
+   `benchmarks/engine_host.py`); blocks are dealt to the team's threads in fixed chunks (an orphaned
+   `omp for`: called inside the forward's parallel region), the rows past the last block one by one. */
+#define BLOCK 8
 static void product(const bf16 *weight, const bf16 *bias, const bf16 *x, bf16 *out, int64_t rows, int64_t in) {
-    const int64_t quads = rows / 4, whole = in / 32 * 32;
+    const int64_t blocks = rows / BLOCK, whole = in / 32 * 32;
     const __mmask32 tail = (__mmask32)((1ull << (in - whole)) - 1);
 #pragma omp for schedule(static) nowait
-    for (int64_t quad = 0; quad < quads; ++quad) {
-        const int64_t row = quad * 4;
-        const bf16 *w0 = weight + row * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
-        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t block = 0; block < blocks; ++block) {
+        const bf16 *w = weight + block * BLOCK * in;
+        __m512 sums[BLOCK];
+        for (int r = 0; r < BLOCK; ++r) sums[r] = _mm512_setzero_ps();
         for (int64_t k = 0; k < whole; k += 32) {
             const __m512bh xs = (__m512bh)_mm512_loadu_si512(x + k);
-            s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_loadu_si512(w0 + k), xs);
-            s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_loadu_si512(w1 + k), xs);
-            s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_loadu_si512(w2 + k), xs);
-            s3 = _mm512_dpbf16_ps(s3, (__m512bh)_mm512_loadu_si512(w3 + k), xs);
+            for (int r = 0; r < BLOCK; ++r)
+                sums[r] = _mm512_dpbf16_ps(sums[r], (__m512bh)_mm512_loadu_si512(w + r * in + k), xs);
         }
         if (tail) {
             const __m512bh xs = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + whole);
-            s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_maskz_loadu_epi16(tail, w0 + whole), xs);
-            s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_maskz_loadu_epi16(tail, w1 + whole), xs);
-            s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_maskz_loadu_epi16(tail, w2 + whole), xs);
-            s3 = _mm512_dpbf16_ps(s3, (__m512bh)_mm512_maskz_loadu_epi16(tail, w3 + whole), xs);
+            for (int r = 0; r < BLOCK; ++r)
+                sums[r] = _mm512_dpbf16_ps(sums[r], (__m512bh)_mm512_maskz_loadu_epi16(tail, w + r * in + whole), xs);
         }
-        out[row] = with_bias(_mm512_reduce_add_ps(s0), bias, row);
-        out[row + 1] = with_bias(_mm512_reduce_add_ps(s1), bias, row + 1);
-        out[row + 2] = with_bias(_mm512_reduce_add_ps(s2), bias, row + 2);
-        out[row + 3] = with_bias(_mm512_reduce_add_ps(s3), bias, row + 3);
+        for (int r = 0; r < BLOCK; ++r)
+            out[block * BLOCK + r] = with_bias(_mm512_reduce_add_ps(sums[r]), bias, block * BLOCK + r);
     }
 #pragma omp for schedule(static)
-    for (int64_t row = quads * 4; row < rows; ++row)
+    for (int64_t row = blocks * BLOCK; row < rows; ++row)
         out[row] = with_bias(dot(weight + row * in, x, in), bias, row);
 }
 
@@ -150,40 +148,78 @@ static void rotate(bf16 *x, const bf16 *cos, const bf16 *sin, int64_t half) {
     }
 }
 
-/* One query head group's attention over the sequence's pages, as SDPA's CPU kernel computes it in bf16:
-   scores in float32, softmax weights rounded to bf16 before they weight V, the sum of the unrounded weights
-   dividing at the end. */
-static void attend_group(const veil_dims *d, const bf16 *queries, const bf16 *k_layer, const bf16 *v_layer,
-                         const int32_t *table, int64_t context, int64_t kv_head, float *scores, bf16 *out) {
-    const int64_t dim = d->head_dim, group = d->heads / d->kv_heads;
-    const int64_t slot_stride = d->kv_heads * dim, block_stride = d->block_size * slot_stride;
+/* A cached token's K or V rows are read head by head, a slot's stride apart, from blocks anywhere in the
+   cache (last written a step ago, since evicted by the weights streaming through): fetched AHEAD tokens
+   early, they arrive by the time they are read instead of each read waiting on memory. */
+#define AHEAD 4
+
+static inline int64_t slot_at(const veil_dims *d, const int32_t *table, int64_t t) {
+    return (table[t / d->block_size] * d->block_size + t % d->block_size) * d->kv_heads * d->head_dim;
+}
+
+static inline void fetch_row(const bf16 *row, int64_t dim) {
+    for (int64_t i = 0; i < dim; i += 32) _mm_prefetch((const char *)(row + i), _MM_HINT_T0);
+}
+
+/* Attention of the query heads of KV heads [first, last) over the sequence's pages, as SDPA's CPU kernel
+   computes it in bf16: scores in float32, softmax weights rounded to bf16 before they weight V, the sum of the
+   unrounded weights dividing at the end. One pass over the tokens reads each token's K (then V) rows of these
+   heads together, contiguous in its slot. `sums`: (last - first) * group * head_dim floats. */
+static void attend(const veil_dims *d, const bf16 *queries, const bf16 *k_layer, const bf16 *v_layer,
+                   const int32_t *table, int64_t context, int64_t first, int64_t last, float *scores, float *sums,
+                   bf16 *out) {
+    const int64_t dim = d->head_dim, group = d->heads / d->kv_heads, heads = (last - first) * group;
+    const int64_t width = (last - first) * dim;  /* the rows read of each token's slot */
+    const bf16 *q = queries + first * group * dim;
     for (int64_t t = 0; t < context; ++t) {
-        const int64_t at = table[t / d->block_size] * block_stride + (t % d->block_size) * slot_stride + kv_head * dim;
-        for (int64_t h = 0; h < group; ++h)
-            scores[h * context + t] = dot(queries + h * dim, k_layer + at, dim) * (float)d->scale;
+        const bf16 *k = k_layer + slot_at(d, table, t) + first * dim;
+        if (t + AHEAD < context) fetch_row(k_layer + slot_at(d, table, t + AHEAD) + first * dim, width);
+        for (int64_t h = 0; h < heads; ++h)
+            scores[h * context + t] = dot(q + h * dim, k + h / group * dim, dim) * (float)d->scale;
     }
-    float *sums = malloc(sizeof(float) * (size_t)dim);
-    for (int64_t h = 0; h < group; ++h) {
+    float totals[heads];
+    for (int64_t h = 0; h < heads; ++h) {
         float *row = scores + h * context, largest = -INFINITY, total = 0.0f;
         for (int64_t t = 0; t < context; ++t) largest = row[t] > largest ? row[t] : largest;
-        for (int64_t j = 0; j < dim; ++j) sums[j] = 0.0f;
         for (int64_t t = 0; t < context; ++t) {
             const float weight = expf(row[t] - largest);
             total += weight;
-            const float rounded = round_bf16(weight);
-            const bf16 *v = v_layer + table[t / d->block_size] * block_stride + (t % d->block_size) * slot_stride
-                            + kv_head * dim;
-            for (int64_t j = 0; j < dim; ++j) sums[j] += rounded * from_bf16(v[j]);
+            row[t] = round_bf16(weight);
         }
-        const float inverse = 1.0f / total;
-        for (int64_t j = 0; j < dim; ++j) out[h * dim + j] = to_bf16(sums[j] * inverse);
+        totals[h] = total;
     }
-    free(sums);
+    for (int64_t i = 0; i < heads * dim; ++i) sums[i] = 0.0f;
+    for (int64_t t = 0; t < context; ++t) {
+        const bf16 *v = v_layer + slot_at(d, table, t) + first * dim;
+        if (t + AHEAD < context) fetch_row(v_layer + slot_at(d, table, t + AHEAD) + first * dim, width);
+        for (int64_t h = 0; h < heads; ++h) {
+            const float weight = scores[h * context + t];
+            const bf16 *row = v + h / group * dim;
+            float *sum = sums + h * dim;
+            for (int64_t j = 0; j < dim; ++j) sum[j] += weight * from_bf16(row[j]);
+        }
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+        const float inverse = 1.0f / totals[h];
+        for (int64_t j = 0; j < dim; ++j) out[(first * group + h) * dim + j] = to_bf16(sums[h * dim + j] * inverse);
+    }
+}
+
+/* The team's share of the KV heads: contiguous ranges, so each thread reads its part of every slot in one pass. */
+static void attend_share(const veil_dims *d, const bf16 *queries, const bf16 *k_layer, const bf16 *v_layer,
+                         const int32_t *table, int64_t context, float *scores, float *sums, bf16 *out) {
+    const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t first = d->kv_heads * me / team, last = d->kv_heads * (me + 1) / team;
+    const int64_t group = d->heads / d->kv_heads;
+    if (first < last)
+        attend(d, queries, k_layer, v_layer, table, context, first, last, scores + first * group * context,
+               sums + first * group * d->head_dim, out);
+#pragma omp barrier
 }
 
 typedef struct {
     bf16 *residual, *normed, *qkv, *attended, *gate_up, *act, *hidden;
-    float *scores;
+    float *scores, *sums;
     size_t bytes;
     void *base;
 } scratch;
@@ -194,7 +230,7 @@ static int scratch_alloc(scratch *s, const veil_dims *d, int64_t context) {
                               d->intermediate, d->hidden};
     size_t elements = 0;
     for (size_t i = 0; i < sizeof halves / sizeof halves[0]; ++i) elements += (size_t)((halves[i] + 31) / 32 * 32);
-    s->bytes = elements * sizeof(bf16) + sizeof(float) * (size_t)(d->heads * context);
+    s->bytes = elements * sizeof(bf16) + sizeof(float) * (size_t)(d->heads * (context + d->head_dim));
     s->base = calloc(1, s->bytes);
     if (!s->base) return NO_MEMORY;
     bf16 *next = s->base;
@@ -204,6 +240,7 @@ static int scratch_alloc(scratch *s, const veil_dims *d, int64_t context) {
         next += (halves[i] + 31) / 32 * 32;
     }
     s->scores = (float *)next;
+    s->sums = s->scores + d->heads * context;
     return OK;
 }
 
@@ -252,7 +289,7 @@ static void silu_and_mul(const bf16 *gate_up, bf16 *out, int64_t width) {
 
 static void layer(const veil_dims *d, const bf16 *const *w, const veil_step *s, const bf16 *cos_cache,
                   const bf16 *sin_cache, bf16 *k_layer, bf16 *v_layer, scratch *m, int first) {
-    const int64_t context = *s->context, q_width = d->heads * d->head_dim, group = d->heads / d->kv_heads;
+    const int64_t context = *s->context, q_width = d->heads * d->head_dim;
 #pragma omp single
     {
         if (first) memcpy(m->residual, m->hidden, sizeof(bf16) * (size_t)d->hidden);
@@ -262,10 +299,7 @@ static void layer(const veil_dims *d, const bf16 *const *w, const veil_step *s, 
     product(w[W_QKV], w[W_QKV_BIAS], m->normed, m->qkv, q_width + 2 * d->kv_heads * d->head_dim, d->hidden);
 #pragma omp single
     place_keys(d, w, s, cos_cache, sin_cache, m->qkv, k_layer, v_layer);
-#pragma omp for schedule(static)
-    for (int64_t g = 0; g < d->kv_heads; ++g)
-        attend_group(d, m->qkv + g * group * d->head_dim, k_layer, v_layer, s->block_table, context, g,
-                     m->scores + g * group * context, m->attended + g * group * d->head_dim);
+    attend_share(d, m->qkv, k_layer, v_layer, s->block_table, context, m->scores, m->sums, m->attended);
     product(w[W_O], w[W_O_BIAS], m->attended, m->hidden, d->hidden, q_width);
 #pragma omp single
     {
@@ -299,4 +333,11 @@ int veil_decode_one(const veil_dims *d, const bf16 *const *weights, const bf16 *
     rms_norm(m.residual, final_norm, out, d->hidden, (float)d->eps);
     scratch_free(&m);
     return OK;
+}
+
+/* out[rows] = bf16(weight[rows, in] . x + bias) for one input row: the output head of a batch-1 decode. */
+void veil_product(const bf16 *weight, const bf16 *bias, const bf16 *x, bf16 *out, int64_t rows, int64_t in,
+                  int64_t threads) {
+#pragma omp parallel num_threads((int)threads)
+    product(weight, bias, x, out, rows, in);
 }

@@ -92,6 +92,8 @@ def build() -> Build:
     library = ctypes.CDLL(str(path))
     library.veil_decode_one.restype = ctypes.c_int
     library.veil_decode_one.argtypes = [ctypes.POINTER(_Dims)] + [ctypes.c_void_p] * 8
+    library.veil_product.restype = None
+    library.veil_product.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     return Build(library, f"compiled at {path}")
 
 
@@ -122,10 +124,12 @@ def _compiled(compiler: str, runtime: Path) -> Path:
         key.update(b"\0" + part.encode())
     folder = _cache_folder()
     target = folder / f"cpu_decode-{key.hexdigest()[:16]}.so"
-    if target.is_file():
-        return target
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_private(folder)
+        if target.is_file():
+            _check_private(target)
+            return target
         handle, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=folder)
         os.close(handle)
     except OSError as error:
@@ -142,6 +146,15 @@ def _compiled(compiler: str, runtime: Path) -> Path:
     finally:
         Path(partial).unlink(missing_ok=True)
     return target
+
+
+def _check_private(path: Path) -> None:
+    """A library found by its name is loaded into the process: only this user may have written it (as ssh
+    treats its keys), else anyone who could write the folder could run code inside the node."""
+    status = path.stat()
+    if status.st_uid != os.getuid() or status.st_mode & 0o022:
+        raise KernelBackendError(f"the kernel cache {path} is writable by another user; use a private folder "
+                                 "(VEIL_KERNEL_CACHE)")
 
 
 def library() -> ctypes.CDLL:
@@ -241,4 +254,19 @@ def forward(plan: DecodePlan, embedded: Tensor, kv_cache: Tensor, block_tables: 
                                        ctypes.addressof(step), embedded.data_ptr(), out.data_ptr())
     if status != 0:
         raise KernelInputError(_ERRORS.get(status, f"the native decode failed (code {status})"))
+    return out
+
+
+def can_project(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether `project` computes `F.linear(hidden, weight, bias)`: one bf16 row on the CPU, weights it can read."""
+    return (hidden.dim() == 2 and hidden.shape[0] == 1 and hidden.shape[1] == weight.shape[1] and _readable(hidden)
+            and _readable(weight) and (bias is None or _readable(bias)))
+
+
+def project(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """`F.linear(hidden, weight, bias)` for one bf16 row (`can_project`), as the forward's own products sum:
+    the output head of a batch-1 decode, streamed as the layers' weights are."""
+    out = torch.empty((1, weight.shape[0]), dtype=torch.bfloat16)
+    library().veil_product(weight.data_ptr(), 0 if bias is None else bias.data_ptr(), hidden.data_ptr(),
+                           out.data_ptr(), weight.shape[0], weight.shape[1], torch.get_num_threads())
     return out

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(not cpu_decode.supported_cpu(), reason="the comp
 BF16_LOGIT_ATOL = 0.25  # as tests/test_engine_compute_dtype.py: both sides round each layer to bf16
 PROMPTS = 8
 BLOCK_SIZE = 4  # prompts span several blocks, so attention reads pages through the block table
-ODD = "odd-widths"  # widths that leave tails: 70 = 2 * 32 + 6 inputs, 98 and 70 rows (not multiples of 4)
+ODD = "odd-widths"  # widths that leave tails: 70 = 2 * 32 + 6 inputs, 98 and 70 rows (not multiples of 8)
 
 
 @functools.cache
@@ -251,3 +251,12 @@ def test_the_library_is_built_once_and_found_by_its_digest_after(fresh_build, tm
     cpu_decode.build.cache_clear()
     stamp = built[0].stat().st_mtime_ns
     assert cpu_decode.build().library is not None and built[0].stat().st_mtime_ns == stamp
+
+
+def test_a_cache_folder_others_can_write_is_not_trusted(fresh_build, tmp_path) -> None:
+    folder = tmp_path / "kernels"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)  # past the umask
+    built = cpu_decode.build()
+    assert built.library is None and "writable by another user" in built.reason
+    assert not list(folder.iterdir())  # nothing compiled into it, nothing loaded from it

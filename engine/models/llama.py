@@ -105,4 +105,8 @@ class LlamaFamilyForCausalLM(nn.Module):
         return self.model.norm.add_and_norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        head = self.lm_head
+        if (hidden.shape[0] == 1 and kernels.runs_native_decode(hidden.device)
+                and cpu_decode.can_project(hidden, head.weight, head.bias)):
+            return cpu_decode.project(hidden, head.weight, head.bias).float()  # batch-1 decode's output head
+        return head(hidden).float()
