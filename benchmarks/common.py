@@ -22,3 +22,22 @@ class Workload:
     @property
     def output_tokens(self) -> int:
         return sum(self.output_lens)
+
+
+def kernels_line(device_type: str) -> str:
+    """Which kernels a run on `device_type` used, and for a CPU whether a batch-1 decode ran compiled
+    (`kernels.cpu_decode`) or eagerly and why: `VEIL_KERNELS=reference` runs the eager forward to compare."""
+    import torch
+
+    import kernels
+    from kernels import cpu_decode
+
+    backend = kernels.selected_backend(torch.device(device_type))
+    if device_type != "cpu":
+        return f"kernels: {backend}"
+    if backend != "native":
+        return f"kernels: {backend} (batch-1 decode eager; VEIL_KERNELS unset runs it compiled where the CPU can)"
+    built = cpu_decode.build()
+    if built.library is None:
+        return f"kernels: native, but batch-1 decode eager: {built.reason}"
+    return "kernels: native (batch-1 decode compiled, kernels/cpu_decode.c; VEIL_KERNELS=reference for the eager one)"

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import progress  # noqa: E402
+from benchmarks.common import kernels_line, progress  # noqa: E402
 
 PROMPT = list(range(5, 21))
 
@@ -210,6 +210,7 @@ def main() -> int:
         bandwidth = copy_bandwidth(torch.device("cpu"), gib=1, repeats=3) / 1e9 if args.device == "cpu" else None
     print(f"\nhost time per decode step: built-in '{args.preset}' model on {args.device}, {args.threads} thread(s), "
           f"best of {args.repeats} x {args.steps} steps, bridge toll {args.bridge_toll_us:g} us per crossing")
+    print(kernels_line(args.device))
     print(f"{'batch':>5} {'sampling':>8} {'dtype':>8} | {'step ms':>8} {'forward ms':>10} {'host ms':>8} {'host share':>10} {'LM head ms':>10} {'host-head':>9} | "
           f"{'text ms':>7} | {'H2D/step':>8} {'D2H/step':>8} {'H2D B/step':>10} {'D2H B/step':>10}")
     for split in splits:

@@ -38,7 +38,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
-from benchmarks.common import Workload, progress  # noqa: E402
+from benchmarks.common import Workload, kernels_line, progress  # noqa: E402
 
 
 def make_workload(requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int) -> Workload:
@@ -190,6 +190,7 @@ def main() -> None:
         workload = make_workload(args.requests, prompt_range, output_range, vocab_size)
         print(f"model: built-in '{preset}' Llama, {params_m:.1f}M parameters, {args.dtype} on both sides, "
               f"{torch.get_num_threads()} CPU threads")
+        print(kernels_line("cpu"))
         print(f"workload: {args.requests} requests, prompts {prompt_range}, outputs {output_range}, "
               f"{workload.output_tokens} output tokens, greedy")
         # Every configuration runs once per round, best of --repeats each, so that a busy moment on a
