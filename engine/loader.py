@@ -22,6 +22,7 @@ import kernels
 from engine.bridge import Bridge
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
+from engine.host_weights import place_in_huge_pages
 from engine.models import LlamaFamilyForCausalLM
 from engine.models.layers import MergedLinear, prepack_linears
 
@@ -66,6 +67,8 @@ def load_model(folder: str | Path, dtype: torch.dtype | None, device: torch.devi
         model.lm_head.weight = model.model.embed_tokens.weight
     model.rotary = rotary
     model = model.to(dtype=dtype).eval()
+    if device.type == "cpu":
+        place_in_huge_pages(model)  # a decode step streams every weight: fewer TLB misses (`engine.host_weights`)
     prepack_linears(model)  # bf16 on a CPU: its products over prepacked weights (`kernels.cpu_linear`)
     if dtype == torch.bfloat16:
         kernels.runs_native_decode(device)  # compiled now (about a second, once), not inside a first request
