@@ -205,31 +205,33 @@ static void attend(const veil_dims *d, const bf16 *queries, const bf16 *k_layer,
     }
 }
 
-/* The team's share of the KV heads: contiguous ranges, so each thread reads its part of every slot in one pass. */
-static void attend_share(const veil_dims *d, const bf16 *queries, const bf16 *k_layer, const bf16 *v_layer,
-                         const int32_t *table, int64_t context, float *scores, float *sums, bf16 *out) {
+/* The KV heads [first, last) this thread attends with (with their query heads): contiguous ranges, so each
+   thread reads its part of every cached slot in one pass. */
+static void my_heads(const veil_dims *d, int64_t *first, int64_t *last) {
     const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t first = d->kv_heads * me / team, last = d->kv_heads * (me + 1) / team;
-    const int64_t group = d->heads / d->kv_heads;
-    if (first < last)
-        attend(d, queries, k_layer, v_layer, table, context, first, last, scores + first * group * context,
-               sums + first * group * d->head_dim, out);
-#pragma omp barrier
+    *first = d->kv_heads * me / team;
+    *last = d->kv_heads * (me + 1) / team;
 }
 
 typedef struct {
     bf16 *residual, *normed, *qkv, *attended, *gate_up, *act, *hidden;
     float *scores, *sums;
+    int64_t row;  /* elements between two threads' residual (and normed) rows */
     size_t bytes;
     void *base;
 } scratch;
 
+static int64_t padded(int64_t elements) { return (elements + 31) / 32 * 32; }
+
+/* Every thread keeps its own residual stream and its norm: each computes them alike, which costs less than
+   one thread computing them while the others wait at a barrier. */
 static int scratch_alloc(scratch *s, const veil_dims *d, int64_t context) {
     const int64_t q_width = d->heads * d->head_dim, kv_width = d->kv_heads * d->head_dim;
-    const int64_t halves[] = {d->hidden, d->hidden, q_width + 2 * kv_width, q_width, 2 * d->intermediate,
-                              d->intermediate, d->hidden};
+    s->row = padded(d->hidden);
+    const int64_t sizes[] = {d->threads * s->row, d->threads * s->row, padded(q_width + 2 * kv_width),
+                             padded(q_width), padded(2 * d->intermediate), padded(d->intermediate), s->row};
     size_t elements = 0;
-    for (size_t i = 0; i < sizeof halves / sizeof halves[0]; ++i) elements += (size_t)((halves[i] + 31) / 32 * 32);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) elements += (size_t)sizes[i];
     s->bytes = elements * sizeof(bf16) + sizeof(float) * (size_t)(d->heads * (context + d->head_dim));
     s->base = calloc(1, s->bytes);
     if (!s->base) return NO_MEMORY;
@@ -237,7 +239,7 @@ static int scratch_alloc(scratch *s, const veil_dims *d, int64_t context) {
     bf16 **parts[] = {&s->residual, &s->normed, &s->qkv, &s->attended, &s->gate_up, &s->act, &s->hidden};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; ++i) {
         *parts[i] = next;
-        next += (halves[i] + 31) / 32 * 32;
+        next += sizes[i];
     }
     s->scores = (float *)next;
     s->sums = s->scores + d->heads * context;
@@ -262,21 +264,24 @@ static int check_step(const veil_dims *d, const veil_step *s) {
     return OK;
 }
 
-/* Everything between two products of one layer that reads the projection's q, k, v: the optional per-head
-   norms, rotary, and the K/V store (run by one thread). */
+/* This thread's share of what lies between the qkv product and attention: its heads' optional norms and
+   rotary, and its KV heads' K and V stored at the new token's slot (read back only by this thread's attention). */
 static void place_keys(const veil_dims *d, const bf16 *const *w, const veil_step *s, const bf16 *cos_cache,
-                       const bf16 *sin_cache, bf16 *qkv, bf16 *k_layer, bf16 *v_layer) {
-    const int64_t dim = d->head_dim, half = dim / 2, heads = d->heads + d->kv_heads;
+                       const bf16 *sin_cache, bf16 *qkv, bf16 *k_layer, bf16 *v_layer, int64_t first, int64_t last) {
+    const int64_t dim = d->head_dim, half = dim / 2, group = d->heads / d->kv_heads;
     const bf16 *cos = cos_cache + *s->position * half, *sin = sin_cache + *s->position * half;
-    for (int64_t h = 0; h < heads; ++h) {
-        bf16 *head = qkv + h * dim;
-        const bf16 *norm = h < d->heads ? w[W_Q_NORM] : w[W_K_NORM];
-        if (norm) rms_norm(head, norm, head, dim, (float)d->eps);
-        rotate(head, cos, sin, half);
+    bf16 *keys = qkv + d->heads * dim, *values = keys + d->kv_heads * dim;
+    for (int64_t h = first * group; h < last * group; ++h) {
+        if (w[W_Q_NORM]) rms_norm(qkv + h * dim, w[W_Q_NORM], qkv + h * dim, dim, (float)d->eps);
+        rotate(qkv + h * dim, cos, sin, half);
     }
-    const int64_t slot_offset = *s->slot * d->kv_heads * dim, kv_width = d->kv_heads * dim;
-    memcpy(k_layer + slot_offset, qkv + d->heads * dim, sizeof(bf16) * (size_t)kv_width);
-    memcpy(v_layer + slot_offset, qkv + d->heads * dim + kv_width, sizeof(bf16) * (size_t)kv_width);
+    for (int64_t h = first; h < last; ++h) {
+        if (w[W_K_NORM]) rms_norm(keys + h * dim, w[W_K_NORM], keys + h * dim, dim, (float)d->eps);
+        rotate(keys + h * dim, cos, sin, half);
+    }
+    const int64_t slot = *s->slot * d->kv_heads * dim + first * dim, width = (last - first) * dim;
+    memcpy(k_layer + slot, keys + first * dim, sizeof(bf16) * (size_t)width);
+    memcpy(v_layer + slot, values + first * dim, sizeof(bf16) * (size_t)width);
 }
 
 static void silu_and_mul(const bf16 *gate_up, bf16 *out, int64_t width) {
@@ -288,25 +293,25 @@ static void silu_and_mul(const bf16 *gate_up, bf16 *out, int64_t width) {
 }
 
 static void layer(const veil_dims *d, const bf16 *const *w, const veil_step *s, const bf16 *cos_cache,
-                  const bf16 *sin_cache, bf16 *k_layer, bf16 *v_layer, scratch *m, int first) {
-    const int64_t context = *s->context, q_width = d->heads * d->head_dim;
-#pragma omp single
-    {
-        if (first) memcpy(m->residual, m->hidden, sizeof(bf16) * (size_t)d->hidden);
-        else add_into(m->residual, m->hidden, d->hidden);
-        rms_norm(m->residual, w[W_INPUT_NORM], m->normed, d->hidden, (float)d->eps);
+                  const bf16 *sin_cache, bf16 *k_layer, bf16 *v_layer, scratch *m, int first_layer) {
+    const int64_t context = *s->context, q_width = d->heads * d->head_dim, group = d->heads / d->kv_heads;
+    bf16 *residual = m->residual + omp_get_thread_num() * m->row, *normed = m->normed + omp_get_thread_num() * m->row;
+    int64_t first, last;
+    my_heads(d, &first, &last);
+    if (first_layer) memcpy(residual, m->hidden, sizeof(bf16) * (size_t)d->hidden);
+    else add_into(residual, m->hidden, d->hidden);
+    rms_norm(residual, w[W_INPUT_NORM], normed, d->hidden, (float)d->eps);
+    product(w[W_QKV], w[W_QKV_BIAS], normed, m->qkv, q_width + 2 * d->kv_heads * d->head_dim, d->hidden);
+    if (first < last) {
+        place_keys(d, w, s, cos_cache, sin_cache, m->qkv, k_layer, v_layer, first, last);
+        attend(d, m->qkv, k_layer, v_layer, s->block_table, context, first, last, m->scores + first * group * context,
+               m->sums + first * group * d->head_dim, m->attended);
     }
-    product(w[W_QKV], w[W_QKV_BIAS], m->normed, m->qkv, q_width + 2 * d->kv_heads * d->head_dim, d->hidden);
-#pragma omp single
-    place_keys(d, w, s, cos_cache, sin_cache, m->qkv, k_layer, v_layer);
-    attend_share(d, m->qkv, k_layer, v_layer, s->block_table, context, m->scores, m->sums, m->attended);
+#pragma omp barrier
     product(w[W_O], w[W_O_BIAS], m->attended, m->hidden, d->hidden, q_width);
-#pragma omp single
-    {
-        add_into(m->residual, m->hidden, d->hidden);
-        rms_norm(m->residual, w[W_POST_NORM], m->normed, d->hidden, (float)d->eps);
-    }
-    product(w[W_GATE_UP], w[W_GATE_UP_BIAS], m->normed, m->gate_up, 2 * d->intermediate, d->hidden);
+    add_into(residual, m->hidden, d->hidden);
+    rms_norm(residual, w[W_POST_NORM], normed, d->hidden, (float)d->eps);
+    product(w[W_GATE_UP], w[W_GATE_UP_BIAS], normed, m->gate_up, 2 * d->intermediate, d->hidden);
     silu_and_mul(m->gate_up, m->act, d->intermediate);
     product(w[W_DOWN], w[W_DOWN_BIAS], m->act, m->hidden, d->hidden, d->intermediate);
 }
