@@ -247,9 +247,9 @@ static int scratch_alloc(scratch *s, const veil_dims *d, int64_t context) {
 }
 
 static void scratch_free(scratch *s) {
-    /* Activations of this request: zeroed before the allocator can hand the memory to anyone else. */
-    volatile unsigned char *bytes = s->base;
-    for (size_t i = 0; i < s->bytes; ++i) bytes[i] = 0;
+    /* Activations of this request: zeroed before the allocator can hand the memory to anyone else
+       (explicit_bzero: a memset the compiler may not drop as a store to memory about to be freed). */
+    explicit_bzero(s->base, s->bytes);
     free(s->base);
 }
 
