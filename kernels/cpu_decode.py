@@ -19,6 +19,7 @@ built (no compiler, no OpenMP runtime in torch), the default falls back to the e
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
@@ -118,22 +119,24 @@ def _cache_folder() -> Path:
 
 
 def _compiled(compiler: str, runtime: Path) -> Path:
-    """The shared library for this source, flags, compiler and runtime: built once, then found by its digest."""
+    """The shared library for this source, flags, compiler and runtime: built once, then found by its digest.
+    Where the cache folder cannot be created or written (a read-only home), it is built into a private
+    temporary folder of this process instead, removed at exit: slower to start, never refused."""
     key = hashlib.sha256(SOURCE.read_bytes())
     for part in (*FLAGS, compiler, str(runtime)):
         key.update(b"\0" + part.encode())
+    name = f"cpu_decode-{key.hexdigest()[:16]}.so"
     folder = _cache_folder()
-    target = folder / f"cpu_decode-{key.hexdigest()[:16]}.so"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _check_private(folder)
-        if target.is_file():
-            _check_private(target)
-            return target
-        handle, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=folder)
-        os.close(handle)
-    except OSError as error:
-        raise KernelBackendError(f"cannot write the kernel cache folder {folder}: {error.strerror}") from None
+        partial = _partial_file(folder, name)
+    except OSError:
+        folder = Path(tempfile.mkdtemp(prefix="veil-kernels-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        partial = _partial_file(folder, name)
+    target = folder / name
+    if partial is None:
+        return target  # built before, by this user
     command = [compiler, *FLAGS, "-o", partial, str(SOURCE), str(runtime), f"-Wl,-rpath,{runtime.parent}", "-lm"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
@@ -146,6 +149,19 @@ def _compiled(compiler: str, runtime: Path) -> Path:
     finally:
         Path(partial).unlink(missing_ok=True)
     return target
+
+
+def _partial_file(folder: Path, name: str) -> str | None:
+    """A new file in `folder` to build `name` into, or None where `name` is there already; the folder and
+    the library must be private to this user (KernelBackendError), and OSError where it cannot be written."""
+    _check_private(folder)
+    target = folder / name
+    if target.is_file():
+        _check_private(target)
+        return None
+    handle, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=folder)
+    os.close(handle)
+    return partial
 
 
 def _check_private(path: Path) -> None:

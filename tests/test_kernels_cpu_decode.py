@@ -260,3 +260,13 @@ def test_a_cache_folder_others_can_write_is_not_trusted(fresh_build, tmp_path) -
     built = cpu_decode.build()
     assert built.library is None and "writable by another user" in built.reason
     assert not list(folder.iterdir())  # nothing compiled into it, nothing loaded from it
+
+
+def test_a_cache_folder_that_cannot_be_created_falls_back_to_a_private_temporary_one(
+        fresh_build, monkeypatch, tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("VEIL_KERNEL_CACHE", str(blocker / "kernels"))  # under a file: mkdir fails
+    built = cpu_decode.build()
+    assert built.library is not None and str(blocker) not in built.reason
+    assert not (blocker.parent / "kernels").exists()
