@@ -9,8 +9,8 @@ new token, bf16 weights and KV cache, on a CPU with AVX-512 BF16. Every other fo
 speculative verification, float32) runs the eager model as before.
 
 It is the `native` kernel backend (`kernels.dispatch`): the default on such a CPU, `force("reference")` or
-`VEIL_KERNELS=reference` turns it off (the eager forward is its test oracle). It is compiled on first use,
-in about a second, with the machine's C compiler (`CC`, else `cc`), into a cache folder
+`VEIL_KERNELS=reference` turns it off (the eager forward is its test oracle). It is compiled when a bf16
+model loads (`engine.loader`), in about a second, with the machine's C compiler (`CC`, else `cc`), into a cache folder
 (`VEIL_KERNEL_CACHE`, else `~/.cache/veil/kernels`), keyed by the source, flags and compiler: like Triton's
 kernels on a GPU, the code that runs is this package's source, built where it runs. Where it cannot be
 built (no compiler, no OpenMP runtime in torch), the default falls back to the eager forward and
@@ -39,7 +39,6 @@ SOURCE = Path(__file__).with_name("cpu_decode.c")
 FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
          "-mavx512bf16", "-mfma")
 COMPILE_TIMEOUT_S = 300  # a hang, not a speed: the build takes about a second
-WEIGHTS_PER_LAYER = 12  # the C source's W_PER_LAYER
 
 # Return codes of veil_decode_one, as the C source numbers them.
 _ERRORS = {
@@ -88,9 +87,11 @@ def build() -> Build:
         return Build(None, "no C compiler (set CC, or install gcc)")
     try:
         path = _compiled(compiler, runtime)
+        library = ctypes.CDLL(str(path))
     except KernelBackendError as error:
         return Build(None, str(error))
-    library = ctypes.CDLL(str(path))
+    except OSError as error:  # built, but the loader refuses it (a missing symbol, another architecture)
+        return Build(None, f"cannot load {path.name}: {type(error).__name__}")
     library.veil_decode_one.restype = ctypes.c_int
     library.veil_decode_one.argtypes = [ctypes.POINTER(_Dims)] + [ctypes.c_void_p] * 8
     library.veil_product.restype = None
@@ -222,7 +223,7 @@ def plan_for(model: torch.nn.Module) -> DecodePlan | None:
 
 
 def _layer_weights(layer: torch.nn.Module) -> list[Tensor | None]:
-    """One decoder layer's tensors in the C source's W_* order."""
+    """One decoder layer's tensors in the C source's W_* order (W_PER_LAYER of them)."""
     attention, mlp = layer.self_attn, layer.mlp
     q_norm = attention.q_norm.weight if attention.q_norm is not None else None
     k_norm = attention.k_norm.weight if attention.k_norm is not None else None
