@@ -287,13 +287,21 @@ def test_no_string_field_accepts_text(cls, name, text):
     try:
         event = dataclasses.replace(sample, **{name: text})
     except AuditSchemaError as error:
-        with pytest.raises(AuditSchemaError) as reference:
-            dataclasses.replace(sample, **{name: "?"})
-        assert str(error) == str(reference.value)
+        # Refused for its form ("?"), or, for a well-formed value, by a rule between fields (route_decision's
+        # chosen node must be one of its candidates): either way one of the messages fixed values give.
+        assert str(error) in {_refusal(sample, name, fixed) for fixed in ("?", "0" * 16)}
         return
     value = str(getattr(event, name))
     assert len(value) <= 64
     assert all(ch in "0123456789abcdefghijklmnopqrstuvwxyz._+-" for ch in value)
+
+
+def _refusal(sample, name: str, value: str) -> str | None:
+    try:
+        dataclasses.replace(sample, **{name: value})
+    except AuditSchemaError as error:
+        return str(error)
+    return None
 
 
 JSON_VALUES = st.recursive(
