@@ -70,7 +70,7 @@ def load_model(folder: str | Path, dtype: torch.dtype | None, device: torch.devi
     if device.type == "cpu":
         place_in_huge_pages(model)  # a decode step streams every weight: fewer TLB misses (`engine.host_weights`)
     prepack_linears(model)  # bf16 on a CPU: its products over prepacked weights (`kernels.cpu_linear`)
-    if dtype == torch.bfloat16:
+    if dtype in (torch.bfloat16, torch.float32):  # the compiled decode (bf16) and attention (both)
         kernels.runs_native_decode(device)  # compiled now (about a second, once), not inside a first request
     return model
 

@@ -1,4 +1,5 @@
-/* The decoder's whole forward for one sequence's one new token (batch-1 decode) on a CPU, in bf16.
+/* The decoder's whole forward for one sequence's one new token (batch-1 decode) on a CPU, in bf16; and the
+   paged attention of any step's new tokens, bf16 or float32 (`veil_paged_attention`, at the end).
 
    Why native: at batch 1 a CPU decode step is bound by reading the weights once. Through torch's eager ops the
    matrix-vector products ran at about 31 GB/s (oneDNN, prepacked) and the ~10 small ops of every layer cost
@@ -14,7 +15,7 @@
    thread in a fixed order, so results do not depend on the thread count.
 
    Privacy: the only state is the caller's KV cache, written at the one validated slot; the scratch
-   activations are zeroed before they are freed. Nothing is printed. Every index read from the step's inputs
+   activations and attention scores are zeroed before they are freed. Nothing is printed. Every index read from the step's inputs
    (position, slot, context length, block ids) is range-checked before anything is written or read. */
 
 #include <immintrin.h>
@@ -148,61 +149,221 @@ static void rotate(bf16 *x, const bf16 *cos, const bf16 *sin, int64_t half) {
     }
 }
 
-/* A cached token's K or V rows are read head by head, a slot's stride apart, from blocks anywhere in the
-   cache (last written a step ago, since evicted by the weights streaming through): fetched AHEAD tokens
-   early, they arrive by the time they are read instead of each read waiting on memory. */
-#define AHEAD 4
+/* ---- Attention over the paged KV cache, for tokens that each attend to their whole context ----
+   Shared by the forward above and `veil_decode_attention` (a step of decode tokens, one per sequence), in bf16
+   or float32: K, V, queries and output are all one of the two (`attention_shape.bf16`). */
 
-static inline int64_t slot_at(const veil_dims *d, const int32_t *table, int64_t t) {
-    return (table[t / d->block_size] * d->block_size + t % d->block_size) * d->kv_heads * d->head_dim;
+typedef struct {
+    int64_t heads, kv_heads, head_dim, block_size;
+    float scale;
+    int bf16;  /* 1: bf16 K/V/queries/output, the softmax weights rounded to bf16 as SDPA's bf16 kernel does */
+} attention_shape;
+
+static inline __mmask16 lanes(int64_t count) {
+    return count >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << count) - 1);
 }
 
-static inline void fetch_row(const bf16 *row, int64_t dim) {
-    for (int64_t i = 0; i < dim; i += 32) _mm_prefetch((const char *)(row + i), _MM_HINT_T0);
+/* Elements [at, at + min(16, count)) of a bf16 or float32 row, as float32 lanes (zero past the count). */
+static inline __m512 load_lanes(const void *row, int64_t at, int64_t count, int is_bf16) {
+    if (is_bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes(count), (const bf16 *)row + at)), 16));
+    return _mm512_maskz_loadu_ps(lanes(count), (const float *)row + at);
 }
 
-/* Attention of the query heads of KV heads [first, last) over the sequence's pages, as SDPA's CPU kernel
-   computes it in bf16: scores in float32, softmax weights rounded to bf16 before they weight V, the sum of the
-   unrounded weights dividing at the end. One pass over the tokens reads each token's K (then V) rows of these
-   heads together, contiguous in its slot. `sums`: (last - first) * group * head_dim floats. */
-static void attend(const veil_dims *d, const bf16 *queries, const bf16 *k_layer, const bf16 *v_layer,
-                   const int32_t *table, int64_t context, int64_t first, int64_t last, float *scores, float *sums,
-                   bf16 *out) {
-    const int64_t dim = d->head_dim, group = d->heads / d->kv_heads, heads = (last - first) * group;
-    const int64_t width = (last - first) * dim;  /* the rows read of each token's slot */
-    const bf16 *q = queries + first * group * dim;
-    for (int64_t t = 0; t < context; ++t) {
-        const bf16 *k = k_layer + slot_at(d, table, t) + first * dim;
-        if (t + AHEAD < context) fetch_row(k_layer + slot_at(d, table, t + AHEAD) + first * dim, width);
+/* e^x for 16 lanes of x <= 0 (a score less the row's largest), within about 1 ulp of expf: 2^n * e^r with
+   r = x - n ln2 in [-ln2/2, ln2/2] (ln2 split in two, so r is exact), e^r by its degree-7 Taylor polynomial
+   (truncation under 6e-9 there). scalef takes large negative n to 0 and denormals as expf does. A call to expf per
+   score was the kernel's largest cost after the K/V reads. */
+static inline __m512 exp16(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* row[t] = e^(row[t] - max(row)) for t < n, rounded to bf16 where `round`; returns the sum of the unrounded
+   values (SDPA divides by it at the end). */
+static float softmax_weights(float *row, int64_t n, int round) {
+    __m512 largest = _mm512_set1_ps(-INFINITY), total = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t += 16) largest = _mm512_mask_max_ps(largest, lanes(n - t), largest, _mm512_loadu_ps(row + t));
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(largest));
+    for (int64_t t = 0; t < n; t += 16) {
+        const __mmask16 m = lanes(n - t);
+        const __m512 weight = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + t), top));
+        total = _mm512_mask_add_ps(total, m, total, weight);
+        __m512 kept = weight;
+        if (round)  /* round to nearest even bf16, as to_bf16 (the weights are finite and positive) */
+            kept = _mm512_castsi512_ps(_mm512_and_si512(
+                _mm512_add_epi32(_mm512_castps_si512(weight),
+                                 _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                  _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(weight), 16),
+                                                                   _mm512_set1_epi32(1)))),
+                _mm512_set1_epi32((int)0xffff0000u)));
+        _mm512_mask_storeu_ps(row + t, m, kept);
+    }
+    return _mm512_reduce_add_ps(total);
+}
+
+/* Lane t of the result: the sum of acc[t]'s 16 lanes. A tree of 15 adds (and the shuffles that pair lanes)
+   for 16 dot products, where a horizontal sum for each would cost 16 reductions of 4 steps each; what comes
+   out holds token 4j + k at lane 4k + j, which the last permute puts in order. */
+static inline __m512 sum16(const __m512 *acc) {
+    __m512 b[8], c[4], d[2];
+    for (int k = 0; k < 8; ++k)
+        b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * k], acc[2 * k + 1], 0x44),
+                             _mm512_shuffle_f32x4(acc[2 * k], acc[2 * k + 1], 0xEE));
+    for (int m = 0; m < 4; ++m)
+        c[m] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0xDD));
+    for (int n = 0; n < 2; ++n)
+        d[n] = _mm512_add_ps(_mm512_unpacklo_ps(c[2 * n], c[2 * n + 1]), _mm512_unpackhi_ps(c[2 * n], c[2 * n + 1]));
+    const __m512d low = _mm512_unpacklo_pd(_mm512_castps_pd(d[0]), _mm512_castps_pd(d[1]));
+    const __m512d high = _mm512_unpackhi_pd(_mm512_castps_pd(d[0]), _mm512_castps_pd(d[1]));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+                                 _mm512_add_ps(_mm512_castpd_ps(low), _mm512_castpd_ps(high)));
+}
+
+/* scores[r] = (q . rows[r]) * scale for the n <= 16 rows (rows past n repeat a real one, never stored). */
+static inline __attribute__((always_inline)) void score16(const char *const *rows, int64_t offset, const void *q,
+                                                          int64_t dim, int is_bf16, float scale, float *scores,
+                                                          int64_t n) {
+    __m512 acc[16];
+    for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+    if (is_bf16) {
+        for (int64_t k = 0; k < dim; k += 32) {
+            const __m512bh qs = load_bh((const bf16 *)q + k, dim - k);
+            for (int r = 0; r < 16; ++r)
+                acc[r] = _mm512_dpbf16_ps(acc[r], load_bh((const bf16 *)(rows[r] + offset) + k, dim - k), qs);
+        }
+    } else {
+        for (int64_t k = 0; k < dim; k += 16) {
+            const __m512 qs = load_lanes(q, k, dim - k, 0);
+            for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(load_lanes(rows[r] + offset, k, dim - k, 0), qs, acc[r]);
+        }
+    }
+    _mm512_mask_storeu_ps(scores, lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+}
+
+/* sum[0, dim) += weights[r] * rows[r] for the n rows, the sums held in registers (dim <= 128). */
+static inline __attribute__((always_inline)) void accumulate16(const char *const *rows, int64_t offset, int64_t n,
+                                                               const float *weights, float *sum, int64_t dim,
+                                                               int is_bf16) {
+    __m512 acc[8];
+    const int64_t chunks = (dim + 15) / 16;
+    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_maskz_loadu_ps(lanes(dim - 16 * c), sum + 16 * c);
+    for (int64_t r = 0; r < n; ++r) {
+        const __m512 weight = _mm512_set1_ps(weights[r]);
+        for (int64_t c = 0; c < chunks; ++c)
+            acc[c] = _mm512_fmadd_ps(weight, load_lanes(rows[r] + offset, 16 * c, dim - 16 * c, is_bf16), acc[c]);
+    }
+    for (int64_t c = 0; c < chunks; ++c) _mm512_mask_storeu_ps(sum + 16 * c, lanes(dim - 16 * c), acc[c]);
+}
+
+/* The cache is read through the block table, 16 tokens at a time: `rows` gets each token's slot (its KV heads
+   from `first` on), rows past the context repeat the first. A block's rows are contiguous, so within one the
+   hardware prefetcher streams them; the next block (anywhere in the cache, last written a step ago and since
+   evicted) is fetched as a block is entered. */
+typedef struct {
+    const char *base;  /* the layer's K or V cache, at KV head `first` of slot 0 */
+    const int32_t *table;
+    int64_t block_bytes, row_bytes, width_bytes, block_size, context, block, offset;
+} page_walk;
+
+static inline void fetch_block(const page_walk *w, int64_t block) {
+    const int64_t remaining = w->context - block * w->block_size;
+    const int64_t rows = remaining < w->block_size ? remaining : w->block_size;
+    const char *first_row = w->base + w->table[block] * w->block_bytes;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < w->width_bytes; i += 64) _mm_prefetch(first_row + r * w->row_bytes + i, _MM_HINT_T0);
+}
+
+#ifndef AHEAD
+#define AHEAD 2
+#endif
+static inline void next_rows(page_walk *w, const char **rows, int64_t n) {
+    for (int64_t r = 0; r < 16; ++r) {
+        if (r >= n) {
+            rows[r] = rows[0];
+            continue;
+        }
+        if (w->offset == 0)  /* entering a block: fetch the one AHEAD on (and at the start, those before it) */
+            for (int64_t b = w->block == 0 ? 1 : AHEAD; b <= AHEAD && (w->block + b) * w->block_size < w->context; ++b)
+                fetch_block(w, w->block + b);
+        rows[r] = w->base + w->table[w->block] * w->block_bytes + w->offset * w->row_bytes;
+        if (++w->offset == w->block_size) w->offset = 0, ++w->block;
+    }
+}
+
+/* Attention of the query heads of KV heads [first, last) over a sequence's pages, as SDPA's CPU kernel
+   computes it: scores in float32, the softmax weights (in bf16, rounded to bf16) weighting V, the sum of the
+   unrounded weights dividing at the end. `queries`/`out`: the token's head 0; `scores`: (last - first) *
+   group * context floats; `sums`: (last - first) * group * head_dim floats. Inlined for each dtype and the
+   common head sizes, so that the loops over a head's vectors unroll into registers. */
+static inline __attribute__((always_inline)) void attend_as(
+        const attention_shape *a, const void *queries, const void *k_layer, const void *v_layer, const int32_t *table,
+        int64_t context, int64_t first, int64_t last, float *scores, float *sums, void *out, int is_bf16, int64_t dim) {
+    const int64_t size = is_bf16 ? 2 : 4, group = a->heads / a->kv_heads, heads = (last - first) * group;
+    const int64_t row_bytes = a->kv_heads * dim * size;
+    const char *q = (const char *)queries + first * group * dim * size;
+    const page_walk start = {NULL, table, a->block_size * row_bytes, row_bytes, (last - first) * dim * size,
+                             a->block_size, context, 0, 0};
+    const char *rows[16];
+    page_walk keys = start;
+    keys.base = (const char *)k_layer + first * dim * size;
+    for (int64_t t = 0; t < context; t += 16) {
+        const int64_t n = context - t < 16 ? context - t : 16;
+        next_rows(&keys, rows, n);
         for (int64_t h = 0; h < heads; ++h)
-            scores[h * context + t] = dot(q + h * dim, k + h / group * dim, dim) * (float)d->scale;
+            score16(rows, h / group * dim * size, q + h * dim * size, dim, is_bf16, a->scale, scores + h * context + t, n);
     }
     float totals[heads];
-    for (int64_t h = 0; h < heads; ++h) {
-        float *row = scores + h * context, largest = -INFINITY, total = 0.0f;
-        for (int64_t t = 0; t < context; ++t) largest = row[t] > largest ? row[t] : largest;
-        for (int64_t t = 0; t < context; ++t) {
-            const float weight = expf(row[t] - largest);
-            total += weight;
-            row[t] = round_bf16(weight);
-        }
-        totals[h] = total;
-    }
+    for (int64_t h = 0; h < heads; ++h) totals[h] = softmax_weights(scores + h * context, context, is_bf16);
     for (int64_t i = 0; i < heads * dim; ++i) sums[i] = 0.0f;
-    for (int64_t t = 0; t < context; ++t) {
-        const bf16 *v = v_layer + slot_at(d, table, t) + first * dim;
-        if (t + AHEAD < context) fetch_row(v_layer + slot_at(d, table, t + AHEAD) + first * dim, width);
-        for (int64_t h = 0; h < heads; ++h) {
-            const float weight = scores[h * context + t];
-            const bf16 *row = v + h / group * dim;
-            float *sum = sums + h * dim;
-            for (int64_t j = 0; j < dim; ++j) sum[j] += weight * from_bf16(row[j]);
-        }
+    page_walk values = start;
+    values.base = (const char *)v_layer + first * dim * size;
+    for (int64_t t = 0; t < context; t += 16) {
+        const int64_t n = context - t < 16 ? context - t : 16;
+        next_rows(&values, rows, n);
+        for (int64_t h = 0; h < heads; ++h)
+            for (int64_t part = 0; part < dim; part += 128)  /* registers for 128 of a head's sums at a time */
+                accumulate16(rows, (h / group * dim + part) * size, n, scores + h * context + t, sums + h * dim + part,
+                             dim - part < 128 ? dim - part : 128, is_bf16);
     }
     for (int64_t h = 0; h < heads; ++h) {
         const float inverse = 1.0f / totals[h];
-        for (int64_t j = 0; j < dim; ++j) out[(first * group + h) * dim + j] = to_bf16(sums[h * dim + j] * inverse);
+        const int64_t head = first * group + h;
+        for (int64_t j = 0; j < dim; ++j) {
+            const float value = sums[h * dim + j] * inverse;
+            if (is_bf16) ((bf16 *)out)[head * dim + j] = to_bf16(value);
+            else ((float *)out)[head * dim + j] = value;
+        }
     }
+}
+
+static void attend(const attention_shape *a, const void *queries, const void *k_layer, const void *v_layer,
+                   const int32_t *table, int64_t context, int64_t first, int64_t last, float *scores, float *sums,
+                   void *out) {
+#define ATTEND(is_bf16, dim) attend_as(a, queries, k_layer, v_layer, table, context, first, last, scores, sums, out, is_bf16, dim)
+    if (a->bf16) {
+        if (a->head_dim == 64) ATTEND(1, 64);
+        else if (a->head_dim == 128) ATTEND(1, 128);
+        else ATTEND(1, a->head_dim);
+    } else {
+        if (a->head_dim == 64) ATTEND(0, 64);
+        else if (a->head_dim == 128) ATTEND(0, 128);
+        else ATTEND(0, a->head_dim);
+    }
+#undef ATTEND
 }
 
 /* The KV heads [first, last) this thread attends with (with their query heads): contiguous ranges, so each
@@ -304,8 +465,9 @@ static void layer(const veil_dims *d, const bf16 *const *w, const veil_step *s, 
     product(w[W_QKV], w[W_QKV_BIAS], normed, m->qkv, q_width + 2 * d->kv_heads * d->head_dim, d->hidden);
     if (first < last) {
         place_keys(d, w, s, cos_cache, sin_cache, m->qkv, k_layer, v_layer, first, last);
-        attend(d, m->qkv, k_layer, v_layer, s->block_table, context, first, last, m->scores + first * group * context,
-               m->sums + first * group * d->head_dim, m->attended);
+        const attention_shape shape = {d->heads, d->kv_heads, d->head_dim, d->block_size, (float)d->scale, 1};
+        attend(&shape, m->qkv, k_layer, v_layer, s->block_table, context, first, last,
+               m->scores + first * group * context, m->sums + first * group * d->head_dim, m->attended);
     }
 #pragma omp barrier
     product(w[W_O], w[W_O_BIAS], m->attended, m->hidden, d->hidden, q_width);
@@ -345,4 +507,77 @@ void veil_product(const bf16 *weight, const bf16 *bias, const bf16 *x, bf16 *out
                   int64_t threads) {
 #pragma omp parallel num_threads((int)threads)
     product(weight, bias, x, out, rows, in);
+}
+
+/* ---- Attention of a step's new tokens (decode tokens and prefill chunks alike) over the paged cache ---- */
+
+typedef struct {
+    int64_t heads, kv_heads, head_dim, block_size, num_blocks, table_width, table_stride, seqs, tokens,
+        query_stride, threads, bf16;
+    double scale;
+} veil_attention_dims;
+
+/* The offsets must split the step's tokens among the sequences in order, none with more new tokens than its
+   context; every block a sequence with new tokens reads must be in the cache. `longest`: the longest context. */
+static int check_attention_step(const veil_attention_dims *d, const int32_t *query_offsets, const int32_t *tables,
+                                const int32_t *contexts, int64_t *longest) {
+    *longest = 0;
+    if (query_offsets[0] != 0 || query_offsets[d->seqs] != d->tokens) return BAD_QUERY_OFFSETS;
+    for (int64_t s = 0; s < d->seqs; ++s) {
+        const int64_t context = contexts[s], new_tokens = query_offsets[s + 1] - query_offsets[s];
+        if (new_tokens < 0) return BAD_QUERY_OFFSETS;
+        if (new_tokens == 0) continue;  /* nothing of this sequence is read */
+        if (context < new_tokens || context > d->table_width * d->block_size) return BAD_CONTEXT;
+        for (int64_t b = 0; b < (context + d->block_size - 1) / d->block_size; ++b) {
+            const int32_t block = tables[s * d->table_stride + b];
+            if (block < 0 || block >= d->num_blocks) return BAD_BLOCK_ID;
+        }
+        *longest = context > *longest ? context : *longest;
+    }
+    return OK;
+}
+
+/* out[i] = attention of the step's token i, query[i] (rows `query_stride` elements apart), over its
+   sequence's cache up to and including its own position, read in place through the sequence's block table
+   row: no gathered copy, no padding to the longest context and no mask, which the eager kernel pays in every
+   layer. Work items are a token's KV heads, or parts of them where there are fewer tokens than threads to keep
+   busy; the threads take them as they finish (contexts differ in length). Each item is summed by one thread in
+   a fixed order, so results do not depend on the thread count. */
+int veil_paged_attention(const veil_attention_dims *d, const void *query, const void *k_cache, const void *v_cache,
+                         const int32_t *tables, const int32_t *contexts, const int32_t *query_offsets, void *out) {
+    int64_t longest;
+    const int status = check_attention_step(d, query_offsets, tables, contexts, &longest);
+    if (status != OK || d->tokens == 0) return status;
+    const attention_shape shape = {d->heads, d->kv_heads, d->head_dim, d->block_size, (float)d->scale, (int)d->bf16};
+    const int64_t size = d->bf16 ? 2 : 4, group = d->heads / d->kv_heads;
+    const int64_t wanted = (2 * d->threads + d->tokens - 1) / d->tokens;  /* parts per token */
+    const int64_t parts = wanted < 1 ? 1 : wanted > d->kv_heads ? d->kv_heads : wanted;
+    const int64_t widest = (d->kv_heads + parts - 1) / parts * group;  /* query heads in the largest part */
+    const int64_t per_thread = widest * (longest + d->head_dim);
+    const size_t bytes = sizeof(float) * (size_t)(per_thread * d->threads);
+    float *scratch = calloc(1, bytes);
+    int32_t *owner = malloc(sizeof(int32_t) * (size_t)d->tokens);  /* each token's sequence */
+    if (!scratch || !owner) {
+        free(scratch);
+        free(owner);
+        return NO_MEMORY;
+    }
+    for (int64_t s = 0; s < d->seqs; ++s)
+        for (int64_t i = query_offsets[s]; i < query_offsets[s + 1]; ++i) owner[i] = (int32_t)s;
+#pragma omp parallel num_threads((int)d->threads)
+    {
+        float *scores = scratch + omp_get_thread_num() * per_thread, *sums = scores + widest * longest;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < d->tokens * parts; ++item) {
+            const int64_t i = item / parts, part = item % parts, s = owner[i];
+            const int64_t visible = contexts[s] - (query_offsets[s + 1] - i) + 1;  /* positions 0 .. its own */
+            attend(&shape, (const char *)query + i * d->query_stride * size, k_cache, v_cache,
+                   tables + s * d->table_stride, visible, d->kv_heads * part / parts,
+                   d->kv_heads * (part + 1) / parts, scores, sums, (char *)out + i * d->heads * d->head_dim * size);
+        }
+    }
+    explicit_bzero(scratch, bytes);  /* scores of this step's requests: zeroed before the allocator reuses them */
+    free(scratch);
+    free(owner);
+    return OK;
 }

@@ -1,4 +1,5 @@
-"""The decoder's batch-1 decode forward compiled for the CPU (`kernels/cpu_decode.c`): building it, running it.
+"""The decoder's batch-1 decode forward and the paged attention of every step, compiled for the CPU
+(`kernels/cpu_decode.c`): building them, running them.
 
 A CPU decode step of one sequence is bound by reading every weight once, and through torch's eager ops it
 ran at about 43% of that floor on the `bench` model (about 2.75 ms of oneDNN products plus 1.9 ms of small
@@ -8,9 +9,14 @@ region of torch's own runtime. It covers exactly one case, the commonest on a CP
 new token, bf16 weights and KV cache, on a CPU with AVX-512 BF16. Every other forward (prefill, batches,
 speculative verification, float32) runs the eager model as before.
 
+The attention of those other forwards runs compiled too (`paged_attention`, bf16 or float32 K/V): the eager
+kernel gathers each layer's pages of a step's sequences into one padded copy and attends under a mask, which
+took about two fifths of the `engine_throughput.py` workload in bf16; the C kernel reads each token's context
+in place through the block table, 16 tokens' scores at a time.
+
 It is the `native` kernel backend (`kernels.dispatch`): the default on such a CPU, `force("reference")` or
-`VEIL_KERNELS=reference` turns it off (the eager forward is its test oracle). It is compiled when a bf16
-model loads (`engine.loader`), in about a second, with the machine's C compiler (`CC`, else `cc`), into a cache folder
+`VEIL_KERNELS=reference` turns it off (the eager forward is its test oracle). It is compiled when a bf16 or
+float32 model loads (`engine.loader`), in about a second, with the machine's C compiler (`CC`, else `cc`), into a cache folder
 (`VEIL_KERNEL_CACHE`, else `~/.cache/veil/kernels`), keyed by the source, flags and compiler: like Triton's
 kernels on a GPU, the code that runs is this package's source, built where it runs. Where it cannot be
 built (no compiler, no OpenMP runtime in torch), the default falls back to the eager forward and
@@ -57,6 +63,13 @@ class _Dims(ctypes.Structure):
         "table_width", "max_positions", "threads")] + [("eps", ctypes.c_double), ("scale", ctypes.c_double)]
 
 
+class _AttentionDims(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "heads", "kv_heads", "head_dim", "block_size", "num_blocks", "table_width", "table_stride", "seqs", "tokens",
+        "query_stride", "threads",
+        "bf16")] + [("scale", ctypes.c_double)]
+
+
 class _Step(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in ("position", "slot", "context", "query_offsets", "block_table")]
 
@@ -94,6 +107,8 @@ def build() -> Build:
         return Build(None, f"cannot load {path.name}: {type(error).__name__}")
     library.veil_decode_one.restype = ctypes.c_int
     library.veil_decode_one.argtypes = [ctypes.POINTER(_Dims)] + [ctypes.c_void_p] * 8
+    library.veil_paged_attention.restype = ctypes.c_int
+    library.veil_paged_attention.argtypes = [ctypes.POINTER(_AttentionDims)] + [ctypes.c_void_p] * 7
     library.veil_product.restype = None
     library.veil_product.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     return Build(library, f"compiled at {path}")
@@ -286,4 +301,50 @@ def project(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     out = torch.empty((1, weight.shape[0]), dtype=torch.bfloat16)
     library().veil_product(weight.data_ptr(), 0 if bias is None else bias.data_ptr(), hidden.data_ptr(),
                            out.data_ptr(), weight.shape[0], weight.shape[1], torch.get_num_threads())
+    return out
+
+
+def covers_attention(query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor,
+                     cu_seqlens_q: Tensor) -> bool:
+    """Whether `paged_attention` computes this `kernels.paged_attention` call: K/V/queries all bf16 or all
+    float32 on the CPU, laid out as the engine builds them (a layer's caches are views into the KV tensor,
+    each block contiguous; the queries a view of the qkv product). Reads metadata only; the values (offsets,
+    contexts, block ids) are checked in C."""
+    dtype = k_cache.dtype
+    return (dtype in (torch.bfloat16, torch.float32) and query.dtype == dtype and v_cache.dtype == dtype
+            and query.device.type == k_cache.device.type == v_cache.device.type == "cpu"
+            and query.dim() == 3 and query.stride(2) == 1 and query.stride(1) == query.shape[2]
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape == v_cache.shape
+            and block_tables.dtype == torch.int32 and block_tables.dim() == 2 and block_tables.stride(1) == 1
+            and context_lens.dtype == torch.int32 and context_lens.is_contiguous()
+            and cu_seqlens_q.dtype == torch.int32 and cu_seqlens_q.is_contiguous()
+            and context_lens.shape == (block_tables.shape[0],) and cu_seqlens_q.shape == (block_tables.shape[0] + 1,))
+
+
+_ATTENTION_ERRORS = {
+    1: "cu_seqlens_q must split the step's tokens among the sequences in order",
+    4: "context_lens holds a context longer than block_tables can address, or shorter than its new tokens",
+    5: "block_tables holds a block id outside the cache within a sequence's context",
+    6: "no memory for the attention's scores",
+}
+
+
+def paged_attention(query: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor,
+                    cu_seqlens_q: Tensor, max_seqlen_q: int, scale: float) -> Tensor:
+    """`kernels.paged_attention` on the CPU (`covers_attention`): each new token over its sequence's context up
+    to its own position, read in place from the paged cache by the compiled kernel; rounded as the eager
+    kernel rounds (in bf16, SDPA's bf16 softmax weights). `max_seqlen_q` is not needed: the offsets say it."""
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    tokens, heads = query.shape[0], query.shape[1]
+    dims = _AttentionDims(heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
+                          num_blocks=num_blocks, table_width=block_tables.shape[1],
+                          table_stride=block_tables.stride(0), seqs=block_tables.shape[0], tokens=tokens,
+                          query_stride=query.stride(0), threads=torch.get_num_threads(),
+                          bf16=int(k_cache.dtype == torch.bfloat16), scale=scale)
+    out = torch.empty((tokens, heads, head_dim), dtype=query.dtype)
+    status = library().veil_paged_attention(ctypes.byref(dims), query.data_ptr(), k_cache.data_ptr(),
+                                            v_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
+                                            cu_seqlens_q.data_ptr(), out.data_ptr())
+    if status != 0:
+        raise KernelInputError(_ATTENTION_ERRORS.get(status, f"the native attention failed (code {status})"))
     return out

@@ -10,8 +10,10 @@ Backend choice, first match wins:
    `kernels.one_forward()`);
 3. the tensors' device: Triton on CUDA; on a CPU with AVX-512 BF16 `native`, elsewhere the reference.
 
-`native` is the reference for every kernel here, plus the decoder's compiled batch-1 decode forward
-(`kernels.cpu_decode`), which the model runs in place of its eager layers where it covers the step.
+`native` is the reference for every kernel here but `paged_attention`, which it runs compiled over bf16 and
+float32 caches (`kernels.cpu_decode.paged_attention`: every new token read in place, where the reference
+gathers and pads), plus the decoder's compiled batch-1 decode forward (`kernels.cpu_decode`), which the model
+runs in place of its eager layers where it covers the step.
 
 Triton on a CPU runs only in the Triton interpreter, so `TRITON_INTERPRET=1` must be set before the first
 Triton call; the Triton modules are imported lazily on that call, which is when Triton reads the variable.
@@ -148,6 +150,8 @@ def paged_attention(
     args = (query, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, max_seqlen_q, float(scale))
     if selected_backend(query.device) == "triton":
         return _triton_module("paged_attention", query.device).paged_attention(*args)
+    if cpu_decode.covers_attention(*args[:6]) and runs_native_decode(query.device):
+        return cpu_decode.paged_attention(*args)  # read in place: no gathered copy, no padding, no mask
     return reference.paged_attention(*args)
 
 
