@@ -25,8 +25,8 @@ class Workload:
 
 
 def kernels_line(device_type: str) -> str:
-    """Which kernels a run on `device_type` used, and for a CPU whether a batch-1 decode ran compiled
-    (`kernels.cpu_decode`) or eagerly and why: `VEIL_KERNELS=reference` runs the eager forward to compare."""
+    """Which kernels a run on `device_type` used, and for a CPU whether a batch-1 decode and the paged attention
+    ran compiled (`kernels.cpu_decode`) or eagerly and why: `VEIL_KERNELS=reference` runs the eager ones to compare."""
     import torch
 
     import kernels
@@ -36,8 +36,9 @@ def kernels_line(device_type: str) -> str:
     if device_type != "cpu":
         return f"kernels: {backend}"
     if backend != "native":
-        return f"kernels: {backend} (batch-1 decode eager; VEIL_KERNELS unset runs it compiled where the CPU can)"
+        return f"kernels: {backend} (batch-1 decode and attention eager; VEIL_KERNELS unset compiles them where the CPU can)"
     built = cpu_decode.build()
     if built.library is None:
-        return f"kernels: native, but batch-1 decode eager: {built.reason}"
-    return "kernels: native (batch-1 decode compiled, kernels/cpu_decode.c; VEIL_KERNELS=reference for the eager one)"
+        return f"kernels: native, but batch-1 decode and attention eager: {built.reason}"
+    return ("kernels: native (batch-1 decode and paged attention compiled, kernels/cpu_decode.c; "
+            "VEIL_KERNELS=reference for the eager ones)")

@@ -254,19 +254,25 @@ static inline __attribute__((always_inline)) void score16(const char *const *row
     _mm512_mask_storeu_ps(scores, lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
 }
 
-/* sum[0, dim) += weights[r] * rows[r] for the n rows, the sums held in registers (dim <= 128). */
+/* For `heads` (1 or 2) query heads k of one KV head: sums[k * head_dim + j] += weights[k * context + r] *
+   rows[r][j] for the n rows and j < dim (<= 128), the sums held in registers and each row widened once for both. */
 static inline __attribute__((always_inline)) void accumulate16(const char *const *rows, int64_t offset, int64_t n,
-                                                               const float *weights, float *sum, int64_t dim,
-                                                               int is_bf16) {
-    __m512 acc[8];
+                                                               const float *weights, int64_t context, float *sums,
+                                                               int64_t head_dim, int64_t dim, int is_bf16, int heads) {
+    __m512 acc[2][8];
     const int64_t chunks = (dim + 15) / 16;
-    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_maskz_loadu_ps(lanes(dim - 16 * c), sum + 16 * c);
+    for (int k = 0; k < heads; ++k)
+        for (int64_t c = 0; c < chunks; ++c) acc[k][c] = _mm512_maskz_loadu_ps(lanes(dim - 16 * c), sums + k * head_dim + 16 * c);
     for (int64_t r = 0; r < n; ++r) {
-        const __m512 weight = _mm512_set1_ps(weights[r]);
-        for (int64_t c = 0; c < chunks; ++c)
-            acc[c] = _mm512_fmadd_ps(weight, load_lanes(rows[r] + offset, 16 * c, dim - 16 * c, is_bf16), acc[c]);
+        __m512 weight[2];
+        for (int k = 0; k < heads; ++k) weight[k] = _mm512_set1_ps(weights[k * context + r]);
+        for (int64_t c = 0; c < chunks; ++c) {
+            const __m512 value = load_lanes(rows[r] + offset, 16 * c, dim - 16 * c, is_bf16);
+            for (int k = 0; k < heads; ++k) acc[k][c] = _mm512_fmadd_ps(weight[k], value, acc[k][c]);
+        }
     }
-    for (int64_t c = 0; c < chunks; ++c) _mm512_mask_storeu_ps(sum + 16 * c, lanes(dim - 16 * c), acc[c]);
+    for (int k = 0; k < heads; ++k)
+        for (int64_t c = 0; c < chunks; ++c) _mm512_mask_storeu_ps(sums + k * head_dim + 16 * c, lanes(dim - 16 * c), acc[k][c]);
 }
 
 /* The cache is read through the block table, 16 tokens at a time: `rows` gets each token's slot (its KV heads
@@ -334,10 +340,16 @@ static inline __attribute__((always_inline)) void attend_as(
     for (int64_t t = 0; t < context; t += 16) {
         const int64_t n = context - t < 16 ? context - t : 16;
         next_rows(&values, rows, n);
-        for (int64_t h = 0; h < heads; ++h)
-            for (int64_t part = 0; part < dim; part += 128)  /* registers for 128 of a head's sums at a time */
-                accumulate16(rows, (h / group * dim + part) * size, n, scores + h * context + t, sums + h * dim + part,
-                             dim - part < 128 ? dim - part : 128, is_bf16);
+        for (int64_t h = 0; h < heads; h += group % 2 == 0 ? 2 : 1)  /* query heads of a KV head in pairs, if even */
+            for (int64_t part = 0; part < dim; part += 128) {  /* registers for 128 of a head's sums at a time */
+                const int64_t offset = (h / group * dim + part) * size, width = dim - part < 128 ? dim - part : 128;
+                if (group % 2 == 0)
+                    accumulate16(rows, offset, n, scores + h * context + t, context, sums + h * dim + part, dim,
+                                 width, is_bf16, 2);
+                else
+                    accumulate16(rows, offset, n, scores + h * context + t, context, sums + h * dim + part, dim,
+                                 width, is_bf16, 1);
+            }
     }
     for (int64_t h = 0; h < heads; ++h) {
         const float inverse = 1.0f / totals[h];
