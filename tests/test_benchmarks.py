@@ -118,10 +118,15 @@ def test_the_host_time_benchmark_splits_each_step_into_forward_and_host() -> Non
     # The batched CPU attention against the per-sequence kernel, and each step against the weights floor.
     speedups = re.findall(rf"batch\s+(\d+): step {NUMBER} -> {NUMBER} ms \(({NUMBER})x\)", out)
     assert [batch for batch, _ in speedups] == ["2", "8"] and all(float(ratio) > 0 for _, ratio in speedups)
-    bandwidth = re.search(rf"streaming bandwidth \(({NUMBER}) GB/s", out)
+    bandwidth = re.search(rf"streaming bandwidth \(a large copy: .* the run's best, ({NUMBER}) GB/s", out)
     assert bandwidth is not None and float(bandwidth.group(1)) > 0
-    floors = re.findall(rf"batch\s+(\d+)\s+float32: ({NUMBER}) kB/token, floor ({NUMBER}) ms/step", out)
-    assert [batch for batch, *_ in floors] == ["2", "8"] and all(float(kb) > 0 for _, kb, _ in floors)
+    # Each step against the copy timed just before it, and against the run's best copy (a floor no higher).
+    floors = re.findall(rf"batch\s+(\d+)\s+float32: ({NUMBER}) kB/token, floor ({NUMBER}) ms/step at ({NUMBER}) GB/s, "
+                        rf"step at ({NUMBER})% of the floor's speed \(({NUMBER})% against the run's best copy\)", out)
+    assert [batch for batch, *_ in floors] == ["2", "8"]
+    for _, kb, _, copy_gb_s, share, strict_share in floors:
+        assert float(kb) > 0 and 0 < float(copy_gb_s) <= float(bandwidth.group(1))
+        assert 0 < float(strict_share) <= float(share)
     assert "8 ms at 256" in out
 
 
