@@ -66,8 +66,7 @@ class _Dims(ctypes.Structure):
 class _AttentionDims(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "heads", "kv_heads", "head_dim", "block_size", "num_blocks", "table_width", "table_stride", "seqs", "tokens",
-        "query_stride", "threads",
-        "bf16")] + [("scale", ctypes.c_double)]
+        "query_stride", "threads", "bf16")] + [("scale", ctypes.c_double)]
 
 
 class _Step(ctypes.Structure):
