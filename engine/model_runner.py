@@ -220,6 +220,12 @@ class ModelRunner:
         inputs = self._step_inputs(views, tables, lists)
         if in_flight_ids is not None:
             fill_placeholders(inputs.input_ids, in_flight_ids)
+        if pooling is None and len(lists.sample_rows) == 1 and len(lists.input_ids) == 1:
+            # One token that samples (a batch-1 decode step): on a CPU the compiled decode runs the forward
+            # and the output head in one call (`decode_logits`); elsewhere it runs nothing and says so.
+            logits = self.model.decode_logits(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
+            if logits is not None:
+                return logits, None
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta)
         embeddings = pooling.reduce(hidden) if pooling else None
         return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows)), embeddings

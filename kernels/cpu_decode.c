@@ -40,7 +40,7 @@ enum {
 
 typedef struct {
     int64_t hidden, intermediate, layers, heads, kv_heads, head_dim;
-    int64_t num_blocks, block_size, table_width, max_positions, threads;
+    int64_t num_blocks, block_size, table_width, max_positions, threads, vocab;
     double eps, scale;
 } veil_dims;
 
@@ -98,7 +98,15 @@ static inline bf16 with_bias(float sum, const bf16 *bias, int64_t row) {
    asked for in step with the loads, or two blocks ahead, or into L2 only, gained nothing; measured
    alternating in one engine, `benchmarks/engine_host.py`'s step). */
 #define BLOCK 8
-static void product(const bf16 *weight, const bf16 *bias, const bf16 *x, bf16 *out, int64_t rows, int64_t in) {
+static inline __attribute__((always_inline)) void store(bf16 *out, float *wide, int64_t row, bf16 value) {
+    if (wide) wide[row] = from_bf16(value);
+    else out[row] = value;
+}
+
+/* `product` into `out` (bf16) or, where `wide` is given, into `wide` as float32: the same bf16 values widened
+   (the eager output head's `linear(...).float()`). */
+static inline __attribute__((always_inline)) void product_into(const bf16 *weight, const bf16 *bias, const bf16 *x,
+                                                               bf16 *out, float *wide, int64_t rows, int64_t in) {
     const int64_t blocks = rows / BLOCK, whole = in / 32 * 32;
     const __mmask32 tail = (__mmask32)((1ull << (in - whole)) - 1);
 #pragma omp for schedule(static) nowait
@@ -120,11 +128,15 @@ static void product(const bf16 *weight, const bf16 *bias, const bf16 *x, bf16 *o
                 sums[r] = _mm512_dpbf16_ps(sums[r], (__m512bh)_mm512_maskz_loadu_epi16(tail, w + r * in + whole), xs);
         }
         for (int r = 0; r < BLOCK; ++r)
-            out[block * BLOCK + r] = with_bias(_mm512_reduce_add_ps(sums[r]), bias, block * BLOCK + r);
+            store(out, wide, block * BLOCK + r, with_bias(_mm512_reduce_add_ps(sums[r]), bias, block * BLOCK + r));
     }
 #pragma omp for schedule(static)
     for (int64_t row = blocks * BLOCK; row < rows; ++row)
-        out[row] = with_bias(dot(weight + row * in, x, in), bias, row);
+        store(out, wide, row, with_bias(dot(weight + row * in, x, in), bias, row));
+}
+
+static void product(const bf16 *weight, const bf16 *bias, const bf16 *x, bf16 *out, int64_t rows, int64_t in) {
+    product_into(weight, bias, x, out, NULL, rows, in);
 }
 
 /* out = bf16(weight * bf16(x * rsqrt(mean(x^2) + eps))): torch.rms_norm, then the weight, as reference.rms_norm. */
@@ -497,12 +509,15 @@ static void layer(const veil_dims *d, const bf16 *const *w, const veil_step *s, 
     product(w[W_DOWN], w[W_DOWN_BIAS], m->act, m->hidden, d->hidden, d->intermediate);
 }
 
-/* The forward: `embedded` [hidden] is the token's embedding row; `out` [hidden] receives the final norm of
-   the residual stream (what `LlamaFamilyForCausalLM.forward` returns). The layer's K/V go into `kv`
+/* The forward: `embedded` [hidden] is the token's embedding row; `out` [hidden], where given, receives the
+   final norm of the residual stream (what `LlamaFamilyForCausalLM.forward` returns), and `logits` [vocab],
+   where given, the output head `head` [vocab, hidden] (+ `head_bias`) applied to it, widened to float32 (what
+   `compute_logits` returns): in the same parallel region as the layers, so the head's stream follows the
+   last layer's without the team ending and a second call starting. The layer's K/V go into `kv`
    [2 * layers, num_blocks, block_size, kv_heads, head_dim] at the step's slot. */
 int veil_decode_one(const veil_dims *d, const bf16 *const *weights, const bf16 *final_norm, bf16 *kv,
                     const bf16 *cos_cache, const bf16 *sin_cache, const veil_step *s, const bf16 *embedded,
-                    bf16 *out) {
+                    bf16 *out, const bf16 *head, const bf16 *head_bias, float *logits) {
     const int status = check_step(d, s);
     if (status != OK) return status;
     scratch m;
@@ -514,9 +529,13 @@ int veil_decode_one(const veil_dims *d, const bf16 *const *weights, const bf16 *
         for (int64_t l = 0; l < d->layers; ++l)
             layer(d, weights + l * W_PER_LAYER, s, cos_cache, sin_cache, kv + 2 * l * cache_elements,
                   kv + (2 * l + 1) * cache_elements, &m, l == 0);
+        /* Every thread its own final norm (as each layer's norms): the head's rows need all of it. */
+        bf16 *residual = m.residual + omp_get_thread_num() * m.row, *normed = m.normed + omp_get_thread_num() * m.row;
+        add_into(residual, m.hidden, d->hidden);
+        rms_norm(residual, final_norm, normed, d->hidden, (float)d->eps);
+        if (out && omp_get_thread_num() == 0) memcpy(out, normed, sizeof(bf16) * (size_t)d->hidden);
+        if (logits) product_into(head, head_bias, normed, NULL, logits, d->vocab, d->hidden);
     }
-    add_into(m.residual, m.hidden, d->hidden);
-    rms_norm(m.residual, final_norm, out, d->hidden, (float)d->eps);
     scratch_free(&m);
     return OK;
 }

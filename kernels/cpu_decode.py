@@ -60,7 +60,7 @@ _ERRORS = {
 class _Dims(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "num_blocks", "block_size",
-        "table_width", "max_positions", "threads")] + [("eps", ctypes.c_double), ("scale", ctypes.c_double)]
+        "table_width", "max_positions", "threads", "vocab")] + [("eps", ctypes.c_double), ("scale", ctypes.c_double)]
 
 
 class _AttentionDims(ctypes.Structure):
@@ -105,7 +105,7 @@ def build() -> Build:
     except OSError as error:  # built, but the loader refuses it (a missing symbol, another architecture)
         return Build(None, f"cannot load {path.name}: {type(error).__name__}")
     library.veil_decode_one.restype = ctypes.c_int
-    library.veil_decode_one.argtypes = [ctypes.POINTER(_Dims)] + [ctypes.c_void_p] * 8
+    library.veil_decode_one.argtypes = [ctypes.POINTER(_Dims)] + [ctypes.c_void_p] * 11
     library.veil_paged_attention.restype = ctypes.c_int
     library.veil_paged_attention.argtypes = [ctypes.POINTER(_AttentionDims)] + [ctypes.c_void_p] * 7
     library.veil_product.restype = None
@@ -206,6 +206,8 @@ class DecodePlan:
     cos_cache: Tensor
     sin_cache: Tensor
     kept: tuple[Tensor, ...]  # every tensor a pointer in `weights` points into, alive as long as the plan
+    head: Tensor | None  # the output head [vocab, hidden] where the C forward can read it (`forward(logits=True)`)
+    head_bias: Tensor | None
 
 
 def plan_for(model: torch.nn.Module) -> DecodePlan | None:
@@ -233,7 +235,11 @@ def plan_for(model: torch.nn.Module) -> DecodePlan | None:
                  max_positions=rotary.cos_cache.shape[0], eps=config.rms_norm_eps,
                  scale=layers[0].self_attn.scale)
     weights = (ctypes.c_void_p * len(pointers))(*pointers)
-    return DecodePlan(dims, weights, final_norm, rotary.cos_cache, rotary.sin_cache, tuple(kept))
+    head, head_bias = model.lm_head.weight, model.lm_head.bias
+    if not (_readable(head) and head.shape[1] == config.hidden_size and (head_bias is None or _readable(head_bias))):
+        head = head_bias = None
+    dims.vocab = 0 if head is None else head.shape[0]
+    return DecodePlan(dims, weights, final_norm, rotary.cos_cache, rotary.sin_cache, tuple(kept), head, head_bias)
 
 
 def _layer_weights(layer: torch.nn.Module) -> list[Tensor | None]:
@@ -266,9 +272,12 @@ def covers(input_ids: Tensor, kv_cache: Tensor, block_tables: Tensor, context_le
 
 
 def forward(plan: DecodePlan, embedded: Tensor, kv_cache: Tensor, block_tables: Tensor, context_lens: Tensor,
-            positions: Tensor, slot_mapping: Tensor, cu_seqlens_q: Tensor) -> Tensor:
+            positions: Tensor, slot_mapping: Tensor, cu_seqlens_q: Tensor, logits: bool = False) -> Tensor:
     """The final hidden state [1, hidden] of the one new token whose embedding is `embedded` [1, hidden]; its
-    K and V are written into `kv_cache` at its slot in every layer (see `covers` for the inputs)."""
+    K and V are written into `kv_cache` at its slot in every layer (see `covers` for the inputs).
+
+    `logits`: returns instead the output head's logits [1, vocab] in float32 (`compute_logits` of that hidden
+    state, the same values), computed in the same call; the plan must have the head (`plan.head`)."""
     dims = plan.dims
     expected = (2 * dims.layers, kv_cache.shape[1], kv_cache.shape[2], dims.kv_heads, dims.head_dim)
     if tuple(kv_cache.shape) != expected or embedded.dtype != torch.bfloat16:
@@ -279,10 +288,17 @@ def forward(plan: DecodePlan, embedded: Tensor, kv_cache: Tensor, block_tables: 
     embedded = embedded.contiguous()
     step = _Step(positions.data_ptr(), slot_mapping.data_ptr(), context_lens.data_ptr(), cu_seqlens_q.data_ptr(),
                  block_tables.data_ptr())
-    out = torch.empty((1, dims.hidden), dtype=torch.bfloat16)
+    if logits:
+        if plan.head is None:
+            raise KernelInputError("the compiled forward cannot read this model's output head")
+        out = torch.empty((1, dims.vocab), dtype=torch.float32)
+        head = (None, plan.head.data_ptr(), None if plan.head_bias is None else plan.head_bias.data_ptr(), out.data_ptr())
+    else:
+        out = torch.empty((1, dims.hidden), dtype=torch.bfloat16)
+        head = (out.data_ptr(), None, None, None)
     status = library().veil_decode_one(ctypes.byref(dims), ctypes.addressof(plan.weights), plan.final_norm.data_ptr(),
                                        kv_cache.data_ptr(), plan.cos_cache.data_ptr(), plan.sin_cache.data_ptr(),
-                                       ctypes.addressof(step), embedded.data_ptr(), out.data_ptr())
+                                       ctypes.addressof(step), embedded.data_ptr(), *head)
     if status != 0:
         raise KernelInputError(_ERRORS.get(status, f"the native decode failed (code {status})"))
     return out

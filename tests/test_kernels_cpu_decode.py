@@ -94,13 +94,13 @@ def run(engine: LLMEngine, inputs, kv_cache: torch.Tensor, backend: str) -> torc
         return engine.runner.model(inputs.input_ids, inputs.positions, kv_cache, inputs.meta)
 
 
-def spy_on_native(monkeypatch) -> list[int]:
-    """Counts the compiled forward's runs (it still runs)."""
-    calls: list[int] = []
+def spy_on_native(monkeypatch) -> list[bool]:
+    """Notes the compiled forward's runs (they still run): each whether it ran the output head too."""
+    calls: list[bool] = []
     real = cpu_decode.forward
 
     def counted(*args, **kwargs):
-        calls.append(1)
+        calls.append(bool(kwargs.get("logits")))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cpu_decode, "forward", counted)
@@ -152,6 +152,56 @@ def test_the_compiled_decode_gives_the_same_bits_on_one_thread_and_two(root) -> 
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
+def decode_logits(engine: LLMEngine, inputs, kv_cache: torch.Tensor, backend: str = "native") -> torch.Tensor | None:
+    with torch.inference_mode(), kernels.force(backend):
+        return engine.runner.model.decode_logits(inputs.input_ids, inputs.positions, kv_cache, inputs.meta)
+
+
+@pytest.mark.parametrize("name", [*REFERENCE_NAMES, ODD])
+def test_the_head_in_the_same_call_gives_the_bits_of_the_forward_then_the_head(name, root) -> None:
+    """`decode_logits` runs the output head inside the compiled forward: the same float32 logits, bit for bit,
+    as `compute_logits` of the hidden state the forward hands back, and the same cache, on 1 and 2 threads."""
+    _, folder = bf16_model(name, root)
+    engine = bf16_engine(folder)
+    for prompt in random_prompts(3, 6, 23, seed=12):
+        seq, inputs = decode_inputs(engine, prompt)
+        before = engine.runner.kv_cache.clone()
+        apart = engine.runner.model.compute_logits(run(engine, inputs, engine.runner.kv_cache, "native"))
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            cache = before.clone()
+            fused = decode_logits(engine, inputs, cache)
+            assert fused.dtype == torch.float32 and fused.shape == apart.shape
+            assert torch.equal(fused, apart) and torch.equal(cache, engine.runner.kv_cache)
+        torch.set_num_threads(1)
+        release(engine, seq)
+    assert engine.residue_check() == []
+
+
+def test_the_head_in_the_same_call_runs_nothing_where_the_compiled_decode_does_not_run(root) -> None:
+    """None, and the cache untouched, wherever `forward` runs eagerly (the eager backend, a prompt's several
+    tokens, a float32 model): then the runner runs the forward and the head apart."""
+    _, folder = bf16_model("llama", root)
+    prompt = random_prompts(1, 9, 9, seed=13)[0]
+    engine = bf16_engine(folder)
+    seq, one_token = decode_inputs(engine, prompt)
+    prefill = Sequence(seq_id=2, request_id="prefill", sample_index=0, prompt_token_ids=list(prompt),
+                       params=greedy(1), seed=None, max_tokens=1)
+    engine.block_manager.reserve(prefill, len(prompt))
+    several_tokens = engine.runner.prepare([ScheduledChunk(prefill, len(prompt))])
+    before = engine.runner.kv_cache.clone()
+    assert decode_logits(engine, one_token, engine.runner.kv_cache, "reference") is None
+    assert decode_logits(engine, several_tokens, engine.runner.kv_cache) is None
+    assert torch.equal(engine.runner.kv_cache, before)
+    release(engine, seq)
+    release(engine, prefill)
+    fp32 = LLMEngine(folder, EngineConfig(num_blocks=64, block_size=BLOCK_SIZE, dtype="float32"))
+    seq, one_token = decode_inputs(fp32, prompt)
+    before = fp32.runner.kv_cache.clone()
+    assert decode_logits(fp32, one_token, fp32.runner.kv_cache) is None
+    assert torch.equal(fp32.runner.kv_cache, before)
+
+
 def _spoiled(meta, **values):
     """The step's metadata with the named tensors' first value replaced (copies: the engine's stay as they are)."""
     changes = {}
@@ -196,7 +246,7 @@ def test_only_one_sequences_one_new_bf16_token_takes_the_compiled_forward(root, 
     output_tokens(engine, prompts, greedy(6))  # two sequences decode together: batched, eager
     assert calls == []
     output_tokens(engine, prompts[:1], greedy(6))  # a prefill, then five decode steps of one sequence
-    assert len(calls) == 5
+    assert calls == [True] * 5  # the engine's steps take the output head in the same call (`decode_logits`)
     with kernels.force("reference"):
         output_tokens(engine, prompts[:1], greedy(6))
     assert len(calls) == 5

@@ -84,13 +84,10 @@ class LlamaFamilyForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Returns the final hidden states [num_tokens, hidden]; `compute_logits` projects the rows that sample."""
-        if kernels.runs_native_decode(input_ids.device) and cpu_decode.covers(
-                input_ids, kv_cache, meta.block_tables, meta.context_lens, positions, meta.slot_mapping,
-                meta.cu_seqlens_q):
-            plan = self._native_plan()
-            if plan is not None:  # one sequence's one new token on a CPU: the compiled forward, all layers at once
-                return cpu_decode.forward(plan, self.model.embed_tokens(input_ids), kv_cache, meta.block_tables,
-                                          meta.context_lens, positions, meta.slot_mapping, meta.cu_seqlens_q)
+        plan = self._covering_plan(input_ids, positions, kv_cache, meta)
+        if plan is not None:  # one sequence's one new token on a CPU: the compiled forward, all layers at once
+            return cpu_decode.forward(plan, self.model.embed_tokens(input_ids), kv_cache, meta.block_tables,
+                                      meta.context_lens, positions, meta.slot_mapping, meta.cu_seqlens_q)
         hidden, residual = self.model.embed_tokens(input_ids), None
         rotary = self.rotary
         with kernels.one_forward():  # the layers share their metadata's checks, attention plan and rotary rows
@@ -103,6 +100,27 @@ class LlamaFamilyForCausalLM(nn.Module):
         if residual is None:  # a model without layers
             return self.model.norm(hidden)
         return self.model.norm.add_and_norm(hidden, residual)[0]
+
+    def decode_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                      meta: AttentionMetadata) -> torch.Tensor | None:
+        """`compute_logits(forward(...))` [1, vocab] of a step that is one sequence's one new token, where the
+        compiled CPU decode runs it: the layers and the output head in one call (one parallel region, no
+        hidden state handed back through Python), the same values. None elsewhere, having run nothing: then
+        `forward` and `compute_logits`."""
+        plan = self._covering_plan(input_ids, positions, kv_cache, meta)
+        if plan is None or plan.head is None:
+            return None
+        return cpu_decode.forward(plan, self.model.embed_tokens(input_ids), kv_cache, meta.block_tables,
+                                  meta.context_lens, positions, meta.slot_mapping, meta.cu_seqlens_q, logits=True)
+
+    def _covering_plan(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                       meta: AttentionMetadata) -> cpu_decode.DecodePlan | None:
+        """The compiled decode's plan where it runs this step (`cpu_decode.covers`), else None."""
+        if kernels.runs_native_decode(input_ids.device) and cpu_decode.covers(
+                input_ids, kv_cache, meta.block_tables, meta.context_lens, positions, meta.slot_mapping,
+                meta.cu_seqlens_q):
+            return self._native_plan()
+        return None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.lm_head
