@@ -242,7 +242,8 @@ def main() -> int:
     if bandwidth is not None:
         _print_weights_floor(splits, bandwidth)
     print("host ms: step minus forward, the LM head included (as the issue's targets were set); host-head: without "
-          "the LM head, a matmul that is device work on a GPU but runs inline on a CPU")
+          "the LM head, a matmul that is device work on a GPU but runs inline on a CPU; a batch-1 step on the compiled "
+          "CPU decode runs the head inside the forward's own call (`decode_logits`): counted as forward, LM head 0")
     print("step: the engine core's token step; text ms: the text stage's work on the same steps, which a node "
           "runs in its serving process beside the core's loop (moved off the step, not gone)")
     print("the GPU target for a 1.24B model is a whole decode step <= 2 ms at batch 1, 4 ms at 64, 8 ms at 256: "
