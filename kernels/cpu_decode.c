@@ -93,10 +93,10 @@ static inline bf16 with_bias(float sum, const bf16 *bias, int64_t row) {
    weight streams in flight (8 streamed fastest on the bench model's shapes, against 4 and 16:
    `benchmarks/engine_host.py`); blocks are dealt to the team's threads in fixed chunks (an orphaned
    `omp for`: called inside the forward's parallel region), the rows past the last block one by one.
-   Each block first asks for the next block's lines (a prefetch never faults, past the end included): the
-   hardware prefetcher alone left the stream 5 to 8% slower on 1 and 2 threads (the next block's lines
-   asked for in step with the loads, or two blocks ahead, or into L2 only, gained nothing; measured
-   alternating in one engine, `benchmarks/engine_host.py`'s step). */
+   Each block first asks for the next block's lines (a prefetch never faults, past the end included): with
+   the hardware prefetcher alone a batch-1 step took 5% longer on 1 thread and 5 to 8% on 2 (two builds
+   alternated in one engine's steps); the next block's lines asked for in step with the loads, or two
+   blocks ahead, or into L2 only, gained nothing. */
 #define BLOCK 8
 static inline __attribute__((always_inline)) void store(bf16 *out, float *wide, int64_t row, bf16 value) {
     if (wide) wide[row] = from_bf16(value);
